@@ -1,0 +1,91 @@
+# sparsemla — every target is one line that calls a script or the `sparsemla` CLI. `make` alone lists them.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLI := $(VENV)/bin/sparsemla
+STAMP := $(VENV)/.sparsemla-setup
+
+# Knobs of the ops targets (see `sparsemla <command> --help`).
+C ?= 64
+DURATION ?= 60s
+TARGET ?= http://127.0.0.1:30000
+WORKLOAD ?= random:512:256
+RUN_ID ?=
+REPEAT ?= 1
+FLAG ?= SPARSEMLA_MMA_DECODE
+PORT ?= 30000
+A ?=
+B ?=
+FROM ?= now-15m
+TO ?= now
+
+.PHONY: help setup test test-gpu lint demo sim up down loadtest sweep compare ab profile exporter dashboards snapshot \
+	bench-decode bench-indexer bench-step clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract.txt deploy/install-tools.sh
+	bash deploy/install-tools.sh "$(PYTHON)" "$(VENV)" && touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install everything the targets need (torch CPU, sglang 0.5.23 contract tier, tools)
+
+test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpreter kernels, ops loop end to end)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu"
+
+test-gpu: ## GPU tests (on a CUDA machine)
+	$(PYTHON) -m pytest -m gpu
+
+lint: $(STAMP) ## ruff check + format check
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+demo: $(STAMP) ## the whole loop on the simulator, no GPU: sweep flags off, flip, sweep on, A/B report
+	$(CLI) demo
+
+sim: $(STAMP) ## run the simulated sglang server in the foreground (PORT=30000)
+	$(CLI) sim --port $(PORT)
+
+up: $(STAMP) ## start simulator (or local sglang) + Prometheus + exporter as plain processes; prints URLs
+	$(CLI) up
+
+down: $(STAMP) ## stop everything `make up` started
+	$(CLI) down
+
+loadtest: $(STAMP) ## one Locust run at fixed concurrency: make loadtest C=64 DURATION=60s TARGET=...
+	$(CLI) loadtest --concurrency $(C) --duration $(DURATION) --target $(TARGET) --workload $(WORKLOAD) $(if $(RUN_ID),--run-id $(RUN_ID))
+
+sweep: $(STAMP) ## concurrency sweep with repeats: make sweep C="1 16 32 64" REPEAT=3
+	$(CLI) sweep --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET) --workload $(WORKLOAD) $(if $(RUN_ID),--run-id $(RUN_ID))
+
+compare: $(STAMP) ## A/B report of two runs: make compare A=<run> B=<run>
+	$(CLI) compare $(A) $(B)
+
+ab: $(STAMP) ## flag off vs on: make ab FLAG=SPARSEMLA_MMA_DECODE C="1 16 64"
+	$(CLI) ab --flag $(FLAG) --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET)
+
+profile: $(STAMP) ## take one kernel-share snapshot from the server (through the exporter)
+	$(CLI) profile --target $(TARGET)
+
+exporter: $(STAMP) ## run the kernel-share exporter in the foreground
+	$(CLI) exporter --target $(TARGET)
+
+dashboards: $(STAMP) ## regenerate the committed Grafana JSON from dashboards/build.py
+	$(CLI) dashboards
+
+snapshot: $(STAMP) ## render every panel to PNG from Prometheus: make snapshot FROM=now-15m TO=now
+	$(CLI) snapshot --from "$(FROM)" --to "$(TO)"
+
+bench-decode: ## GPU: sparse-MLA decode benchmark -> results/bench/decode-<gpu>-<date>.json
+	$(PYTHON) -m sparsemla.kernels.bench.decode
+
+bench-indexer: ## GPU: indexer benchmark -> results/bench/indexer-<gpu>-<date>.json
+	$(PYTHON) -m sparsemla.kernels.bench.indexer
+
+bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json
+	$(PYTHON) -m sparsemla.kernels.bench.step
+
+clean: ## remove the venv and run state
+	rm -rf $(VENV) .run

@@ -1,0 +1,1 @@
+"""sparsemla.deploy.sim: a simulated sglang server whose step times come from measured kernels."""
