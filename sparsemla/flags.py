@@ -314,3 +314,24 @@ def markdown_table() -> str:
             lines.append(f"| {name} | `{default if default is not None else ''}` | {flag.allowed} | {flag.help} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# Short names used in the `variant` label (A/B dashboards tell runs apart by it).
+_VARIANT_PARTS = (
+    (SPARSEMLA_MMA_DECODE, "mma_decode"),
+    (SPARSEMLA_TRITON_INDEXER, "triton_indexer"),
+)
+
+
+def variant_name() -> str:
+    """A short, stable name for the active kernel set: `baseline`, `mma_decode`, `mma_decode+triton_indexer`, ...
+
+    `SPARSEMLA_DISABLE=1` is `baseline` whatever else is set; `SPARSEMLA_FORCE_REFERENCE=1` appends `+reference`."""
+    if SPARSEMLA_DISABLE.get():
+        return "baseline"
+    parts = [short for flag, short in _VARIANT_PARTS if flag.get()]
+    if not parts:
+        return "baseline"
+    if SPARSEMLA_FORCE_REFERENCE.get():
+        parts.append("reference")
+    return "+".join(parts)
