@@ -282,7 +282,7 @@ def child_env(overrides: Mapping[str, str | None] | None = None, base: Mapping[s
     env = dict(os.environ if base is None else base)
     for key, value in (overrides or {}).items():
         flag = REGISTRY.get(key)
-        for alias in flag.aliases if flag else ():
+        for alias in flag.aliases if flag is not None else ():
             env.pop(alias, None)
         if value is None:
             env.pop(key, None)
