@@ -340,7 +340,7 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
         for i in range(len(batch)):
             for j in range(len(context)):
                 total = sum(kernel_us[n][i][j] for n in names)
-                if total > step[i][j] * (1 + 1e-6):
+                if total > step[i][j] * (1 + 1e-6) + 1e-3 * len(names):  # slack: values are rounded to 1 ns
                     raise ck.fail(
                         f"{path}.kernel_us",
                         f"kernel times sum to {total:.1f} us at batch={batch[i]}, context={context[j]}, more than "

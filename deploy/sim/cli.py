@@ -22,6 +22,7 @@ def sim(
     max_total_tokens: int = typer.Option(1_048_576, "--max-total-tokens", min=1, help="KV pool size in tokens."),
     context_length: int = typer.Option(None, "--context-length", min=2, help="Default: the calibration's."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    openapi: str = typer.Option(None, "--openapi", help="Write the OpenAPI schema (JSON) to this path and exit."),
 ) -> None:
     """Simulated sglang server: sglang's HTTP API and metrics, step times from the kernel calibration."""
     import uvicorn
@@ -37,6 +38,13 @@ def sim(
         application = create_app(cal, config)
     except (CalibrationError, flags.FlagError) as exc:
         fail(str(exc), "check SPARSEMLA_SIM_CALIBRATION / the flags (`sparsemla flags`)")
+    if openapi:
+        import json
+        from pathlib import Path
+
+        Path(openapi).write_text(json.dumps(application.openapi(), indent=1) + "\n")
+        console.print(f"wrote {openapi}")
+        return
     prov = cal.provenance
     label = "[bold yellow]PROVISIONAL[/] " if prov.provisional else ""
     console.print(

@@ -245,6 +245,8 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         parts = []
         for err in exc.errors()[:5]:
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            if err.get("type") == "json_invalid":
+                loc = f"body (character {loc})"
             parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
         return error_response("; ".join(parts) or "invalid request", err_type="Bad Request")
 
