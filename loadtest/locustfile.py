@@ -28,6 +28,7 @@ import gevent
 from geventhttpclient.response import HTTPParseError
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
+
 from sparsemla.loadtest import client_metrics as cm
 from sparsemla.loadtest.records import RequestRecord
 from sparsemla.loadtest.sse import (

@@ -23,13 +23,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparsemla import flags
+from sparsemla import metric_names as mn
 from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.summary import git_sha, summarize, write_json_atomic
 from sparsemla.loadtest.target import TargetInfo, probe
 from sparsemla.loadtest.workload import parse_workload
-
-from sparsemla import flags
-from sparsemla import metric_names as mn
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_TTFT_SLO_S = 2.0

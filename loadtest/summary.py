@@ -1,7 +1,9 @@
 """Turn one run's per-request records into ``summary.json`` (the numbers sweeps, reports and A/B decisions use).
 
 The measured window is ``[measure_start, stop]`` from the Locust timeline (warmup excluded):
-- latency statistics (TTFT, ITL, TPOT, E2E) and goodput use successful requests that *started* inside the window;
+- TTFT uses requests sent inside the window that got a first token (also those cut at the stop); ITL uses every gap
+  that closed inside the window (any non-failed request: slow servers finish few requests in a short window);
+- TPOT, E2E and goodput use successful requests that *started* inside the window and finished before the stop;
 - ``output_tokens`` / ``output_tok_per_s`` count every token that *arrived* inside the window, including tokens of
   requests started during warmup or still streaming at the stop (so throughput is the steady-state rate, not biased
   by cut-off requests); its CI comes from batch means over equal time slices;
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from sparsemla.loadtest import stats
 from sparsemla.loadtest.records import RequestRecord
 from sparsemla.loadtest.sse import FAILURE_KINDS
@@ -103,8 +106,16 @@ def summarize(
     n_fail = sum(failures.values())
     failure_rate = n_fail / (n_fail + len(finished_ok)) if (n_fail + len(finished_ok)) else 0.0
 
-    ttfts = [r.ttft for r in ok if r.ttft is not None]
-    itls = [gap for r in ok for gap in r.itls()]
+    # TTFT: every request sent inside the window whose first token arrived before the stop (cut ones included);
+    # ITL: every gap whose closing chunk arrived inside the window, whichever request it belongs to (steady state).
+    ttfts = [r.ttft for r in started if r.error is None and r.ttft is not None and r.start + r.ttft <= stop]
+    itls = [
+        t - prev
+        for r in records
+        if r.error is None
+        for prev, t in zip(r.offsets, r.offsets[1:], strict=False)
+        if measure_start <= r.start + t <= stop
+    ]
     tpots = [r.tpot for r in ok if r.tpot is not None]
     e2es = [r.e2e for r in ok]
     output_tokens = sum(tokens for r in records for t, tokens in r.token_arrivals() if measure_start <= t < stop)
