@@ -1,7 +1,8 @@
 """The one module of sparsemla that reads the process environment.
 
 Every environment variable the project honours is declared here once, typed, with a default, the allowed values and a
-help line. Callers read ``flags.SPARSEMLA_MMA_DECODE.get()``; tests use ``with flags.SPARSEMLA_MMA_DECODE.override(True):``.
+help line. Callers read ``flags.SPARSEMLA_MMA_DECODE.get()``; tests use
+``with flags.SPARSEMLA_MMA_DECODE.override(True):``.
 A bad value raises :class:`FlagError` naming the variable and what it accepts. Truth-testing a flag object
 (``if flags.X:``) raises, because it is always a bug (the object is truthy whatever the value).
 
@@ -164,7 +165,7 @@ def choice_flag(name: str, default: str, choices: tuple[str, ...], help: str, gr
 # Kernel switches (read by sparsemla.kernels and by the sglang plugin in every sglang process)
 # --------------------------------------------------------------------------------------------------------------------
 SPARSEMLA_DISABLE = bool_flag(
-    "SPARSEMLA_DISABLE", False, "Master off switch: every sglang call runs sglang's own code, whatever the other flags say."
+    "SPARSEMLA_DISABLE", False, "Master off switch: every sglang call runs sglang's own code, whatever else is set."
 )
 SPARSEMLA_MMA_DECODE = bool_flag(
     "SPARSEMLA_MMA_DECODE",
@@ -199,7 +200,7 @@ SPARSEMLA_STEP_METRICS = bool_flag(
 SPARSEMLA_SELF_CHECK = bool_flag(
     "SPARSEMLA_SELF_CHECK",
     True,
-    "Before serving, compare each enabled kernel with its reference on a small random case; refuse to start on mismatch.",
+    "Before serving, check each enabled kernel against its reference on a small random case; fail on mismatch.",
 )
 SPARSEMLA_LOG_LEVEL = choice_flag(
     "SPARSEMLA_LOG_LEVEL", "info", ("debug", "info", "warning", "error"), "Log level of sparsemla's own loggers."
@@ -216,11 +217,25 @@ SPARSEMLA_SIM_CALIBRATION = str_flag(
     allowed="a path to a calibration JSON file",
 )
 SPARSEMLA_RESULTS_DIR = str_flag(
-    "SPARSEMLA_RESULTS_DIR", "results", "Where load tests, reports and snapshots are written.", group="ops",
+    "SPARSEMLA_RESULTS_DIR",
+    "results",
+    "Where load tests, reports and snapshots are written.",
+    group="ops",
     allowed="a directory path",
 )
+SPARSEMLA_SGLANG_COMMAND = str_flag(
+    "SPARSEMLA_SGLANG_COMMAND",
+    None,
+    "Shell command `sparsemla up --server sglang` runs to start a local sglang (it must serve on the port passed to "
+    "`up`, with --enable-metrics); empty: use an sglang already listening there.",
+    group="ops",
+    allowed="a shell command line",
+)
 GRAFANA_URL = str_flag(
-    "GRAFANA_URL", None, "Grafana base URL; when set, A/B runs post annotations there.", group="ops",
+    "GRAFANA_URL",
+    None,
+    "Grafana base URL; when set, A/B runs post annotations there.",
+    group="ops",
     allowed="http(s)://host:port",
 )
 GRAFANA_API_TOKEN = str_flag(
@@ -250,7 +265,7 @@ SGLANG_TORCH_PROFILER_DIR = str_flag(
     group="external",
     allowed="a directory path",
 )
-CI = bool_flag("CI", False, "Set by CI runners; tests that start servers use shorter durations under it.", group="external")
+CI = bool_flag("CI", False, "Set by CI runners; end-to-end tests use shorter durations under it.", group="external")
 
 
 def kernel_flags() -> list[Flag[Any]]:
@@ -275,7 +290,9 @@ def validate_all() -> None:
         raise FlagError("; ".join(errors))
 
 
-def child_env(overrides: Mapping[str, str | None] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(
+    overrides: Mapping[str, str | None] | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """A copy of this process's environment for a subprocess, with ``overrides`` applied (None removes a variable).
 
     The aliases of an overridden flag are removed too, so that an override cannot be shadowed by an alias."""

@@ -1,4 +1,4 @@
-"""Background processes for `make up`, `make demo` and end-to-end tests: start with a PID file, wait, stop, no leftovers.
+"""Background processes for `make up`, `make demo` and end-to-end tests: start with a PID file, wait, stop.
 
 Every process is started in its own session (so a stop kills its children too), logs to ``<run_dir>/<name>.log`` and is
 recorded in ``<run_dir>/<name>.pid``. :func:`stop` sends SIGTERM, waits, then SIGKILL.

@@ -1,0 +1,78 @@
+"""Public sparse-MLA decode op with sglang's DSv4 call contract (``flash_mla_with_kvcache_sm120(**kwargs)``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sparsemla import flags
+
+# Keyword arguments sglang's DSv4 backend passes (sm120 entry and the FlashMLA entry on Hopper/Blackwell datacenter);
+# the FlashMLA-only ones are accepted and ignored in sparse mode, as FlashMLA itself ignores them there.
+_IGNORED = (
+    "block_table",
+    "cache_seqlens",
+    "tile_scheduler_metadata",
+    "num_splits",
+    "is_fp8_kvcache",
+    "causal",
+    "use_legacy",
+    "kv_format",
+    "descale_q",
+    "descale_k",
+    "enable_batch_invariant",
+)
+
+
+def _validate(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, head_dim_v: int) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, s_q, H, 512], got {list(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape[-1] != 584:
+        raise ValueError(f"k_cache must be a V4 view [num_pages, page_size, 1, 584], got {list(k_cache.shape)}")
+    if indices.dim() != 3 or indices.shape[:2] != q.shape[:2]:
+        raise ValueError(f"indices must be [B, s_q, topk] matching q {list(q.shape[:2])}, got {list(indices.shape)}")
+    if head_dim_v > 512:
+        raise ValueError(f"head_dim_v must be <= 512, got {head_dim_v}")
+
+
+def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4 sparse-MLA decode: ``(out [B, s_q, H, head_dim_v] bf16, lse [B, H, s_q] fp32)``.
+
+    Args (keywords, as sglang passes them):
+        q: [B, s_q, H, 512] bf16 absorbed query with RoPE applied.
+        k_cache: V4 page-split cache view [num_pages, page_size, 1, 584] (uint8 or float8 view; ``stride(0)`` = page).
+        indices: [B, s_q, topk] int32 slot ids ``page * page_size + offset``; -1 = invalid.
+        topk_length: [B] int32 or None; only the leftmost ``topk_length[b]`` entries count (may be 0).
+        attn_sink: [H] fp32 or None; +inf gives a zero row, -inf no effect; the returned lse excludes it.
+        head_dim_v: output width (512: V is the full latent).
+        softmax_scale: float or None (then 512 ** -0.5).
+        extra_k_cache / extra_indices_in_kvcache / extra_topk_length: a second cache (own page size) appended to the
+            candidate list.
+    Semantics: :mod:`sparsemla.kernels.sparse_decode.reference`.
+    """
+    for name in _IGNORED:
+        kwargs.pop(name, None)
+    q, k_cache, indices = kwargs["q"], kwargs["k_cache"], kwargs["indices"]
+    head_dim_v = int(kwargs.get("head_dim_v", 512))
+    _validate(q, k_cache, indices, head_dim_v)
+    args = dict(
+        q=q,
+        k_cache=k_cache,
+        indices=indices,
+        topk_length=kwargs.get("topk_length"),
+        attn_sink=kwargs.get("attn_sink"),
+        head_dim_v=head_dim_v,
+        softmax_scale=kwargs.get("softmax_scale"),
+        extra_k_cache=kwargs.get("extra_k_cache"),
+        extra_indices_in_kvcache=kwargs.get("extra_indices_in_kvcache"),
+        extra_topk_length=kwargs.get("extra_topk_length"),
+    )
+    if flags.SPARSEMLA_FORCE_REFERENCE.get():
+        from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+
+        return sparse_decode_reference(**args)
+    # The Triton path lands with the MMA decode kernel; until then the reference is the implementation.
+    from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+
+    return sparse_decode_reference(**args)
