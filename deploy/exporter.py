@@ -1,0 +1,426 @@
+"""Kernel-share exporter: profile the server for a few steps, parse the traces, export each kernel's share of GPU time.
+
+One snapshot (on ``POST /snapshot``, ``sparsemla profile``, or every ``interval_s`` seconds when that is > 0):
+
+1. read the server's ``variant`` from its ``sparsemla_kernel_flags_info`` series on ``/metrics``;
+2. ``POST /start_profile`` with sglang's ``ProfileReq`` fields: ``num_steps`` (sglang stops the profiler by itself after
+   that many forward steps), ``output_dir`` (the trace directory, which must be the same path for the server and for
+   us: a shared volume in compose), GPU activity only, a unique ``profile_id``;
+3. wait until the ``<profile_id>*.trace.json.gz`` files (one per rank) exist, stop growing and parse;
+4. parse them with :mod:`sparsemla.traces` and publish the gauges (names in :mod:`sparsemla.metric_names`).
+
+Failures never escape: a missing trace (``timeout``: the server then gets ``POST /stop_profile`` so the profiler is
+never left running), a refused ``/start_profile`` or a corrupt trace (``error``) is logged and counted in
+``sparsemla_kernel_snapshots_total{outcome}``, and the previous gauges stay. The last ``keep`` snapshots are kept as
+JSON files (and in ``GET /snapshots``); the trace files of older ones are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from sparsemla import flags, traces
+from sparsemla.metric_names import (
+    KERNEL_CATEGORIES,
+    KERNEL_CATEGORY_SHARE,
+    KERNEL_FLAGS_INFO,
+    KERNEL_SNAPSHOT_INTERVAL,
+    KERNEL_SNAPSHOT_TIMESTAMP,
+    KERNEL_SNAPSHOTS_TOTAL,
+    KERNEL_TIME_SHARE,
+    PORT_EXPORTER,
+)
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "error", "timeout")
+UNKNOWN_VARIANT = "unknown"
+
+
+@dataclass
+class ExporterConfig:
+    """Where to profile, how long, and what to keep.
+
+    ``trace_dir`` None means ``SGLANG_TORCH_PROFILER_DIR`` (the server's default when it gets no ``output_dir``);
+    ``snapshot_dir`` None means ``<SPARSEMLA_RESULTS_DIR>/profiles``. Times are seconds."""
+
+    target: str
+    port: int = PORT_EXPORTER
+    host: str = "127.0.0.1"
+    interval_s: float = 0.0
+    num_steps: int = 10
+    trace_dir: Path | None = None
+    snapshot_dir: Path | None = None
+    timeout_s: float = 120.0
+    settle_s: float = 1.0
+    poll_s: float = 0.2
+    keep: int = 20
+    top_n: int = 15
+    http_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.target.startswith(("http://", "https://")):
+            raise ValueError(f"target must be an http(s) URL, got {self.target!r}")
+        self.target = self.target.rstrip("/")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be >= 1, got {self.keep}")
+        if self.interval_s < 0 or self.timeout_s <= 0:
+            raise ValueError("interval must be >= 0 and timeout > 0")
+        self.trace_dir = Path(self.trace_dir or flags.SGLANG_TORCH_PROFILER_DIR.get()).expanduser().absolute()
+        self.snapshot_dir = Path(self.snapshot_dir or Path(flags.SPARSEMLA_RESULTS_DIR.get()) / "profiles").absolute()
+
+
+@dataclass
+class Snapshot:
+    """One profiling attempt. ``summary`` (traces.TraceSummary.to_dict) is set only when ``outcome == "ok"``."""
+
+    profile_id: str
+    variant: str
+    started_at: float
+    outcome: str = "error"
+    duration_s: float = 0.0
+    error: str | None = None
+    files: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+
+class SnapshotBusy(RuntimeError):
+    """A snapshot is already being taken (one at a time: the server has one profiler)."""
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
+    """(status, body) of one request; HTTP errors are returned as their status, network errors raise OSError."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def parse_variant(metrics_text: str) -> str:
+    """The ``variant`` label of ``sparsemla_kernel_flags_info`` in a Prometheus text page (``unknown`` if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == KERNEL_FLAGS_INFO and sample.labels.get("variant") and sample.value:
+                    return sample.labels["variant"]
+    except ValueError as exc:  # a malformed page is the server's problem, not a reason to fail the snapshot
+        log.warning("could not parse the server's /metrics: %s", exc)
+    return UNKNOWN_VARIANT
+
+
+class KernelShareExporter:
+    """Takes snapshots and holds the gauges (its own registry; served on ``GET /metrics`` by :meth:`serve`)."""
+
+    def __init__(self, config: ExporterConfig, clock: Callable[[], float] = time.time) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.config = config
+        self.clock = clock
+        self.registry = CollectorRegistry()
+        self.time_share = Gauge(
+            KERNEL_TIME_SHARE,
+            "Share of summed GPU kernel time of one kernel group in the last snapshot (top-N, rest as kernel=other).",
+            ["kernel", "category", "variant"],
+            registry=self.registry,
+        )
+        self.category_share = Gauge(
+            KERNEL_CATEGORY_SHARE,
+            "Share of summed GPU kernel time per kernel category in the last snapshot.",
+            ["category", "variant"],
+            registry=self.registry,
+        )
+        self.timestamp = Gauge(
+            KERNEL_SNAPSHOT_TIMESTAMP,
+            "Unix time of the last successful snapshot per variant.",
+            ["variant"],
+            registry=self.registry,
+        )
+        self.snapshots = Counter(
+            KERNEL_SNAPSHOTS_TOTAL.removesuffix("_total"),
+            "Snapshots attempted, by outcome (ok, error: refused or corrupt, timeout: no trace in time).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.interval = Gauge(
+            KERNEL_SNAPSHOT_INTERVAL,
+            "Seconds between scheduled snapshots (0: on demand only).",
+            registry=self.registry,
+        )
+        self.interval.set(config.interval_s)
+        for outcome in OUTCOMES:  # so that rate() and increase() see a zero before the first failure
+            self.snapshots.labels(outcome=outcome)
+        self._series: dict[str, set[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+        self.history: deque[Snapshot] = deque(maxlen=config.keep)
+        self._load_history()
+
+    # -- one snapshot ---------------------------------------------------------------------------------------------
+    def take_snapshot(self) -> Snapshot:
+        """Profile, parse, publish. Raises SnapshotBusy if one is running; every other failure is in the result."""
+        if not self._lock.acquire(blocking=False):
+            raise SnapshotBusy("a snapshot is already in progress")
+        try:
+            return self._take_snapshot_locked()
+        finally:
+            self._lock.release()
+
+    def _take_snapshot_locked(self) -> Snapshot:
+        cfg = self.config
+        started = self.clock()
+        snap = Snapshot(profile_id=f"sparsemla-{time.time_ns()}", variant=self.read_variant(), started_at=started)
+        t0 = time.monotonic()
+        started_profiler = False
+        try:
+            started_profiler = self._start_profile(snap.profile_id)
+            files = self._wait_for_traces(snap.profile_id, t0 + cfg.timeout_s)
+            snap.files = [str(f) for f in files]
+            summary = traces.summarize(files)
+            snap.summary = summary.to_dict(cfg.top_n)
+            snap.outcome = "ok"
+            self._publish(snap.variant, summary, started)
+        except TimeoutError as exc:
+            snap.outcome, snap.error = "timeout", str(exc)
+        except (traces.TraceError, OSError, RuntimeError) as exc:
+            snap.outcome, snap.error = "error", str(exc)
+        finally:
+            if snap.outcome != "ok" and started_profiler:
+                self._stop_profile()
+                self._discard(snap.profile_id)
+        snap.duration_s = time.monotonic() - t0
+        self.snapshots.labels(outcome=snap.outcome).inc()
+        if snap.outcome == "ok":
+            log.info(
+                "snapshot %s (%s): %d trace files, %.1f s",
+                snap.profile_id,
+                snap.variant,
+                len(snap.files),
+                snap.duration_s,
+            )
+        else:
+            log.warning("snapshot %s failed (%s): %s", snap.profile_id, snap.outcome, snap.error)
+        self._save(snap)
+        return snap
+
+    def read_variant(self) -> str:
+        """The server's variant label, or ``unknown`` when /metrics is unreachable or has no flag-info series."""
+        try:
+            status, body = _http("GET", f"{self.config.target}/metrics", timeout=self.config.http_timeout_s)
+        except OSError as exc:
+            log.warning("could not read %s/metrics: %s", self.config.target, exc)
+            return UNKNOWN_VARIANT
+        return parse_variant(body.decode(errors="replace")) if status == 200 else UNKNOWN_VARIANT
+
+    def _start_profile(self, profile_id: str) -> bool:
+        """POST /start_profile; True when started. RuntimeError when refused (not ours to stop); OSError on a network
+        error, after sending /stop_profile (the profiler may have started before the connection broke)."""
+        cfg = self.config
+        cfg.trace_dir.mkdir(parents=True, exist_ok=True)
+        body = {
+            "output_dir": str(cfg.trace_dir),
+            "num_steps": cfg.num_steps,
+            "activities": ["GPU"],
+            "with_stack": False,
+            "record_shapes": False,
+            "profile_id": profile_id,
+        }
+        try:
+            status, text = _http("POST", f"{cfg.target}/start_profile", body, timeout=cfg.http_timeout_s)
+        except OSError as exc:
+            self._stop_profile()  # it may have started before the connection broke
+            raise OSError(f"/start_profile failed: {exc}") from None
+        if status != 200:
+            raise RuntimeError(f"/start_profile answered HTTP {status}: {text.decode(errors='replace')[:300]}")
+        return True
+
+    def _stop_profile(self) -> None:
+        try:
+            status, text = _http("POST", f"{self.config.target}/stop_profile", timeout=self.config.http_timeout_s)
+            log.info("/stop_profile -> HTTP %s %s", status, text.decode(errors="replace").strip()[:200])
+        except OSError as exc:
+            log.warning("/stop_profile failed: %s", exc)
+
+    def _discard(self, profile_id: str) -> None:
+        """Delete the (partial) traces a failed profile left: /stop_profile writes what it had recorded."""
+        for path in traces.find_traces(self.config.trace_dir, profile_id):
+            path.unlink(missing_ok=True)
+
+    def _wait_for_traces(self, profile_id: str, deadline: float) -> list[Path]:
+        """The profile's trace files once they exist, have stopped growing for ``settle_s`` and parse.
+
+        TimeoutError when none appeared before ``deadline``; TraceError when they exist but never parse."""
+        cfg = self.config
+        last_sig: dict[Path, int] | None = None
+        stable_since = 0.0
+        last_error: traces.TraceError | None = None
+        while True:
+            now = time.monotonic()
+            files = traces.find_traces(cfg.trace_dir, profile_id)
+            sig = {}
+            for f in files:
+                try:
+                    sig[f] = f.stat().st_size
+                except FileNotFoundError:
+                    pass
+            if sig and sig == last_sig:
+                if now - stable_since >= cfg.settle_s:
+                    try:
+                        traces.summarize(list(sig))  # parse check; the caller parses again (cheap next to profiling)
+                        return sorted(sig)
+                    except traces.TraceError as exc:
+                        last_error = exc  # maybe still being written; retried until the deadline
+            else:
+                last_sig, stable_since = sig, now
+            if now >= deadline:
+                if last_error is not None:
+                    raise last_error
+                if sig:
+                    raise traces.TraceError(f"trace files of {profile_id} still changing at the deadline: {list(sig)}")
+                raise TimeoutError(
+                    f"no trace of {profile_id} in {cfg.trace_dir} after {cfg.timeout_s:.0f}s (is the server busy? "
+                    "the profiler counts forward steps, so an idle server writes nothing)"
+                )
+            time.sleep(cfg.poll_s)
+
+    # -- gauges and history ---------------------------------------------------------------------------------------
+    def _publish(self, variant: str, summary: traces.TraceSummary, taken_at: float) -> None:
+        new = set()
+        for k in summary.top(self.config.top_n, other_by_category=True):
+            self.time_share.labels(kernel=k.name, category=k.category, variant=variant).set(k.share)
+            new.add((k.name, k.category))
+        for name, category in self._series.get(variant, set()) - new:
+            self.time_share.remove(name, category, variant)
+        self._series[variant] = new
+        for category, share in summary.category_shares.items():
+            self.category_share.labels(category=category, variant=variant).set(share)
+        self.timestamp.labels(variant=variant).set(taken_at)
+
+    def _save(self, snap: Snapshot) -> None:
+        if len(self.history) == self.history.maxlen:
+            self._forget(self.history[0])
+        self.history.append(snap)
+        path = self.config.snapshot_dir / f"{snap.profile_id}.json"
+        try:
+            self.config.snapshot_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(snap), indent=1))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+
+    def _forget(self, snap: Snapshot) -> None:
+        """Delete the JSON and the trace files of a snapshot that falls out of the last ``keep``."""
+        for name in [*snap.files, str(self.config.snapshot_dir / f"{snap.profile_id}.json")]:
+            Path(name).unlink(missing_ok=True)
+
+    def _load_history(self) -> None:
+        """Reload the kept snapshots (oldest first) after a restart; unreadable files are skipped with a warning."""
+        directory = self.config.snapshot_dir
+        loaded = []
+        for path in sorted(directory.glob("sparsemla-*.json")) if directory.is_dir() else []:
+            try:
+                loaded.append(Snapshot(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("skipping unreadable snapshot %s: %s", path, exc)
+        loaded.sort(key=lambda s: s.started_at)
+        for snap in loaded[: max(0, len(loaded) - self.config.keep)]:
+            self._forget(snap)
+        self.history.extend(loaded[-self.config.keep :])
+        for snap in self.history:  # republish the newest successful snapshot of each variant
+            if snap.outcome == "ok" and snap.summary:
+                self.timestamp.labels(variant=snap.variant).set(snap.started_at)
+                for category, share in snap.summary.get("categories", {}).items():
+                    if category in KERNEL_CATEGORIES:
+                        self.category_share.labels(category=category, variant=snap.variant).set(share)
+
+    # -- serving ----------------------------------------------------------------------------------------------------
+    def metrics_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def serve(self) -> ThreadingHTTPServer:
+        """An HTTP server (not yet serving: call ``serve_forever``) on config.host:port with the routes below."""
+        server = ThreadingHTTPServer((self.config.host, self.config.port), _make_handler(self))
+        server.daemon_threads = True
+        return server
+
+    def run_schedule(self, stop: threading.Event) -> None:
+        """Take a snapshot every ``interval_s`` seconds until ``stop`` is set (returns at once when interval is 0)."""
+        if self.config.interval_s <= 0:
+            return
+        while not stop.wait(self.config.interval_s):
+            try:
+                self.take_snapshot()
+            except SnapshotBusy:
+                log.info("scheduled snapshot skipped: one is already running")
+
+
+def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        """GET /metrics, /health, /snapshots, /snapshots/latest; POST /snapshot (409 busy, 504 timeout, 502 error)."""
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, obj: Any) -> None:
+            self._send(status, json.dumps(obj).encode())
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path == "/metrics":
+                self._send(200, exporter.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/health":
+                self._json(200, {"status": "ok", "target": exporter.config.target})
+            elif path == "/snapshots":
+                self._json(200, [asdict(s) for s in exporter.history])
+            elif path == "/snapshots/latest":
+                if exporter.history:
+                    self._json(200, asdict(exporter.history[-1]))
+                else:
+                    self._json(404, {"error": "no snapshot yet; POST /snapshot takes one"})
+            elif path == "/snapshot":
+                self._json(405, {"error": "use POST /snapshot to take a snapshot"})
+            else:
+                self._json(404, {"error": f"unknown path {path}", "paths": ["/metrics", "/snapshots", "/snapshot"]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path != "/snapshot":
+                self._json(404, {"error": f"unknown path {path}; POST /snapshot takes a snapshot"})
+                return
+            try:
+                snap = exporter.take_snapshot()
+            except SnapshotBusy as exc:
+                self._json(409, {"error": str(exc)})
+                return
+            status = {"ok": 200, "timeout": 504}.get(snap.outcome, 502)
+            self._json(status, asdict(snap))
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (signature of the base class)
+            log.debug("%s " + format, self.address_string(), *args)
+
+    return Handler
