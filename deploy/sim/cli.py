@@ -26,10 +26,10 @@ def sim(
 ) -> None:
     """Simulated sglang server: sglang's HTTP API and metrics, step times from the kernel calibration."""
     import uvicorn
-    from sparsemla.deploy.sim.calibration import CalibrationError, load_calibration
-    from sparsemla.deploy.sim.server import SimConfig, create_app
 
     from sparsemla import flags
+    from sparsemla.deploy.sim.calibration import CalibrationError, load_calibration
+    from sparsemla.deploy.sim.server import SimConfig, create_app
 
     try:
         flags.validate_all()

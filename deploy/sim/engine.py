@@ -6,7 +6,7 @@ prompt tokens to prefill, run one *extend* step over up to ``chunk_tokens`` of t
 prompt completes gets its first token at the end of that step); otherwise run one *decode* step that gives every
 running request one token. A step lasts ``calibration`` seconds of wall time: steps are scheduled on absolute
 deadlines, so a late wake-up shortens the next sleep instead of accumulating, and the lateness of every wake-up is
-recorded as the step-time error (:attr:`Engine.step_error`).
+recorded as the step-time error (:attr:`Engine.step_error`, per forward mode).
 
 Tokens are deterministic pseudo-text (:mod:`sparsemla.deploy.sim.tokens`): the same prompt gives the same output.
 A request finishes on ``max_new_tokens`` ("length"), on a stop string ("stop", the text ends before it), or — unless
@@ -121,7 +121,7 @@ class Engine:
         self.on_finish = on_finish
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
-        self.step_error = StepErrorStats()
+        self.step_error = {"decode": StepErrorStats(), "extend": StepErrorStats()}
         self.total_steps = 0
         self._arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -182,14 +182,13 @@ class Engine:
         loop = asyncio.get_running_loop()
         next_start = loop.time()
         while True:
-            now = loop.time()
             self._admit(time.monotonic())
             if not self.running:
                 self._arrived.clear()
                 await self._arrived.wait()
                 next_start = loop.time()
                 continue
-            start = max(next_start, now)
+            start = next_start  # back to back with the previous step's ideal end (idle time resets it below)
             to_prefill = [r for r in self.running if r.prefilled < r.prompt_len]
             if to_prefill:
                 budget, plan = self.prefill.chunk_tokens, []
@@ -214,7 +213,7 @@ class Engine:
                 await asyncio.sleep(delay)
             woke = loop.time()
             lateness = max(0.0, woke - end)
-            self.step_error.add(lateness / duration if duration > 0 else 0.0)
+            self.step_error[mode].add(lateness / duration if duration > 0 else 0.0)
             self.total_steps += 1
             # Re-anchor when we fell behind by more than a step: the lost time is real (and counted above).
             next_start = end if lateness < duration else woke

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from sparsemla.deploy.sim.engine import SimRequest, StepRecord
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from sparsemla import metric_names as mn
+from sparsemla.deploy.sim.engine import SimRequest, StepRecord
 from sparsemla.sglang_metrics import BASE_LABELS, METRICS
 
 # sglang 0.5.23 default buckets (TokenizerMetricsCollector.__init__ and SchedulerMetricsCollector).
@@ -30,6 +30,7 @@ class SimMetrics:
     """Owns a private registry; the engine calls :meth:`on_step` and :meth:`on_finish`."""
 
     def __init__(self, model_name: str, flag_labels: dict[str, str], version: str, variant: str) -> None:
+        disable_created_metrics()  # sglang serves through the multiprocess collector, which has no `_created` series
         self.registry = CollectorRegistry(auto_describe=True)
         self.sched_labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
                              "moe_ep_rank": "0"}  # fmt: skip

@@ -26,14 +26,14 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from sparsemla import __version__ as sparsemla_version
+from sparsemla import flags
 from sparsemla.deploy.sim import tokens
 from sparsemla.deploy.sim.calibration import Calibration
 from sparsemla.deploy.sim.engine import Engine, SimRequest, StepRecord
 from sparsemla.deploy.sim.metrics import SimMetrics
 from sparsemla.deploy.sim.profiler import ProfileError, Profiler, write_stage
-
-from sparsemla import __version__ as sparsemla_version
-from sparsemla import flags
 
 SGLANG_VERSION = "0.5.23"
 
@@ -455,7 +455,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     # -- info, health, metrics -----------------------------------------------------------------------------------------
     def sparsemla_info() -> dict[str, Any]:
         return {"variant": variant, "flags": flag_labels, "version": sparsemla_version,
-                "calibration": calibration.summary(), "step_time_error": engine.step_error.as_dict()}  # fmt: skip
+                "calibration": calibration.summary(), "step_time_error": {m: s.as_dict() for m, s in engine.step_error.items()}}  # fmt: skip
 
     @app.get("/v1/models")
     async def models():
