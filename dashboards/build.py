@@ -850,9 +850,9 @@ def _variables() -> list:
     ]
 
 
-# Tags `sparsemla loadtest/compare/ab` post to Grafana's annotation API (sparsemla.loadtest): every annotation they post
-# carries "sparsemla"; flag flips add "ab", load stages add "stage".
-ANNOTATION_TAGS = {"Flag flips (A/B)": ["ab"], "Load stages": ["stage"]}
+# Grafana-API annotations posted by sparsemla.loadtest (report.post_grafana_annotations, when GRAFANA_URL is set): every
+# load-test run is a region tagged "sparsemla", "loadtest", "run:<id>", "variant:<v>"; A/B flag flips are tagged "ab".
+ANNOTATION_TAGS = {"Load-test runs": ["loadtest"], "Flag flips (A/B)": ["ab"]}
 
 
 def _annotations() -> list[db.AnnotationQuery]:
@@ -863,7 +863,7 @@ def _annotations() -> list[db.AnnotationQuery]:
         .enable(True)
         .icon_color(color)
         .target(db.AnnotationTarget().type("tags").tags(tags).match_any(True).limit(200))
-        for (name, tags), color in zip(ANNOTATION_TAGS.items(), ("purple", "blue"), strict=True)
+        for (name, tags), color in zip(ANNOTATION_TAGS.items(), ("blue", "purple"), strict=True)
     ]
     # Prometheus-side markers need no Grafana API: a variant appearing on a server and a new kernel-share snapshot.
     out.append(

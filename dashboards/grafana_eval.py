@@ -46,7 +46,8 @@ class PrometheusAPI:
     def close(self) -> None:
         self._client.close()
 
-    def _get(self, path: str, params: list[tuple[str, str]]) -> object:
+    def _post(self, path: str, params: dict[str, str]) -> object:
+        # POST form: long PromQL (variant joins) stays out of the URL, as Grafana's httpMethod POST does.
         try:
             resp = self._client.post(f"{self.url}{path}", data=params)
         except httpx.HTTPError as exc:
@@ -60,12 +61,12 @@ class PrometheusAPI:
         return body["data"]
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
-        data = self._get("/api/v1/query_range", [("query", expr), ("start", f"{start:.3f}"), ("end", f"{end:.3f}"),
-                                                  ("step", f"{step:g}")])  # fmt: skip
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = self._post("/api/v1/query_range", params)
         return list(data["result"])  # type: ignore[index]
 
     def query(self, expr: str, at: float) -> list[dict]:
-        data = self._get("/api/v1/query", [("query", expr), ("time", f"{at:.3f}")])
+        data = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
         result = data["result"]  # type: ignore[index]
         if data["resultType"] == "scalar":  # type: ignore[index]
             return [{"metric": {}, "value": result}]

@@ -197,7 +197,9 @@ def _draw_heatmap(ax, panel: dict, results: list[TargetResult], unit: str | None
     cumulative = np.nan_to_num(cumulative)
     counts = np.diff(np.vstack([np.zeros(len(grid)), cumulative]), axis=0).clip(min=0)  # de-cumulate like Grafana
     labels = [format_value(float(s.labels["le"]), unit) if s.labels.get("le") != "+Inf" else "+Inf" for s in buckets]
-    mesh = ax.pcolormesh(_to_dt(grid), np.arange(len(buckets) + 1), counts, cmap="Oranges", shading="auto")
+    step = grid[1] - grid[0] if len(grid) > 1 else 1.0
+    x_edges = _to_dt([grid[0] - step, *grid])  # each point covers the interval that ends at its timestamp
+    mesh = ax.pcolormesh(x_edges, np.arange(len(buckets) + 1), counts, cmap="Oranges", shading="flat")
     ax.set_yticks(np.arange(len(buckets)) + 0.5, labels, fontsize=6)
     ax.figure.colorbar(mesh, ax=ax, label="requests / interval")
     _time_axis(ax)
@@ -238,7 +240,8 @@ def _draw_table(ax, panel: dict, results: list[TargetResult], unit: str | None) 
     for tr in panel.get("transformations", []):
         if tr.get("id") == "organize":
             rename = tr.get("options", {}).get("renameByName", {})
-    label_cols = sorted({k for r in results for s in r.series for k in s.labels if k != "__name__"})
+    label_cols = sorted({k for r in results for s in r.series for k in s.labels if k != "__name__"},
+                        key=lambda k: (k != "kernel", k))  # fmt: skip
     rows: dict[tuple, dict[str, float]] = {}
     for r in results:
         for s in r.series:
@@ -272,8 +275,8 @@ DRAW: dict[str, Callable] = {
 }
 
 
-def render_panel(ref: PanelRef, results: list[TargetResult], path: Path) -> None:
-    """Draw one evaluated panel to ``path`` (PNG)."""
+def render_panel(ref: PanelRef, results: list[TargetResult], path: Path, start: float, end: float) -> None:
+    """Draw one evaluated panel over [start, end] (unix seconds) to ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,7 +288,8 @@ def render_panel(ref: PanelRef, results: list[TargetResult], path: Path) -> None
         if draw is None:
             raise ValueError(f"panel {ref.title!r}: no renderer for type {ref.kind!r}")
         draw(ax, ref.panel, results, ref.unit)
-        fig.suptitle(ref.title, fontsize=10, x=0.01, ha="left")
+        if ref.kind in ("timeseries", "heatmap"):
+            ax.set_xlim(*_to_dt([start, end]))        fig.suptitle(ref.title, fontsize=10, x=0.01, ha="left")
         if not any(has_data(r) for r in results):
             fig.text(0.99, 0.98, "no data", ha="right", va="top", color="grey", fontsize=8)
         fig.tight_layout()
@@ -338,7 +342,7 @@ def _render_one(
 ) -> RenderedPanel:  # fmt: skip
     results = panel_series(ref, api, {**resolved.text, **extra}, start, end)
     path = out_dir / f"{n + 1:02d}-{_slug(ref.title)}.png"
-    render_panel(ref, results, path)
+    render_panel(ref, results, path, start, end)
     return RenderedPanel(
         ref.title, ref.row, ref.kind, path.name, [r.expr for r in results], [has_data(r) for r in results]
     )
