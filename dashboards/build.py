@@ -23,10 +23,10 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import piechart as pm
 from grafana_foundation_sdk.models import prometheus as prom_models
-from sparsemla.dashboards import metrics as dcgm
-from sparsemla.dashboards import queries as q
 
 from sparsemla import metric_names as m
+from sparsemla.dashboards import metrics as dcgm
+from sparsemla.dashboards import queries as q
 
 GENERATED_DIR = Path(__file__).resolve().parent / "generated"
 DATASOURCE_UID = "prometheus"  # fixed in deploy/grafana/provisioning/datasources/prometheus.yaml

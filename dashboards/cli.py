@@ -55,11 +55,11 @@ def snapshot(
 ) -> None:
     """Render every dashboard panel to PNG from Prometheus query_range (no Grafana needed)."""
     from rich.progress import Progress
+
+    from sparsemla import flags
     from sparsemla.dashboards import build, grafana_eval
     from sparsemla.dashboards import snapshot as snap
     from sparsemla.dashboards.panels import iter_panels
-
-    from sparsemla import flags
 
     try:
         start, end = grafana_eval.parse_time(from_), grafana_eval.parse_time(to)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import httpx
+
 from sparsemla.dashboards import promql
 from sparsemla.dashboards.panels import PanelRef, variables
 

@@ -289,7 +289,8 @@ def render_panel(ref: PanelRef, results: list[TargetResult], path: Path, start: 
             raise ValueError(f"panel {ref.title!r}: no renderer for type {ref.kind!r}")
         draw(ax, ref.panel, results, ref.unit)
         if ref.kind in ("timeseries", "heatmap"):
-            ax.set_xlim(*_to_dt([start, end]))        fig.suptitle(ref.title, fontsize=10, x=0.01, ha="left")
+            ax.set_xlim(*_to_dt([start, end]))
+        fig.suptitle(ref.title, fontsize=10, x=0.01, ha="left")
         if not any(has_data(r) for r in results):
             fig.text(0.99, 0.98, "no data", ha="right", va="top", color="grey", fontsize=8)
         fig.tight_layout()
