@@ -10,7 +10,7 @@ import typer
 
 from sparsemla import flags
 from sparsemla import metric_names as mn
-from sparsemla.console import console, fail
+from sparsemla.console import UsageError, console, fail
 
 app = typer.Typer()
 
@@ -117,7 +117,7 @@ def _errors() -> tuple[type[BaseException], ...]:
     from sparsemla.loadtest.sweep import SweepError
     from sparsemla.loadtest.target import TargetError
 
-    return (ABError, ReportError, LoadTestError, SweepError, TargetError, flags.FlagError)
+    return (ABError, ReportError, LoadTestError, SweepError, TargetError, UsageError, flags.FlagError)
 
 
 @app.command("loadtest")
