@@ -1,0 +1,36 @@
+"""Shared test setup: GPU tests skip cleanly on CPU; sglang's SM120 decode module runs its torch path on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # sglang reads this once, when flash_mla_sm120 is first imported: its torch path is the only one a CPU can run.
+    # Set it for the whole session before any test imports sglang (pytest's MonkeyPatch, not os.environ).
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SGLANG_SM120_FLASHMLA_BACKEND", "torch")
+    config._sparsemla_env = mp  # undone in pytest_unconfigure
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    mp = getattr(config, "_sparsemla_env", None)
+    if mp is not None:
+        mp.undo()
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,322 @@
+"""Contract tier: sglang 0.5.23's REAL plugin loader, HookRegistry and torch reference kernels as oracles.
+
+sglang's own ``load_plugins()`` discovers our entry point and applies our hooks; then sglang's own entry points are
+called exactly as its DSv4 backend and indexer call them. Flag off must give sglang's result bit for bit; flag on
+must give our op's result, which must match sglang's torch path within bf16 tolerance.
+
+Note: HookRegistry rebinds every module attribute that *is* an original function (test modules included), so the
+originals are kept in a dict, which it does not touch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparsemla import flags
+from sparsemla.kernels import layouts
+
+pytestmark = pytest.mark.sglang
+
+sglang_plugins = pytest.importorskip("sglang.srt.plugins", reason="sglang 0.5.23 contract tier not installed")
+
+SGLANG_ROOT = Path(sglang_plugins.__file__).resolve().parents[3]  # site-packages
+ORIGINALS: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def sgl():
+    """sglang's decode and indexer modules after sglang's own load_plugins() ran our entry point."""
+    from sglang.kernels.ops.attention import flash_mla_sm120
+    from sglang.srt.layers.attention.dsv4 import indexer
+
+    assert flash_mla_sm120._sm120_default_backend == "torch", "conftest must select sglang's torch path before import"
+    ORIGINALS.setdefault("decode", flash_mla_sm120.flash_mla_with_kvcache_sm120)
+    ORIGINALS.setdefault("decode_torch", flash_mla_sm120._sm120_sparse_decode_fwd)
+    ORIGINALS.setdefault("indexer", indexer.fp8_paged_mqa_logits_torch_sm120)
+    sglang_plugins.load_plugins()
+    return flash_mla_sm120, indexer
+
+
+def test_sglang_version_is_the_tested_one():
+    assert importlib.metadata.version("sglang") == "0.5.23"
+
+
+def test_entry_point_is_discovered():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert "sparsemla" in eps.names
+    assert eps["sparsemla"].value == "sparsemla.deploy.sglang_plugin:register"
+
+
+def test_load_plugins_applies_our_hooks(sgl):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sparsemla.deploy.sglang_plugin import HOOKS
+
+    flash_mla_sm120, indexer = sgl
+    assert flash_mla_sm120.flash_mla_with_kvcache_sm120 is not ORIGINALS["decode"]
+    assert flash_mla_sm120.flash_mla_with_kvcache_sm120.__wrapped__ is ORIGINALS["decode"]
+    assert indexer.fp8_paged_mqa_logits_torch_sm120.__wrapped__ is ORIGINALS["indexer"]
+    for spec in HOOKS:
+        if spec.requires is None and spec.call != "timer":
+            assert spec.target in HookRegistry._patched, spec.target
+
+
+# -- decode ----------------------------------------------------------------------------------------------------------
+DECODE_CASES = [
+    # (B, H, swa_topk, extra: (pages, page_size, topk) or None, sink, invalid_fraction, topk_length kind)
+    pytest.param(2, 8, 128, None, False, 0.0, "full", id="B2-H8-swa128-noextra-nosink"),
+    pytest.param(3, 8, 128, (8, 64, 256), True, 0.2, "short", id="B3-H8-swa128-extra256-sink-invalid"),
+    pytest.param(2, 64, 64, (4, 64, 128), True, 0.1, "zero", id="B2-H64-swa64-extra128-sink-len0"),
+    pytest.param(1, 64, 128, (4, 64, 192), False, 1.0, "full", id="B1-H64-all-invalid"),
+]
+
+
+def _decode_kwargs(batch, heads, swa_topk, extra, sink, invalid, lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    main = layouts.random_v4_cache(2, 256, generator=gen)
+    kwargs = dict(
+        q=torch.randn(batch, 1, heads, 512, generator=gen).to(torch.bfloat16),
+        k_cache=main.k_cache,
+        head_dim_v=512,
+        softmax_scale=512**-0.5,
+        indices=layouts.random_slots(batch, swa_topk, main.num_slots, generator=gen, invalid_fraction=invalid),
+        topk_length=None,
+        attn_sink=torch.randn(heads, generator=gen) if sink else None,
+        extra_k_cache=None,
+        extra_indices_in_kvcache=None,
+        extra_topk_length=None,
+    )
+    if lengths == "short":
+        kwargs["topk_length"] = torch.randint(0, swa_topk + 1, (batch,), generator=gen, dtype=torch.int32)
+    elif lengths == "zero":
+        kwargs["topk_length"] = torch.zeros(batch, dtype=torch.int32)
+    if extra is not None:
+        pages, page_size, topk = extra
+        cache = layouts.random_v4_cache(pages, page_size, generator=gen)
+        kwargs["extra_k_cache"] = cache.k_cache
+        kwargs["extra_indices_in_kvcache"] = layouts.random_slots(
+            batch, topk, cache.num_slots, generator=gen, invalid_fraction=invalid
+        )
+        kwargs["extra_topk_length"] = torch.randint(1, topk + 1, (batch,), generator=gen, dtype=torch.int32)
+    return kwargs
+
+
+@pytest.mark.parametrize("batch,heads,swa_topk,extra,sink,invalid,lengths", DECODE_CASES)
+def test_decode_flag_off_is_sglang_bit_for_bit(sgl, batch, heads, swa_topk, extra, sink, invalid, lengths):
+    flash_mla_sm120, _ = sgl
+    kwargs = _decode_kwargs(batch, heads, swa_topk, extra, sink, invalid, lengths, seed=batch * 100 + heads)
+    with flags.SPARSEMLA_MMA_DECODE.override(False):
+        out, lse = flash_mla_sm120.flash_mla_with_kvcache_sm120(**kwargs)
+    want_out, want_lse = ORIGINALS["decode"](**kwargs)
+    assert torch.equal(out, want_out)
+    assert torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("batch,heads,swa_topk,extra,sink,invalid,lengths", DECODE_CASES)
+def test_decode_flag_on_runs_our_op_and_matches_sglang_torch(
+    sgl, batch, heads, swa_topk, extra, sink, invalid, lengths
+):
+    from sparsemla.kernels import sparse_decode
+
+    flash_mla_sm120, _ = sgl
+    kwargs = _decode_kwargs(batch, heads, swa_topk, extra, sink, invalid, lengths, seed=batch * 7 + heads)
+    with flags.SPARSEMLA_MMA_DECODE.override(True):
+        out, lse = flash_mla_sm120.flash_mla_with_kvcache_sm120(**kwargs)
+    ours_out, ours_lse = sparse_decode(**kwargs)
+    assert torch.equal(out, ours_out) and torch.equal(lse, ours_lse), "the hook must return our op's result"
+    # sglang's own torch path as the oracle (same positional order as its entry point passes).
+    names = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale", "extra_k_cache",
+             "extra_indices_in_kvcache", "extra_topk_length")  # fmt: skip
+    want_out, want_lse = ORIGINALS["decode_torch"](*(kwargs[n] for n in names))
+    assert out.shape == want_out.shape and out.dtype == want_out.dtype == torch.bfloat16
+    assert lse.shape == want_lse.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), want_out.float(), atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=1e-3, rtol=1e-3)
+
+
+def test_master_switch_wins(sgl):
+    flash_mla_sm120, _ = sgl
+    kwargs = _decode_kwargs(2, 8, 64, None, True, 0.0, "full", seed=5)
+    with flags.SPARSEMLA_MMA_DECODE.override(True), flags.SPARSEMLA_DISABLE.override(True):
+        out, _ = flash_mla_sm120.flash_mla_with_kvcache_sm120(**kwargs)
+    want, _ = ORIGINALS["decode"](**kwargs)
+    assert torch.equal(out, want)
+
+
+def test_flag_on_errors_propagate(sgl):
+    flash_mla_sm120, _ = sgl
+    kwargs = _decode_kwargs(1, 8, 64, None, False, 0.0, "full", seed=9)
+    kwargs["indices"] = kwargs["indices"][:, :, :].reshape(1, 64)  # wrong rank: our op must refuse, not fall back
+    with flags.SPARSEMLA_MMA_DECODE.override(True), pytest.raises(ValueError, match="indices"):
+        flash_mla_sm120.flash_mla_with_kvcache_sm120(**kwargs)
+
+
+# -- indexer ---------------------------------------------------------------------------------------------------------
+INDEXER_CASES = [
+    pytest.param((1,), 4, id="B1-len1-cap4pages"),
+    pytest.param((100, 0, 64, 65), 6, id="B4-mixed-lengths-cap6pages"),
+    pytest.param((500, 7), 32, id="B2-cap-much-larger"),
+]
+
+
+def _indexer_args(seq_lens, max_pages, seed):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    num_pages = sum(-(-s // 64) for s in seq_lens) + 3
+    cache = layouts.random_indexer_cache(num_pages, generator=gen)
+    table = layouts.random_page_table(lens, max_pages, num_pages, generator=gen)
+    q = torch.randn(len(seq_lens), 1, 64, 128, generator=gen).to(torch.float8_e4m3fn)
+    weights = torch.randn(len(seq_lens), 64, generator=gen)
+    return (q, cache, weights, lens, table, None, max_pages * 64, False)
+
+
+@pytest.mark.parametrize("seq_lens,max_pages", INDEXER_CASES)
+def test_indexer_flag_off_is_sglang_bit_for_bit(sgl, seq_lens, max_pages):
+    _, indexer = sgl
+    args = _indexer_args(seq_lens, max_pages, seed=len(seq_lens))
+    with flags.SPARSEMLA_TRITON_INDEXER.override(False):
+        got = indexer.fp8_paged_mqa_logits_torch_sm120(*args)
+    assert torch.equal(got, ORIGINALS["indexer"](*args))
+
+
+@pytest.mark.parametrize("seq_lens,max_pages", INDEXER_CASES)
+def test_indexer_flag_on_matches_sglang_on_valid_positions(sgl, seq_lens, max_pages):
+    from sparsemla.kernels import indexer_logits
+
+    _, indexer = sgl
+    args = _indexer_args(seq_lens, max_pages, seed=10 + len(seq_lens))
+    with flags.SPARSEMLA_TRITON_INDEXER.override(True):
+        got = indexer.fp8_paged_mqa_logits_torch_sm120(*args)
+    assert torch.equal(got, indexer_logits(*args)) or _same_on_valid(got, indexer_logits(*args), seq_lens)
+    want = ORIGINALS["indexer"](*args)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    for row, length in enumerate(seq_lens):
+        if length:
+            ref = want[row, :length]
+            torch.testing.assert_close(got[row, :length], ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+def _same_on_valid(a, b, seq_lens):
+    return all(torch.equal(a[r, :n], b[r, :n]) for r, n in enumerate(seq_lens))
+
+
+# -- the contract our hooks rely on (a version bump that moves anything fails here) ----------------------------------
+def _function_params(relpath: str, name: str) -> list[str]:
+    tree = ast.parse((SGLANG_ROOT / relpath).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            a = node.args
+            return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    raise AssertionError(f"{name} not found in {relpath}")
+
+
+def _target_file(target: str) -> tuple[str, str]:
+    module, _, attr = target.rpartition(".")
+    parts = module.split(".")
+    if attr == "forward":  # a method: Class.method
+        parts, attr = parts[:-1], attr
+    return "/".join(parts) + ".py", attr
+
+
+def test_every_hook_target_exists_with_the_parameters_we_rely_on():
+    from sparsemla.deploy.sglang_plugin import HOOKS
+
+    for spec in HOOKS:
+        if spec.target.startswith("deep_gemm."):
+            continue  # compiled: checked by the GPU self-check where DeepGEMM is installed
+        relpath, attr = _target_file(spec.target)
+        params = _function_params(relpath, attr)
+        missing = [p for p in spec.params if p not in params]
+        assert not missing, f"{spec.target}: sglang no longer has parameters {missing} (has {params})"
+
+
+def test_dsv4_backend_calls_the_decode_entries_with_keywords_we_accept():
+    src = (SGLANG_ROOT / "sglang/srt/layers/attention/deepseek_v4_backend.py").read_text()
+    tree = ast.parse(src)
+    accepted = set(inspect.signature(_accepted_decode_kwargs).parameters)
+    seen = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+            "flash_mla_with_kvcache_sm120",
+            "flash_mla_with_kvcache",
+        ):
+            seen += 1
+            names = {k.arg for k in node.keywords}
+            assert names <= accepted, f"unknown keywords at line {node.lineno}: {names - accepted}"
+    assert seen >= 2
+
+
+def _accepted_decode_kwargs(
+    q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale, extra_k_cache, extra_indices_in_kvcache,
+    extra_topk_length, block_table, cache_seqlens, tile_scheduler_metadata, is_fp8_kvcache,
+):  # fmt: skip
+    """The keywords sparse_decode() accepts (used only for its signature)."""
+
+
+def test_indexer_call_site_is_positional_in_our_order():
+    src = (SGLANG_ROOT / "sglang/srt/layers/attention/dsv4/indexer.py").read_text()
+    assert "fn = fp8_paged_mqa_logits_torch_sm120" in src, "sglang must look the function up at call time"
+    assert "from deep_gemm import fp8_paged_mqa_logits as fn" in src
+
+
+# -- plugin behaviour in fresh processes ------------------------------------------------------------------------------
+def _run(code: str, env: dict[str, str | None]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], env=flags.child_env(env), capture_output=True, text=True, timeout=300
+    )
+
+
+def test_flags_info_metric_in_multiprocess_mode(tmp_path):
+    code = """
+import sglang.srt.plugins as p
+p.load_plugins()
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+reg = CollectorRegistry()
+MultiProcessCollector(reg)
+print(generate_latest(reg).decode())
+"""
+    res = _run(code, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "SPARSEMLA_MMA_DECODE": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("sparsemla_kernel_flags_info{")]
+    assert len(lines) == 1, res.stdout
+    assert 'sparsemla_mma_decode="on"' in lines[0] and 'variant="mma_decode"' in lines[0]
+    assert lines[0].endswith(" 1.0")
+
+
+def test_bad_flag_value_stops_sglang_loudly():
+    res = _run("import sglang.srt.plugins as p; p.load_plugins()", {"SPARSEMLA_SPLIT_K": "zero"})
+    assert res.returncode != 0
+    assert "SPARSEMLA_SPLIT_K" in res.stderr and "auto | a positive integer" in res.stderr
+
+
+def test_untested_sglang_version_warns_once_and_hooks_nothing():
+    code = """
+import json, logging
+logging.basicConfig(level=logging.WARNING)
+from sparsemla.deploy import sglang_plugin as sp
+sp._sglang_version = lambda: "0.4.0"
+print(json.dumps(sp.register()))
+"""
+    res = _run(code, {})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+    assert res.stderr.count("not a tested version") == 1
+
+
+def test_alias_of_the_seed_flag_enables_decode():
+    code = "from sparsemla import flags; print(flags.SPARSEMLA_MMA_DECODE.get(), flags.variant_name())"
+    res = _run(code, {"SGLANG_SM120_MMA_FLASHMLA": "1"})
+    assert res.stdout.split() == ["True", "mma_decode"]
