@@ -68,11 +68,21 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         extra_indices_in_kvcache=kwargs.get("extra_indices_in_kvcache"),
         extra_topk_length=kwargs.get("extra_topk_length"),
     )
-    if flags.SPARSEMLA_FORCE_REFERENCE.get():
+    backend = select_backend(q)
+    if backend == "reference":
         from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
         return sparse_decode_reference(**args)
-    # The Triton path lands with the MMA decode kernel; until then the reference is the implementation.
-    from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+    from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
 
-    return sparse_decode_reference(**args)
+    return sparse_decode_fwd(**args, num_splits=flags.SPARSEMLA_SPLIT_K.get(), interpret=backend == "interpreter")
+
+
+def select_backend(q: torch.Tensor) -> str:
+    """Which implementation runs: ``"reference"`` (SPARSEMLA_FORCE_REFERENCE, or CPU tensors without Triton's
+    interpreter), ``"interpreter"`` (TRITON_INTERPRET=1: the Triton kernel on the CPU interpreter) or ``"triton"``."""
+    if flags.SPARSEMLA_FORCE_REFERENCE.get():
+        return "reference"
+    if flags.TRITON_INTERPRET.get():
+        return "interpreter"
+    return "triton" if q.is_cuda else "reference"

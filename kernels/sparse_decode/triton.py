@@ -1,0 +1,435 @@
+"""Head-batched tensor-core Triton kernels for DeepSeek-V4 sparse-MLA decode (V4 page-split fp8 KV cache).
+
+One program = (query row, head block, split). A program walks its share of the concatenated candidate list
+(main cache ++ extra cache) in tiles of ``BLOCK_N`` tokens; each token row is gathered and dequantized ONCE per
+program and shared by all ``BLOCK_H`` heads through two ``tl.dot``\\ s per 64-wide chunk (QK^T and PV, bf16 operands,
+fp32 accumulation), with an online softmax in base 2. The 512-wide row is handled as 8 chunks of 64: the 7 fp8 NoPE
+chunks (each with its own ue8m0 scale, applied exactly in bf16 because it is a power of two) and the bf16 RoPE chunk.
+
+Split-K: the host picks the split count from shapes only (``SPARSEMLA_SPLIT_K`` overrides it) so the grid fills the
+SMs at small batch and is 1 when ``rows x head blocks`` already does; inside the kernel each split takes an equal
+share of the *valid* tiles (from ``topk_length`` / ``extra_topk_length``), so short rows cost little. With one split
+the kernel writes the final output (sink applied) directly; otherwise it writes fp32 partials (output normalised per
+split + base-2 LSE) that ``_sparse_decode_combine_kernel`` merges. No host sync, no data-dependent allocation: the
+launch is CUDA-graph safe, and results are deterministic (no atomics; fixed reduction order).
+
+The Triton path never imports the fp32 reference; semantics are those documented in ``reference.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_SCALE_BYTES
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape of the main kernel: heads per program, tokens per tile, warps, pipeline stages."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(num_heads: int, interpret: bool = False) -> DecodeConfig:
+    """Heads per program = all heads up to 64 (padded to a power of two >= 16); H > 64 uses 64-head blocks."""
+    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
+    if interpret:
+        return DecodeConfig(block_h=block_h, block_n=16, num_warps=4, num_stages=1)
+    num_warps = 8 if block_h == 64 else 4
+    return DecodeConfig(block_h=block_h, block_n=64 if block_h <= 32 else 32, num_warps=num_warps, num_stages=2)
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, num_sms: int, override: int | str = "auto") -> int:
+    """Split count from shapes only (CUDA-graph safe): about one wave of programs, never more splits than tiles."""
+    if max_tiles <= 0:
+        return 1
+    if override != "auto":
+        return max(1, min(int(override), max_tiles))
+    base = max(1, rows * head_blocks)
+    return max(1, min(max_tiles, num_sms // base))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_q_chunk(p_q, o_h, m_h, stride_qd, C: tl.constexpr, DOT_F32: tl.constexpr):
+    """Query chunk ``C`` (columns C*64 .. C*64+63) of the head block: [BLOCK_H, 64]."""
+    o_d = C * 64 + tl.arange(0, 64)
+    b_q = tl.load(p_q + o_h[:, None] + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64]
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    return b_q
+
+
+@triton.jit
+def _load_k_chunk(p_cache, o_tok, o_scale, m_n, C: tl.constexpr, DOT_F32: tl.constexpr):
+    """Dequantized NoPE chunk ``C`` of the tile's token rows: fp8 * 2^(ue8m0 - 127) -> [BLOCK_N, 64] (exact in bf16)."""
+    o_k = o_tok[:, None] + (C * 64 + tl.arange(0, 64))[None, :]
+    p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64] fp8
+    b_e = tl.load(p_cache + o_scale + C, mask=m_n, other=127).to(tl.float32)  # [BLOCK_N] ue8m0 byte
+    b_s = tl.math.exp2(b_e - 127.0)
+    if DOT_F32:
+        return b_k8.to(tl.float32) * b_s[:, None]
+    return b_k8.to(tl.bfloat16) * b_s.to(tl.bfloat16)[:, None]
+
+
+@triton.jit
+def _attend_tiles(
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
+    q0, q1, q2, q3, q4, q5, q6, q7,
+    p_cache, p_idx, length, page_size, page_stride, tile_lo, tile_hi, qk_scale,
+    BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax attention of the head block over tiles [tile_lo, tile_hi) of one cache.
+
+    acc0..acc7: [BLOCK_H, 64] fp32 unnormalised output chunks; m_i, l_i: [BLOCK_H] running base-2 max and sum."""
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, 64)
+    for i_t in range(tile_lo, tile_hi):
+        o_pos = i_t * BLOCK_N + o_n
+        b_idx = tl.load(p_idx + o_pos, mask=o_pos < length, other=-1)  # [BLOCK_N] slot ids
+        m_n = b_idx >= 0
+        b_slot = tl.where(m_n, b_idx, 0)
+        b_page = (b_slot // page_size).to(tl.int64)
+        b_off = (b_slot % page_size).to(tl.int64)
+        o_tok = b_page * page_stride + b_off * 576  # byte offset of the token's 576-byte data row
+        o_rope = b_page * (page_stride // 2) + b_off * 288  # the same row in bf16 units (page_stride is even)
+        o_scale = b_page * page_stride + page_size * 576 + b_off * 8  # its 8 scale bytes
+        if ALIGNED:
+            o_tok = tl.multiple_of(o_tok, 16)
+            o_rope = tl.multiple_of(o_rope, 8)
+        # RoPE chunk: bf16 at bytes 448..575 of the data row.
+        p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        o_r = o_rope[:, None] + o_d[None, :]
+        k7 = tl.load(p_rope + o_r, mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64] bf16
+        if DOT_F32:
+            k7 = k7.to(tl.float32)
+        k0 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 0, DOT_F32)
+        k1 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 1, DOT_F32)
+        k2 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 2, DOT_F32)
+        k3 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 3, DOT_F32)
+        k4 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 4, DOT_F32)
+        k5 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 5, DOT_F32)
+        k6 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 6, DOT_F32)
+        # scores [BLOCK_H, BLOCK_N] = q . k over the 8 chunks
+        b_s = tl.dot(q7, tl.trans(k7), input_precision=DOT_PREC)
+        b_s = tl.dot(q0, tl.trans(k0), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q1, tl.trans(k1), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q2, tl.trans(k2), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q3, tl.trans(k3), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q4, tl.trans(k4), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q5, tl.trans(k5), b_s, input_precision=DOT_PREC)
+        b_s = tl.dot(q6, tl.trans(k6), b_s, input_precision=DOT_PREC)
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
+        alpha = tl.math.exp2(m_i - m_use)
+        b_p = tl.math.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        m_i = m_new
+        if DOT_F32:
+            b_pd = b_p
+        else:
+            b_pd = b_p.to(tl.bfloat16)
+        acc0 = tl.dot(b_pd, k0, acc0 * alpha[:, None], input_precision=DOT_PREC)
+        acc1 = tl.dot(b_pd, k1, acc1 * alpha[:, None], input_precision=DOT_PREC)
+        acc2 = tl.dot(b_pd, k2, acc2 * alpha[:, None], input_precision=DOT_PREC)
+        acc3 = tl.dot(b_pd, k3, acc3 * alpha[:, None], input_precision=DOT_PREC)
+        acc4 = tl.dot(b_pd, k4, acc4 * alpha[:, None], input_precision=DOT_PREC)
+        acc5 = tl.dot(b_pd, k5, acc5 * alpha[:, None], input_precision=DOT_PREC)
+        acc6 = tl.dot(b_pd, k6, acc6 * alpha[:, None], input_precision=DOT_PREC)
+        acc7 = tl.dot(b_pd, k7, acc7 * alpha[:, None], input_precision=DOT_PREC)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i
+
+
+@triton.jit
+def _store_chunk(p_o, o_h, m_h, acc, scale, C: tl.constexpr, DV: tl.constexpr):
+    """Store output chunk ``C`` scaled per head: [BLOCK_H, 64] -> columns C*64.. (only those < DV)."""
+    if C * 64 < DV:
+        o_d = C * 64 + tl.arange(0, 64)
+        b_o = acc * scale[:, None]
+        tl.store(p_o + o_h[:, None] + o_d[None, :], b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_d < DV)[None, :])
+
+
+@triton.jit
+def _sparse_decode_kernel(
+    q, cache, idx, length, cache_x, idx_x, length_x, sink,
+    out, lse, o_part, lse_part,
+    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_ib, stride_is, stride_xb, stride_xs,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
+    SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid (B * S, cdiv(H, BLOCK_H), num_splits). out [B, S, H, DV] bf16 and lse [B, S, H] (natural log, no sink)
+    when SINGLE; else o_part [B*S, num_splits, H, 512] fp32 (per-split normalised) and lse_part [B*S, num_splits, H]
+    (base 2)."""
+    i_r = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_sp = tl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs
+    o_qh = o_h.to(tl.int64) * stride_qh
+    q0 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 0, DOT_F32)
+    q1 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 1, DOT_F32)
+    q2 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 2, DOT_F32)
+    q3 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 3, DOT_F32)
+    q4 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 4, DOT_F32)
+    q5 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 5, DOT_F32)
+    q6 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 6, DOT_F32)
+    q7 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 7, DOT_F32)
+
+    # valid lengths (only the leftmost `length` entries count) -> this split's share of the valid tiles
+    n_main = TOPK
+    if HAS_LEN:
+        n_main = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
+    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
+    t_all = t_main
+    n_x = TOPK_X
+    if HAS_EXTRA:
+        if HAS_LEN_X:
+            n_x = tl.minimum(tl.maximum(tl.load(length_x + i_b), 0), TOPK_X)
+        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
+    per = (t_all + num_splits - 1) // num_splits
+    t_lo = i_sp * per
+    t_hi = tl.minimum(t_lo + per, t_all)
+
+    acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc4 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc5 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc6 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    acc7 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+
+    p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i = _attend_tiles(
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
+        q0, q1, q2, q3, q4, q5, q6, q7,
+        cache, p_idx, n_main, page_size, page_stride, t_lo, tl.minimum(t_hi, t_main), qk_scale,
+        BLOCK_N, ALIGNED, DOT_F32, DOT_PREC,
+    )  # fmt: skip
+    if HAS_EXTRA:
+        p_idx_x = idx_x + i_b.to(tl.int64) * stride_xb + i_s.to(tl.int64) * stride_xs
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i = _attend_tiles(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
+            q0, q1, q2, q3, q4, q5, q6, q7,
+            cache_x, p_idx_x, n_x, page_size_x, page_stride_x,
+            tl.maximum(t_lo, t_main) - t_main, t_hi - t_main, qk_scale,
+            BLOCK_N, ALIGNED, DOT_F32, DOT_PREC,
+        )  # fmt: skip
+
+    lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))  # [BLOCK_H] base-2 LSE of the valid scores
+    inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    if SINGLE:
+        if HAS_SINK:
+            b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
+            inv_l = inv_l / (1.0 + tl.math.exp2(b_sink - lse2))  # = exp(lse - logaddexp(lse, sink)); +inf -> 0
+        p_o = out + i_r.to(tl.int64) * H * DV
+        o_oh = o_h.to(tl.int64) * DV
+        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+    else:
+        p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512
+        o_oh = o_h.to(tl.int64) * 512
+        tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_h)
+    _store_chunk(p_o, o_oh, m_h, acc0, inv_l, 0, DV)
+    _store_chunk(p_o, o_oh, m_h, acc1, inv_l, 1, DV)
+    _store_chunk(p_o, o_oh, m_h, acc2, inv_l, 2, DV)
+    _store_chunk(p_o, o_oh, m_h, acc3, inv_l, 3, DV)
+    _store_chunk(p_o, o_oh, m_h, acc4, inv_l, 4, DV)
+    _store_chunk(p_o, o_oh, m_h, acc5, inv_l, 5, DV)
+    _store_chunk(p_o, o_oh, m_h, acc6, inv_l, 6, DV)
+    _store_chunk(p_o, o_oh, m_h, acc7, inv_l, 7, DV)
+
+
+@triton.jit
+def _sparse_decode_combine_kernel(
+    o_part, lse_part, sink, out, lse, H, num_splits,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
+):  # fmt: skip
+    """LSE-merge of the splits. Grid (B * S, cdiv(H, BLOCK_H), cdiv(DV, BLOCK_D)); sink applied once here."""
+    i_r = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_db = tl.program_id(2)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_d = o_d < DV
+    p_lse = lse_part + i_r.to(tl.int64) * num_splits * H + o_h
+    m_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for i_sp in range(num_splits):
+        m_max = tl.maximum(m_max, tl.load(p_lse + i_sp * H, mask=m_h, other=float("-inf")))
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
+    b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    b_tot = tl.zeros([BLOCK_H], dtype=tl.float32)
+    p_o = o_part + i_r.to(tl.int64) * num_splits * H * 512 + o_h[:, None].to(tl.int64) * 512 + o_d[None, :]
+    for i_sp in range(num_splits):
+        b_w = tl.math.exp2(tl.load(p_lse + i_sp * H, mask=m_h, other=float("-inf")) - m_use)  # [BLOCK_H]
+        b_o = tl.load(p_o + i_sp * H * 512, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+        b_acc += b_w[:, None] * b_o
+        b_tot += b_w
+    lse2 = tl.where(b_tot > 0.0, m_use + tl.math.log2(b_tot), float("-inf"))
+    b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
+    if HAS_SINK:
+        b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
+        b_scale = b_scale / (1.0 + tl.math.exp2(b_sink - lse2))
+    p_out = out + i_r.to(tl.int64) * H * DV + o_h[:, None].to(tl.int64) * DV + o_d[None, :]
+    tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
+    if i_db == 0:
+        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------------------------------------
+def _cache_bytes(k_cache: torch.Tensor, name: str) -> tuple[torch.Tensor, int, int]:
+    """(uint8 view sharing the cache's storage, page_size, page stride in bytes) of a V4 ``k_cache`` view."""
+    if k_cache.dim() != 4 or k_cache.shape[-1] != V4_BYTES_PER_TOKEN or k_cache.element_size() != 1:
+        raise ValueError(f"{name} must be a 1-byte V4 view [num_pages, page_size, 1, 584], got {list(k_cache.shape)}")
+    page_size, page_stride = k_cache.shape[1], k_cache.stride(0)
+    if page_stride % 2 or k_cache.data_ptr() % 2:
+        raise ValueError(f"{name} pages must start at even byte addresses (bf16 RoPE), got stride {page_stride}")
+    if page_stride < page_size * V4_BYTES_PER_TOKEN:
+        raise ValueError(f"{name}.stride(0)={page_stride} is smaller than a page ({page_size} x 584 bytes)")
+    raw = k_cache.view(torch.uint8) if k_cache.dtype != torch.uint8 else k_cache
+    return raw, page_size, page_stride
+
+
+def _check_rows(t: torch.Tensor | None, batch: int, name: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.dim() != 1 or t.shape[0] != batch or t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be [B={batch}] int32, got {list(t.shape)} {t.dtype}")
+    return t
+
+
+def sparse_decode_fwd(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    head_dim_v: int = V4_DIM,
+    softmax_scale: float | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices_in_kvcache: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    *,
+    num_splits: int | str = "auto",
+    config: DecodeConfig | None = None,
+    interpret: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the decode kernel(s): ``(out [B, s_q, H, head_dim_v] bf16, lse [B, H, s_q] fp32)``.
+
+    ``lse`` is a permuted view of a [B, s_q, H] buffer (natural log, sink excluded, -inf for rows with no valid
+    entry), the orientation sglang's torch path returns. ``num_splits``: "auto" or a positive int (clamped to the
+    number of tiles). ``interpret``: the Triton CPU interpreter runs it (dots in fp32, small tiles).
+    """
+    batch, s_q, heads, dim = q.shape
+    if dim != V4_DIM:
+        raise ValueError(f"q must have head dim {V4_DIM}, got {dim}")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bf16, got {q.dtype}")
+    if indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, s_q) or indices.dtype != torch.int32:
+        raise ValueError(f"indices must be [B, s_q, topk] int32, got {list(indices.shape)} {indices.dtype}")
+    if not 0 < head_dim_v <= V4_DIM:
+        raise ValueError(f"head_dim_v must be in 1..{V4_DIM}, got {head_dim_v}")
+    cache, page_size, page_stride = _cache_bytes(k_cache, "k_cache")
+    topk_length = _check_rows(topk_length, batch, "topk_length")
+    has_extra = extra_k_cache is not None and extra_indices_in_kvcache is not None
+    if has_extra:
+        cache_x, page_size_x, page_stride_x = _cache_bytes(extra_k_cache, "extra_k_cache")
+        idx_x = extra_indices_in_kvcache
+        if idx_x.dim() != 3 or tuple(idx_x.shape[:2]) != (batch, s_q) or idx_x.dtype != torch.int32:
+            raise ValueError(f"extra_indices_in_kvcache must be [B, s_q, topk] int32, got {list(idx_x.shape)}")
+        extra_topk_length = _check_rows(extra_topk_length, batch, "extra_topk_length")
+    else:
+        cache_x, page_size_x, page_stride_x, idx_x, extra_topk_length = cache, 1, 0, indices, None
+    if attn_sink is not None and (attn_sink.shape != (heads,) or attn_sink.dtype != torch.float32):
+        raise ValueError(f"attn_sink must be [H={heads}] fp32, got {list(attn_sink.shape)} {attn_sink.dtype}")
+    if indices.stride(2) != 1 or idx_x.stride(2) != 1:
+        raise ValueError("indices must be contiguous along topk")
+    if softmax_scale is None:
+        softmax_scale = dim**-0.5
+
+    cfg = config or default_config(heads, interpret)
+    topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
+    rows = batch * s_q
+    head_blocks = triton.cdiv(heads, cfg.block_h)
+    max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
+    sms = 132 if interpret or not q.is_cuda else _num_sms(q.device.index or 0)
+    splits = choose_num_splits(rows, head_blocks, max_tiles, sms, num_splits)
+    aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
+    aligned = aligned and page_stride_x % 16 == 0 and not interpret
+
+    # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
+    out = torch.empty(batch, s_q, heads, head_dim_v, dtype=torch.float32 if interpret else torch.bfloat16, device=q.device)
+    lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
+    if splits > 1:
+        o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = out, lse  # unused
+    dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
+    grid = (rows, head_blocks, splits)
+    _sparse_decode_kernel[grid](
+        q, cache, indices, topk_length if topk_length is not None else dummy,
+        cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy,
+        out, lse, o_part, lse_part,
+        s_q, heads, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
+        float(softmax_scale) * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+        indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
+        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
+        HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
+        DOT_PREC="ieee" if interpret else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        block_hc = min(16, triton.next_power_of_2(heads))
+        block_d = 128
+        cgrid = (rows, triton.cdiv(heads, block_hc), triton.cdiv(head_dim_v, block_d))
+        _sparse_decode_combine_kernel[cgrid](
+            o_part, lse_part, attn_sink if attn_sink is not None else dummy, out, lse, heads, splits,
+            DV=head_dim_v, BLOCK_H=block_hc, BLOCK_D=block_d, HAS_SINK=attn_sink is not None, num_warps=4,
+        )  # fmt: skip
+    return out.to(torch.bfloat16), lse.permute(0, 2, 1)
+
+
+def flops_and_bytes(batch: int, heads: int, topk_total: int) -> tuple[float, float]:
+    """(FLOPs, minimum HBM bytes) of one decode call: QK over 512 + PV over 512; KV rows read once (584 B),
+    indices, q, out."""
+    flops = 2.0 * batch * heads * topk_total * (V4_DIM + V4_DIM)
+    nbytes = batch * topk_total * (V4_DATA_BYTES + V4_SCALE_BYTES + 4) + batch * heads * (V4_DIM * 2 * 2 + 4)
+    return flops, float(nbytes)
+
+
+__all__ = ["DecodeConfig", "choose_num_splits", "default_config", "flops_and_bytes", "sparse_decode_fwd"]
