@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
+
+from sparsemla import flags
 from sparsemla.deploy.sim import calibration as cal_mod
 from sparsemla.deploy.sim.calibration import (
     PROVISIONAL_PATH,
@@ -18,8 +20,6 @@ from sparsemla.deploy.sim.calibration import (
     write_calibration,
 )
 from sparsemla.deploy.sim.provisional import provisional_calibration
-
-from sparsemla import flags
 
 
 def test_shipped_provisional_file_is_current_and_labelled() -> None:

