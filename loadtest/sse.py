@@ -36,6 +36,9 @@ class StreamFailure(Exception):
     def __str__(self) -> str:
         return f"[{self.kind}] {super().__str__()}"
 
+    def __repr__(self) -> str:  # Locust's failure table shows repr(): keep the kind prefix readable there
+        return str(self)
+
 
 class ConnectionFailure(StreamFailure):
     kind = "connection"

@@ -1,0 +1,133 @@
+"""End-to-end load tests against a real HTTP server with injected latencies (tests/test_loadtest_sse_server.py).
+
+Each test starts the fixture server on a free port, runs headless Locust through `sparsemla.loadtest.runner` and checks
+the summary: timing accuracy at C=64, failure classification, multi-process aggregation of records and client
+Prometheus metrics, and a two-point sweep + compare with the report files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from sparsemla import metric_names as mn
+from sparsemla.loadtest.report import NO_DIFFERENCE, compare_runs, load_run, write_report
+from sparsemla.loadtest.runner import LoadTestConfig, run_point
+from sparsemla.loadtest.sweep import run_sweep
+from sparsemla.procs import free_port, wait_http
+
+pytestmark = pytest.mark.slow
+FIXTURE = Path(__file__).with_name("test_loadtest_sse_server.py")
+
+
+@contextmanager
+def fixture_server(*args: str) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(FIXTURE), "--port", str(port), *args])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=30, pid=proc.pid)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _config(url: str, concurrency: int, **kw) -> LoadTestConfig:
+    return LoadTestConfig(target=url, concurrency=concurrency, metrics_port=free_port(), **kw)
+
+
+def test_ttft_and_itl_within_2ms_at_c64(tmp_path: Path) -> None:
+    """C=64 on a 2-core machine: median TTFT and median/mean ITL within 2 ms of what the server injects."""
+    ttft, itl = 0.15, 0.08
+    with fixture_server("--ttft", str(ttft), "--itl", str(itl)) as url:
+        cfg = _config(url, 64, duration_s=6, warmup_s=2, workload="random:16:12", api="completions")
+        s = run_point(cfg, tmp_path / "c64", "accuracy")
+    assert s["failures"]["total"] == 0
+    assert s["requests"] > 100
+    assert abs(s["ttft_s"]["p50"] - ttft) < 0.002, s["ttft_s"]
+    assert abs(s["itl_s"]["p50"] - itl) < 0.002, s["itl_s"]
+    assert abs(s["itl_s"]["mean"] - itl) < 0.002, s["itl_s"]
+    # 64 users, each request = TTFT then 11 gaps: 64 * 12 / (ttft + 11 * itl) tok/s
+    expected = 64 * 12 / (ttft + 11 * itl)
+    assert s["output_tok_per_s"] == pytest.approx(expected, rel=0.08)
+    for key in ("concurrency", "duration_s", "requests", "failures", "output_tokens", "output_tok_per_s", "req_per_s",
+                "ttft_s", "itl_s", "tpot_s", "e2e_s", "goodput", "server", "server_flags"):  # fmt: skip
+        assert key in s, key
+    assert s["server_flags"]["sparsemla_mma_decode"] == "off" and s["server"]["model_path"] == "fixture/sse"
+    assert json.loads((tmp_path / "c64" / "summary.json").read_text())["requests"] == s["requests"]
+    assert (tmp_path / "c64" / "locust_stats.csv").read_text().count("TTFT") >= 1
+    assert (tmp_path / "c64" / "locust.html").exists()
+
+
+def test_failures_are_counted_by_kind(tmp_path: Path) -> None:
+    args = ("--ttft", "0.02", "--itl", "0.01", "--fail-every", "5", "--malformed-every", "7", "--drop-every", "11",
+            "--hang-every", "13")  # fmt: skip
+    with fixture_server(*args) as url:
+        cfg = _config(url, 8, duration_s=5, warmup_s=1, workload="random:8:10", request_timeout_s=1.0)
+        s = run_point(cfg, tmp_path / "fail", "failures")
+    f = s["failures"]
+    assert f["http_error"] > 0 and f["sse"] > 0 and f["timeout"] > 0, f
+    assert f["connection"] + f["sse"] > f["sse"] - 1  # drops surface as connection errors or truncated streams
+    assert f["total"] == sum(v for k, v in f.items() if k != "total")
+    assert s["failures_marked"] and s["failure_rate"] > 0.1
+    assert any(m.startswith("[timeout]") for m in s["failure_examples"]) or f["timeout"] > 0
+    failures_csv = (tmp_path / "fail" / "locust_failures.csv").read_text()
+    assert "[http_error] HTTP 500" in failures_csv and "[sse]" in failures_csv
+
+
+def test_processes_aggregate_records_and_client_metrics(tmp_path: Path) -> None:
+    """--processes 2: both workers' requests reach the summary and one metrics port sums both processes."""
+    scraped: list[str] = []
+    with fixture_server("--ttft", "0.03", "--itl", "0.02") as url:
+        cfg = _config(url, 6, duration_s=4, warmup_s=1, workload="random:8:8", processes=2, api="generate")
+
+        def on_progress(phase: str, elapsed: float, total: float, requests: int) -> None:
+            if phase == "measuring" and not scraped and elapsed > 3:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.metrics_port}/metrics", timeout=5) as resp:
+                    scraped.append(resp.read().decode())
+
+        s = run_point(cfg, tmp_path / "procs", "procs", on_progress=on_progress)
+    assert s["requests"] > 20 and s["failures"]["total"] == 0
+    assert s["ttft_s"]["p50"] == pytest.approx(0.03, abs=0.01)
+    assert scraped, "client metrics were not served"
+    text = scraped[0]
+    count_lines = [ln for ln in text.splitlines() if ln.startswith(f"{mn.LOADGEN_TTFT_SECONDS}_count")]
+    assert count_lines and 'run_id="procs"' in count_lines[0] and 'concurrency="6"' in count_lines[0]
+    assert float(count_lines[0].split()[-1]) > 5
+    users = [ln for ln in text.splitlines() if ln.startswith(mn.LOADGEN_USERS + "{")]
+    assert users and float(users[0].split()[-1]) == 6  # 3 users in each of the 2 worker processes, summed
+
+
+def test_sweep_resume_and_compare(tmp_path: Path) -> None:
+    """Two runs against servers 2x apart in ITL: the report calls it; a resumed sweep reruns nothing."""
+    runs = {}
+    for name, itl in (("slow", "0.04"), ("fast", "0.02")):
+        with fixture_server("--ttft", "0.02", "--itl", itl, "--flags", f"sparsemla_mma_decode={name}") as url:
+            base = _config(url, 1, duration_s=3, warmup_s=1, workload="random:8:12")
+            run_sweep(base, [2, 4], 1, tmp_path / name)
+            before = (tmp_path / name / "c0002-r1" / "summary.json").stat().st_mtime
+            run_sweep(base, [2, 4], 1, tmp_path / name)  # resume: everything is done already
+            assert (tmp_path / name / "c0002-r1" / "summary.json").stat().st_mtime == before
+        runs[name] = load_run(tmp_path / name)
+    rows = compare_runs(runs["slow"], runs["fast"])
+    itl = [r for r in rows if r.metric.key == "itl_p50"]
+    assert len(itl) == 2 and all(r.significant and r.verdict.startswith("B better") for r in itl)
+    tok = [r for r in rows if r.metric.key == "output_tok_per_s"]
+    assert all(r.ratio.value == pytest.approx(1.9, rel=0.15) for r in tok)
+    goodput = [r for r in rows if r.metric.key == "goodput"]
+    assert all(r.verdict in (NO_DIFFERENCE, "no CI (single sample)") for r in goodput)
+    files = write_report(runs["slow"], runs["fast"], rows, tmp_path / "report")
+    for key in ("md", "html", "throughput_vs_concurrency", "latency_vs_concurrency", "per_user_vs_throughput"):
+        assert files[key].exists() and files[key].stat().st_size > 500
+    assert "B better" in files["md"].read_text()
