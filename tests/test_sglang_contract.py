@@ -320,3 +320,68 @@ def test_alias_of_the_seed_flag_enables_decode():
     code = "from sparsemla import flags; print(flags.SPARSEMLA_MMA_DECODE.get(), flags.variant_name())"
     res = _run(code, {"SGLANG_SM120_MMA_FLASHMLA": "1"})
     assert res.stdout.split() == ["True", "mma_decode"]
+
+
+# -- flag on through sglang's real dispatch reaches the Triton kernels (CPU interpreter) -----------------------------
+_INTERPRETER_CASE = """
+import json, torch
+import sglang.srt.plugins as plugins
+from sglang.kernels.ops.attention import flash_mla_sm120 as m
+from sglang.srt.layers.attention.dsv4 import indexer as ix
+original_decode = m._sm120_sparse_decode_fwd
+original_indexer = ix.fp8_paged_mqa_logits_torch_sm120
+plugins.load_plugins()
+from sparsemla.kernels import layouts
+from sparsemla.kernels.sparse_decode import triton as decode_triton
+from sparsemla.kernels.indexer import triton as indexer_triton
+
+calls = {"decode": 0, "indexer": 0}
+def counting(module, attr, key):
+    inner = getattr(module, attr)
+    def wrapper(*a, **k):
+        calls[key] += 1
+        return inner(*a, **k)
+    setattr(module, attr, wrapper)
+counting(decode_triton, "sparse_decode_fwd", "decode")
+counting(indexer_triton, "indexer_logits_fwd", "indexer")
+
+g = torch.Generator().manual_seed(7)
+main = layouts.random_v4_cache(1, 256, generator=g)
+extra = layouts.random_v4_cache(2, 64, generator=g)
+kw = dict(q=torch.randn(2, 1, 8, 512, generator=g).to(torch.bfloat16), k_cache=main.k_cache, head_dim_v=512,
+          softmax_scale=512 ** -0.5,
+          indices=layouts.random_slots(2, 32, main.num_slots, generator=g, invalid_fraction=0.2),
+          topk_length=torch.tensor([32, 9], dtype=torch.int32), attn_sink=torch.randn(8, generator=g),
+          extra_k_cache=extra.k_cache,
+          extra_indices_in_kvcache=layouts.random_slots(2, 32, extra.num_slots, generator=g),
+          extra_topk_length=torch.tensor([5, 32], dtype=torch.int32))
+out, lse = m.flash_mla_with_kvcache_sm120(**kw)
+names = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale", "extra_k_cache",
+         "extra_indices_in_kvcache", "extra_topk_length")
+want, want_lse = original_decode(*(kw[n] for n in names))
+dec_err = ((out.float() - want.float()).norm() / want.float().norm()).item()
+
+lens = torch.tensor([70, 3], dtype=torch.int32)
+cache = layouts.random_indexer_cache(6, generator=g)
+table = layouts.random_page_table(lens, 4, 6, generator=g)
+q = torch.randn(2, 1, 64, 128, generator=g).to(torch.float8_e4m3fn)
+w = torch.randn(2, 64, generator=g)
+got = ix.fp8_paged_mqa_logits_torch_sm120(q, cache, w, lens, table, None, 256, False)
+ref = original_indexer(q, cache, w, lens, table, None, 256, False)
+idx_err = max(((got[r, :n] - ref[r, :n]).norm() / ref[r, :n].norm()).item() for r, n in enumerate(lens.tolist()))
+print(json.dumps({"calls": calls, "decode_err": dec_err, "indexer_err": idx_err,
+                  "lse_close": bool(torch.allclose(lse, want_lse, atol=1e-3, rtol=1e-3))}))
+"""
+
+
+def test_flags_on_route_sglang_calls_to_the_triton_kernels_under_the_interpreter():
+    """SPARSEMLA_MMA_DECODE=1 / SPARSEMLA_TRITON_INDEXER=1: sglang's own entry points run our Triton kernels
+    (counted at the launcher) and agree with sglang's torch paths. TRITON_INTERPRET must be set before Triton's JIT
+    decorates the kernels, hence the fresh process."""
+    env = {"TRITON_INTERPRET": "1", "SPARSEMLA_MMA_DECODE": "1", "SPARSEMLA_TRITON_INDEXER": "1"}
+    res = _run(_INTERPRETER_CASE, env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["calls"]["decode"] >= 1 and got["calls"]["indexer"] >= 1, got
+    assert got["decode_err"] < 1e-2 and got["lse_close"], got
+    assert got["indexer_err"] < 1e-2, got
