@@ -34,17 +34,54 @@ def indexer_logits(
         raise ValueError(f"q_fp8 must be [B, next_n, H, 128], got {list(q_fp8.shape)}")
     if kv_cache_fp8.dim() != 4 or tuple(kv_cache_fp8.shape[1:]) != (64, 1, 132):
         raise ValueError(f"kv_cache_fp8 must be [num_pages, 64, 1, 132], got {list(kv_cache_fp8.shape)}")
+    if use_triton(q_fp8):
+        from sparsemla.kernels.indexer.triton import indexer_logits_fwd
+
+        return indexer_logits_fwd(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, max_seq_len, clean_logits)
     from sparsemla.kernels.indexer.reference import indexer_logits_reference
 
-    _ = flags.SPARSEMLA_FORCE_REFERENCE.get()  # the Triton path lands with the indexer kernel
     return indexer_logits_reference(
         q_fp8, kv_cache_fp8, weights, seq_lens, page_table, deep_gemm_metadata, max_seq_len, clean_logits
     )
 
 
+def use_triton(t: torch.Tensor) -> bool:
+    """Triton on CUDA tensors or under TRITON_INTERPRET; the reference with SPARSEMLA_FORCE_REFERENCE or on a plain
+    CPU."""
+    if flags.SPARSEMLA_FORCE_REFERENCE.get():
+        return False
+    return t.is_cuda or flags.TRITON_INTERPRET.get()
+
+
 def indexer_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
     """``[rows, k]`` int32 positions of the k largest logits among ``t < lengths[row]`` (desc. value, ties -> smaller
-    position), -1 padded."""
+    position), -1 padded. ``k`` in {512, 1024, 2048} on the Triton path."""
+    if use_triton(logits):
+        from sparsemla.kernels.indexer.triton import indexer_topk_fwd
+
+        return indexer_topk_fwd(logits, lengths, k)
     from sparsemla.kernels.indexer.reference import indexer_topk_reference
 
     return indexer_topk_reference(logits, lengths, k)
+
+
+def indexer_logits_topk(
+    q_fp8: torch.Tensor,
+    kv_cache_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    k: int,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Fused decode path: ``indexer_topk(indexer_logits(...), row lengths, k)`` without a logits output tensor."""
+    if use_triton(q_fp8):
+        from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
+
+        return indexer_logits_topk_fwd(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, k, max_seq_len)
+    from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
+
+    batch, next_n = q_fp8.shape[:2]
+    width = page_table.shape[1] * 64 if max_seq_len is None else max_seq_len
+    logits = indexer_logits_reference(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, None, width, False)
+    return indexer_topk_reference(logits, row_lengths(seq_lens, batch, next_n, width), k)

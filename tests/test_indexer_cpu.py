@@ -1,0 +1,147 @@
+"""Lightning-indexer Triton kernels on Triton's CPU interpreter (tiny shapes), plus dispatch and input checks.
+
+The interpreter is chosen when ``@triton.jit`` runs, so a fixture reloads ``sparsemla.kernels.indexer.triton`` with
+``TRITON_INTERPRET=1`` and reloads it back afterwards."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from sparsemla import flags
+from sparsemla.kernels import layouts
+from sparsemla.kernels.indexer import api
+from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
+
+
+@pytest.fixture(scope="module")
+def tri():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    import sparsemla.kernels.indexer.triton as module
+
+    yield importlib.reload(module)
+    mp.undo()
+    importlib.reload(module)
+
+
+def _inputs(seq: list[int], next_n: int, max_pages: int, seed: int, heads: int = 64, lens_2d: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.tensor(seq, dtype=torch.int32)
+    need = sum(-(-s // 64) for s in seq) + 3
+    kv = layouts.random_indexer_cache(need, generator=g)
+    pt = layouts.random_page_table(seq_lens, max_pages, need, generator=g)
+    q = (torch.randn(len(seq), next_n, heads, 128, generator=g) * 2).to(torch.float8_e4m3fn)
+    w = torch.randn(len(seq) * next_n, heads, generator=g)
+    if lens_2d:
+        seq_lens = seq_lens.view(-1, 1)
+    return q, kv, w, seq_lens, pt
+
+
+@pytest.mark.parametrize(
+    "seq, next_n, lens_2d",
+    [pytest.param([70, 0, 1], 1, False, id="B3-n1-L70,0,1"), pytest.param([130, 64], 2, True, id="B2-n2-L130,64")],
+)
+def test_logits_match_reference_and_leave_tail_unwritten(tri, seq, next_n, lens_2d):
+    """Every position below a row's length equals the fp32 reference; a NaN-poisoned output keeps NaN past it."""
+    q, kv, w, seq_lens, pt = _inputs(seq, next_n, max_pages=5, seed=len(seq) + next_n, lens_2d=lens_2d)
+    cap = pt.shape[1] * 64
+    out = torch.full((len(seq) * next_n, cap), float("nan"))
+    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap)
+    ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, cap, True)
+    lens = row_lengths(seq_lens, len(seq), next_n, cap)
+    written = torch.arange(cap)[None, :] < lens[:, None]
+    assert torch.isfinite(out[written]).all()
+    assert torch.isnan(out[~written]).all()
+    err = (out[written] - ref[written]).norm() / ref[written].norm()
+    assert err < 1e-5
+
+
+def test_clean_logits_and_per_row_lengths(tri):
+    """[B, next_n] lengths are used per row; clean_logits writes -inf past them; max_seq_len narrower than the table."""
+    q, kv, w, _, pt = _inputs([100, 40], 2, max_pages=3, seed=7)
+    seq_lens = torch.tensor([[90, 100], [0, 37]], dtype=torch.int32)
+    out = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, 150, True)
+    ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, 150, True)
+    assert out.shape == (4, 150)
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert torch.allclose(out[fin], ref[fin], rtol=1e-5, atol=1e-6)
+
+
+def test_topk_exact_with_ties(tri):
+    """Top-512 equals the reference exactly (order too) with many tied values, -0.0 vs +0.0, short and empty rows."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.round(torch.randn(4, 1400, generator=g) * 4) / 4  # heavy ties
+    logits[1, :200] = 0.0
+    logits[1, 200:400] = -0.0
+    lengths = torch.tensor([1400, 700, 300, 0], dtype=torch.int32)
+    out = torch.full((4, 512), -7, dtype=torch.int32)
+    tri.indexer_topk_fwd(logits, lengths, 512, out=out)
+    assert torch.equal(out, indexer_topk_reference(logits, lengths, 512))
+    assert (out[2, 300:] == -1).all() and (out[3] == -1).all()
+
+
+def test_topk_page_transform(tri):
+    """With a page table the kernel also writes page_table[pos // 64] * 64 + pos % 64 (-1 padded)."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 900, generator=g)
+    lengths = torch.tensor([900, 100], dtype=torch.int32)
+    table = torch.randperm(64, generator=g)[:30].view(2, 15).to(torch.int32)
+    pos = torch.empty(2, 512, dtype=torch.int32)
+    slots = torch.full((2, 512), -7, dtype=torch.int32)
+    tri.indexer_topk_fwd(logits, lengths, 512, out=pos, page_table=table, page_size=64, out_slots=slots)
+    ref = indexer_topk_reference(logits, lengths, 512)
+    assert torch.equal(pos, ref)
+    p = ref.clamp(min=0).long()
+    expect = torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
+    assert torch.equal(slots.long(), expect)
+
+
+def test_fused_logits_topk(tri):
+    """One launch (logits into the workspace, last program per request selects) equals top-k of the logits; the
+    per-request counters are back at zero for the next launch."""
+    q, kv, w, seq_lens, pt = _inputs([600, 40], 1, max_pages=12, seed=11)
+    cap = pt.shape[1] * 64
+    out = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512)
+    logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
+    assert torch.equal(out, indexer_topk_reference(logits, row_lengths(seq_lens, 2, 1, cap), 512))
+    assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
+
+
+def test_dispatch(monkeypatch):
+    """Plain CPU -> reference; TRITON_INTERPRET -> Triton; SPARSEMLA_FORCE_REFERENCE wins."""
+    t = torch.zeros(1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not api.use_triton(t)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert api.use_triton(t)
+    with flags.SPARSEMLA_FORCE_REFERENCE.override(True):
+        assert not api.use_triton(t)
+
+
+def test_plain_cpu_api_uses_reference(monkeypatch):
+    """Without the interpreter the public ops run the reference (and agree with it)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, kv, w, seq_lens, pt = _inputs([90, 5], 1, max_pages=2, seed=5)
+    out = api.indexer_logits(q, kv, w, seq_lens, pt, None, 128, True)
+    assert torch.equal(out, indexer_logits_reference(q, kv, w, seq_lens, pt, None, 128, True))
+    top = api.indexer_logits_topk(q, kv, w, seq_lens, pt, 512)
+    assert torch.equal(top, indexer_topk_reference(out, seq_lens.long(), 512))
+
+
+def test_bad_inputs(tri):
+    """Clear errors for an unsupported k, next_n, cache shape or dtype."""
+    q, kv, w, seq_lens, pt = _inputs([64], 1, max_pages=1, seed=1)
+    with pytest.raises(ValueError, match="k must be one of"):
+        tri.indexer_topk_fwd(torch.zeros(1, 64), seq_lens, 100)
+    with pytest.raises(ValueError, match="next_n"):
+        tri.indexer_logits_fwd(q.expand(1, 3, 64, 128), kv, w, seq_lens, pt)
+    with pytest.raises(ValueError, match="kv_cache_fp8"):
+        tri.indexer_logits_fwd(q, kv[:, :32], w, seq_lens, pt)
+    with pytest.raises(ValueError, match="page_table"):
+        tri.indexer_logits_fwd(q, kv, w, seq_lens, pt.long())
+    with pytest.raises(ValueError, match="logits"):
+        tri.indexer_topk_fwd(torch.zeros(1, 64, dtype=torch.float64), seq_lens, 512)

@@ -1,0 +1,133 @@
+"""Lightning-indexer Triton kernels on a CUDA GPU: logits against the fp32 reference over batch, next_n, lengths at
+page edges, a page table far wider than the lengths, shuffled pages and extreme scales; exact top-k; the fused path;
+CUDA-graph replays with changing lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparsemla.kernels import layouts
+from sparsemla.kernels.indexer import sglang_compat
+from sparsemla.kernels.indexer import triton as tri
+from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _inputs(seq, next_n, max_pages, seed, *, key_std=1.0, scale_range=(0.01, 0.1), q_std=2.0, w_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = torch.tensor(seq, dtype=torch.int32)
+    need = sum(-(-s // 64) for s in seq) + 7
+    kv = layouts.random_indexer_cache(need, generator=g, key_std=key_std, scale_range=scale_range)
+    pt = layouts.random_page_table(seq_lens, max_pages, need, generator=g)
+    q = (torch.randn(len(seq), next_n, 64, 128, generator=g) * q_std).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = torch.randn(len(seq) * next_n, 64, generator=g) * w_scale
+    return q.to(DEV), kv.to(DEV), w.to(DEV), seq_lens.to(DEV), pt.to(DEV)
+
+
+EDGE = [0, 1, 63, 64, 65]
+CASES = [
+    pytest.param(EDGE, 1, 4096, {}, id="B5-n1-edges-cap256k"),
+    pytest.param(EDGE, 2, 4096, {}, id="B5-n2-edges-cap256k"),
+    pytest.param([20000], 1, 16384, {}, id="B1-n1-20k-cap1M"),
+    pytest.param([3000, 129, 7000, 1], 2, 512, {}, id="B4-n2-mixed"),
+    pytest.param([5000] * 3 + [65] * 30, 1, 128, {}, id="B33-n1"),
+    pytest.param([4100, 300], 1, 256, dict(key_std=50.0, scale_range=(1e-6, 1e3), q_std=100.0), id="extreme-scales"),
+    pytest.param([2000, 70], 2, 64, dict(scale_range=(1e-20, 1e-18), w_scale=1e6), id="tiny-scales-huge-weights"),
+]
+
+
+@pytest.mark.parametrize("seq, next_n, max_pages, kw", CASES)
+@pytest.mark.parametrize("dot", ["auto", "bf16"])
+def test_logits(seq, next_n, max_pages, kw, dot, monkeypatch):
+    """Written positions match the fp32 reference (relative error); positions past each length stay NaN-poisoned."""
+    if dot == "bf16":
+        monkeypatch.setattr(tri, "_dot_mode", lambda device: tri.DOT_BF16)
+    q, kv, w, seq_lens, pt = _inputs(seq, next_n, max_pages, seed=sum(seq) + next_n, **kw)
+    cap = max_pages * 64
+    out = torch.full((len(seq) * next_n, cap), float("nan"), device=DEV)
+    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap)
+    ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, cap, True)
+    lens = row_lengths(seq_lens, len(seq), next_n, cap)
+    written = torch.arange(cap, device=DEV)[None, :] < lens[:, None]
+    assert torch.isfinite(out[written]).all()
+    assert torch.isnan(out[~written]).all(), "a position past a row's length was written"
+    if written.any():
+        err = (out[written].double() - ref[written].double()).norm() / ref[written].double().norm()
+        assert err < 1e-5, err
+
+
+def test_clean_logits_public_api():
+    """clean_logits=True: -inf exactly past each length."""
+    q, kv, w, seq_lens, pt = _inputs([300, 0, 64], 1, 64, seed=9)
+    out = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, None, True)
+    ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, None, True)
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_topk_exact(k):
+    """Exact top-k (recall 1.0, identical order) with ties, over lengths around k and long rows."""
+    g = torch.Generator().manual_seed(k)
+    lengths = torch.tensor([0, 1, k - 1, k, k + 1, 5000, 70000, 200000], dtype=torch.int32)
+    logits = torch.randn(len(lengths), 200000, generator=g)
+    logits[::2] = torch.round(logits[::2] * 8) / 8  # many ties at the threshold
+    logits[3, : k // 2] = -0.0
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
+    tri.indexer_topk_fwd(logits.to(DEV), lengths.to(DEV), k, out=out)
+    ref = indexer_topk_reference(logits, lengths, k)
+    assert torch.equal(out.cpu(), ref)
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_fused_equals_unfused_and_is_graph_safe(next_n):
+    """The fused launch gives exactly top-k(logits); replays of a captured graph follow new lengths."""
+    seq = [9000, 0, 1, 65, 700, 30000]
+    q, kv, w, seq_lens, pt = _inputs(seq, next_n, 2048, seed=next_n)
+    cap = pt.shape[1] * 64
+    k = 512
+
+    def expected(lens):
+        logits = tri.indexer_logits_fwd(q, kv, w, lens, pt, cap, True)
+        return indexer_topk_reference(logits.cpu(), row_lengths(lens, len(seq), next_n, cap).cpu(), k)
+
+    out = torch.full((len(seq) * next_n, k), -7, dtype=torch.int32, device=DEV)
+    for _ in range(2):  # counters must be reset by every launch
+        tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out)
+        assert torch.equal(out.cpu(), expected(seq_lens))
+
+    lens = seq_lens.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out)
+    for new in ([100, 5, 0, 64, 9000, 29000], [30000, 30000, 2, 3, 4, 5]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), expected(lens))
+
+
+def test_sglang_topk_transform_contract():
+    """sglang's topk_transform_paged contract: page-table slots (-1 padded) and raw positions; v2 raw mode."""
+    g = torch.Generator().manual_seed(5)
+    rows, k = 6, 512
+    lengths = torch.tensor([0, 3, 600, 512, 5000, 40000], dtype=torch.int32)
+    scores = torch.randn(rows, 40960, generator=g)
+    table = torch.randperm(4000, generator=g)[: rows * 640].view(rows, 640).to(torch.int32)
+    slots = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    raw = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    sglang_compat.topk_transform_paged(scores.to(DEV), lengths.to(DEV), table.to(DEV), slots, 64, raw)
+    ref = indexer_topk_reference(scores, lengths, k)
+    assert torch.equal(raw.cpu(), ref)
+    p = ref.clamp(min=0).long()
+    assert torch.equal(slots.cpu().long(), torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
+    only = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    sglang_compat.topk_transform_paged_v2(scores.to(DEV), lengths.to(DEV), None, only, 64, torch.empty(0))
+    assert torch.equal(only.cpu(), ref)
