@@ -59,6 +59,7 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--llm-api-key", default="", help="Sent as `Authorization: Bearer ...`.")
     group.add_argument("--llm-request-timeout", type=float, default=600.0, help="Seconds before a request times out.")
     group.add_argument("--llm-warmup", type=float, default=0.0, help="Seconds after start excluded from Locust stats.")
+    group.add_argument("--llm-duration", type=float, default=0.0, help="Measured seconds after warmup, then quit.")
     group.add_argument("--llm-records", default="", help="JSONL file of per-request measurements (master/local).")
     group.add_argument("--llm-timeline", default="", help="JSON file with test start / measure start / stop times.")
     group.add_argument("--llm-run-id", default="adhoc", help="`run_id` label of the client metrics.")
@@ -161,6 +162,10 @@ def _on_test_start(environment: Any, **_: Any) -> None:
         environment.runner.stats.reset_all()  # Locust's CSV/HTML then cover the measured window only
         _TIMELINE["measure_start"] = time.time()
         _write_timeline(options)
+        duration = getattr(options, "llm_duration", 0.0) if options else 0.0
+        if duration > 0:  # end exactly `duration` after warmup (Locust's -t counts from before the spawn)
+            gevent.sleep(duration)
+            environment.runner.quit()
 
     gevent.spawn(_end_warmup)
 

@@ -116,7 +116,8 @@ def new_run_id(prefix: str = "run") -> str:
 
 
 def _locust_argv(cfg: LoadTestConfig, out_dir: Path, run_id: str, info: TargetInfo) -> list[str]:
-    run_time = math.ceil(cfg.effective_warmup_s + cfg.duration_s)
+    # The locustfile quits `duration` after the warmup; -t is only a safety net should that greenlet never run.
+    run_time = math.ceil(cfg.effective_warmup_s + cfg.duration_s) + 30
     argv = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE),
@@ -139,6 +140,7 @@ def _locust_argv(cfg: LoadTestConfig, out_dir: Path, run_id: str, info: TargetIn
         "--llm-max-tokens", str(cfg.max_tokens),
         "--llm-request-timeout", str(cfg.request_timeout_s),
         "--llm-warmup", str(cfg.effective_warmup_s),
+        "--llm-duration", str(cfg.duration_s),
         "--llm-records", str(out_dir / "requests.jsonl"),
         "--llm-timeline", str(out_dir / "timeline.json"),
         "--llm-run-id", run_id,
