@@ -166,7 +166,8 @@ def _store_chunk(p_o, o_h, m_h, acc, scale, C: tl.constexpr, DV: tl.constexpr):
     if C * 64 < DV:
         o_d = C * 64 + tl.arange(0, 64)
         b_o = acc * scale[:, None]
-        tl.store(p_o + o_h[:, None] + o_d[None, :], b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_d < DV)[None, :])
+        m_o = m_h[:, None] & (o_d < DV)[None, :]
+        tl.store(p_o + o_h[:, None] + o_d[None, :], b_o.to(p_o.dtype.element_ty), mask=m_o)
 
 
 @triton.jit
@@ -250,7 +251,8 @@ def _sparse_decode_kernel(
     if SINGLE:
         if HAS_SINK:
             b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
-            inv_l = inv_l / (1.0 + tl.math.exp2(b_sink - lse2))  # = exp(lse - logaddexp(lse, sink)); +inf -> 0
+            # exp(lse - logaddexp(lse, sink)): +inf -> 0, -inf -> 1; rows with no valid entry stay 0 (no inf - inf)
+            inv_l = tl.where(l_i > 0.0, inv_l / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
         p_o = out + i_r.to(tl.int64) * H * DV
         o_oh = o_h.to(tl.int64) * DV
         tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
@@ -298,7 +300,7 @@ def _sparse_decode_combine_kernel(
     b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
     if HAS_SINK:
         b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
-        b_scale = b_scale / (1.0 + tl.math.exp2(b_sink - lse2))
+        b_scale = tl.where(b_tot > 0.0, b_scale / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
     p_out = out + i_r.to(tl.int64) * H * DV + o_h[:, None].to(tl.int64) * DV + o_d[None, :]
     tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
     if i_db == 0:
@@ -329,6 +331,11 @@ def _check_rows(t: torch.Tensor | None, batch: int, name: str) -> torch.Tensor |
     return t
 
 
+def _is_interpreted() -> bool:
+    """True when this module's kernels were defined for Triton's CPU interpreter."""
+    return type(_sparse_decode_kernel).__name__ == "InterpretedFunction"
+
+
 def sparse_decode_fwd(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -351,6 +358,11 @@ def sparse_decode_fwd(
     entry), the orientation sglang's torch path returns. ``num_splits``: "auto" or a positive int (clamped to the
     number of tiles). ``interpret``: the Triton CPU interpreter runs it (dots in fp32, small tiles).
     """
+    if interpret != _is_interpreted():
+        raise RuntimeError(
+            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
+            f"interpret={interpret} but the kernels were built for the {'interpreter' if not interpret else 'GPU'}"
+        )
     batch, s_q, heads, dim = q.shape
     if dim != V4_DIM:
         raise ValueError(f"q must have head dim {V4_DIM}, got {dim}")
@@ -389,7 +401,8 @@ def sparse_decode_fwd(
     aligned = aligned and page_stride_x % 16 == 0 and not interpret
 
     # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
-    out = torch.empty(batch, s_q, heads, head_dim_v, dtype=torch.float32 if interpret else torch.bfloat16, device=q.device)
+    out_dtype = torch.float32 if interpret else torch.bfloat16
+    out = torch.empty(batch, s_q, heads, head_dim_v, dtype=out_dtype, device=q.device)
     lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
     if splits > 1:
         o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=torch.float32, device=q.device)

@@ -1,0 +1,297 @@
+"""GPU benchmark of DeepSeek-V4 sparse-MLA decode: ``python -m sparsemla.kernels.bench.decode``.
+
+Providers, all measured in the same run on the same inputs:
+
+* ``sparsemla``      this project's Triton kernel (:func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`);
+* ``sglang_triton``  sglang 0.5.23's per-head kernel ``flash_mla_sparse_decode_triton`` (loaded by file path; it imports
+  only torch and triton), measured on the target shapes (H=64, extra 512) only: it is ~1000x slower elsewhere;
+* ``flashmla``       sgl-flash-mla 1.0.0's SM90 kernel (``use_legacy=True``); it only takes 64 or 128 heads, so H < 64
+  is padded to 64 heads as sglang does (the padded call is what is timed);
+* ``reference``      the fp32 torch spec (target shapes only);
+* ``floor``          max(bytes / measured copy bandwidth, FLOPs / measured bf16 matmul rate), both measured in the run.
+
+Inputs are random (never zeros): fp8 NoPE ~ N(0, 4), ue8m0 scales 2^-5..2^0, bf16 RoPE, random pads; each request's SWA
+indices lie in its own 256-token page, extra indices are distinct random slots of a compressed cache (page 64).
+Timings are ``triton.testing.do_bench`` medians (it flushes L2 before every repetition) over ``ROTATE`` input sets
+used in turn. Writes ``results/bench/decode-<gpu>-<date>.json``:
+``{"op": "decode", "gpu", "git_sha", "torch", "triton", "rows": [{"B", "H", "swa_topk", "extra_topk", "provider",
+"us"}], ...}`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import typer
+
+from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_NOPE_DIM, V4_NUM_SCALES, V4_SCALE_BYTES, v4_page_bytes
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+SWA_PAGE = 256
+EXTRA_PAGE = 64
+ROTATE = 2
+TARGET = {"H": 64, "swa_topk": 128, "extra_topk": 512}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark point: batch, query heads, SWA indices, extra (compressed-cache) indices."""
+
+    B: int
+    H: int
+    swa_topk: int
+    extra_topk: int
+
+    @property
+    def is_target(self) -> bool:
+        return (self.H, self.swa_topk, self.extra_topk) == tuple(TARGET.values())
+
+
+def random_v4_cache_gpu(num_pages: int, page_size: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """A random V4 ``k_cache`` view built on the GPU (the CPU builder in layouts.py is too slow for GBs)."""
+    page_bytes = v4_page_bytes(page_size)
+    buf = torch.randint(0, 256, (num_pages, page_bytes), dtype=torch.uint8, device=device, generator=gen)
+    tokens = num_pages * page_size
+    nope = (torch.randn(tokens, V4_NOPE_DIM, device=device, generator=gen) * 2.0).to(torch.float8_e4m3fn)
+    rope = torch.randn(tokens, 64, device=device, generator=gen).to(torch.bfloat16)
+    data = torch.cat([nope.view(torch.uint8), rope.view(torch.uint8)], dim=1)
+    buf[:, : page_size * V4_DATA_BYTES] = data.view(num_pages, page_size * V4_DATA_BYTES)
+    scales = torch.randint(122, 128, (tokens, V4_NUM_SCALES), dtype=torch.uint8, device=device, generator=gen)
+    rows = buf[:, page_size * V4_DATA_BYTES : page_size * (V4_DATA_BYTES + V4_SCALE_BYTES)]
+    rows.view(num_pages, page_size, V4_SCALE_BYTES)[:, :, :V4_NUM_SCALES] = scales.view(num_pages, page_size, -1)
+    return buf[:, : page_size * 584].view(num_pages, page_size, 1, 584)
+
+
+def make_inputs(shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+    """sglang-contract kwargs for one shape (full lengths, sink on, softmax scale 512^-0.5)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    B, H = shape.B, shape.H
+    k_cache = random_v4_cache_gpu(B, SWA_PAGE, gen, device)
+    own = torch.stack([torch.randperm(SWA_PAGE, device=device, generator=gen)[: shape.swa_topk] for _ in range(B)])
+    indices = (own + torch.arange(B, device=device)[:, None] * SWA_PAGE).to(torch.int32).view(B, 1, -1)
+    x_pages = -(-2 * B * shape.extra_topk // EXTRA_PAGE)
+    extra = random_v4_cache_gpu(x_pages, EXTRA_PAGE, gen, device)
+    perm = torch.randperm(x_pages * EXTRA_PAGE, device=device, generator=gen)[: B * shape.extra_topk]
+    extra_idx = perm.to(torch.int32).view(B, 1, shape.extra_topk)
+    return dict(
+        q=torch.randn(B, 1, H, 512, device=device, generator=gen).to(torch.bfloat16),
+        k_cache=k_cache,
+        indices=indices,
+        topk_length=torch.full((B,), shape.swa_topk, dtype=torch.int32, device=device),
+        attn_sink=torch.randn(H, device=device, generator=gen),
+        head_dim_v=512,
+        softmax_scale=512**-0.5,
+        extra_k_cache=extra,
+        extra_indices_in_kvcache=extra_idx,
+        extra_topk_length=torch.full((B,), shape.extra_topk, dtype=torch.int32, device=device),
+    )
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Device copy bandwidth (bytes read + written per second) and bf16 8192^3 matmul rate, medians of do_bench."""
+    from triton.testing import do_bench
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    bw = 2 * src.numel() / (ms * 1e-3)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * 8192**3 / (ms * 1e-3)}
+
+
+def floor_us(shape: Shape, ceilings: dict[str, float]) -> tuple[float, float, float]:
+    """(floor, bytes term, FLOP term) in µs: KV rows read once (584 B + 4 B index), q and out once; 2*H*T*1024 FLOPs."""
+    from sparsemla.kernels.sparse_decode.triton import flops_and_bytes
+
+    flops, nbytes = flops_and_bytes(shape.B, shape.H, shape.swa_topk + shape.extra_topk)
+    t_mem = nbytes / ceilings["copy_bytes_per_s"] * 1e6
+    t_mma = flops / ceilings["bf16_flops_per_s"] * 1e6
+    return max(t_mem, t_mma), t_mem, t_mma
+
+
+def load_sglang_triton(path: Path):
+    """sglang 0.5.23's ``flash_mla_sparse_decode_triton`` from its source file (imports only torch and triton)."""
+    spec = importlib.util.spec_from_file_location("sglang_flash_mla_sm120_triton", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.flash_mla_sparse_decode_triton
+
+
+def flashmla_call(flash_mla, kw: dict[str, Any], pad_heads: int) -> Any:
+    """A FlashMLA (legacy SM90) call on the same inputs; q and sink padded to ``pad_heads`` when H is smaller."""
+    q, sink = kw["q"], kw["attn_sink"]
+    H = q.shape[2]
+    if pad_heads > H:
+        q = torch.cat([q, q.new_zeros(*q.shape[:2], pad_heads - H, q.shape[3])], dim=2)
+        sink = torch.cat([sink, sink.new_full((pad_heads - H,), float("-inf"))])
+    meta = flash_mla.get_mla_metadata()[0]
+
+    def run():
+        return flash_mla.flash_mla_with_kvcache(
+            q, kw["k_cache"], None, None, head_dim_v=512, tile_scheduler_metadata=meta,
+            softmax_scale=kw["softmax_scale"], is_fp8_kvcache=True, indices=kw["indices"], attn_sink=sink,
+            extra_k_cache=kw["extra_k_cache"], extra_indices_in_kvcache=kw["extra_indices_in_kvcache"],
+            topk_length=kw["topk_length"], extra_topk_length=kw["extra_topk_length"], use_legacy=True,
+        )  # fmt: skip
+
+    return run
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def bench_shape(
+    shape: Shape, providers: list[str], ceilings: dict[str, float], sglang_fn, flash_mla, splits: int | str
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output."""
+    from triton.testing import do_bench
+
+    from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+    from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
+
+    sets = [make_inputs(shape, seed=1000 * shape.B + 10 * shape.H + i) for i in range(ROTATE)]
+    fns: dict[str, list] = {}
+    if "sparsemla" in providers:
+        fns["sparsemla"] = [lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits) for kw in sets]
+    if "sglang_triton" in providers and sglang_fn is not None and shape.is_target:
+        fns["sglang_triton"] = [
+            lambda kw=kw: sglang_fn(
+                kw["q"],
+                kw["k_cache"],
+                kw["indices"],
+                kw["topk_length"],
+                kw["attn_sink"],
+                512,
+                kw["softmax_scale"],
+                kw["extra_k_cache"],
+                kw["extra_indices_in_kvcache"],
+                kw["extra_topk_length"],
+            )  # fmt: skip
+            for kw in sets
+        ]
+    if "flashmla" in providers and flash_mla is not None:
+        pad = 64 if shape.H <= 64 else 128
+        fns["flashmla"] = [flashmla_call(flash_mla, kw, pad) for kw in sets]
+    if "reference" in providers and shape.is_target:
+        fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
+
+    errs: dict[str, float] = {}
+    ours = fns["sparsemla"][0]()[0] if "sparsemla" in fns else None
+    rows = []
+    for name, calls in fns.items():
+        out = calls[0]()[0][:, :, : shape.H]
+        if ours is not None:
+            errs[name] = rel_err(out, ours)
+        state = {"i": 0}
+
+        def step(calls=calls, state=state):
+            state["i"] += 1
+            return calls[state["i"] % len(calls)]()
+
+        us = do_bench(step, warmup=10, rep=60, return_mode="median") * 1e3
+        rows.append({**shape.__dict__, "provider": name, "us": round(us, 3)})
+    fl, _, _ = floor_us(shape, ceilings)
+    rows.append({**shape.__dict__, "provider": "floor", "us": round(fl, 3)})
+    del sets, fns
+    torch.cuda.empty_cache()
+    return rows, errs
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    keys = list(dict.fromkeys((r["B"], r["H"], r["swa_topk"], r["extra_topk"]) for r in rows))
+    cell = {(r["B"], r["H"], r["swa_topk"], r["extra_topk"], r["provider"]): r["us"] for r in rows}
+    table = Table(title="sparse-MLA decode (µs, do_bench median)")
+    for col in ("B", "H", "swa", "extra", *provs):
+        table.add_column(col, justify="right")
+    for k in keys:
+        table.add_row(*map(str, k), *[f"{cell[(*k, p)]:.2f}" if (*k, p) in cell else "-" for p in provs])
+    Console(width=160).print(table)
+
+
+@app.command()
+def main(
+    out_dir: Path = typer.Option(Path("results/bench"), help="Where decode-<gpu>-<date>.json is written."),
+    batches: str = typer.Option("1,8,32,64,128", help="Comma-separated batch sizes."),
+    heads: str = typer.Option("8,16,64,128", help="Comma-separated query head counts."),
+    extra_topks: str = typer.Option("512,2048,8192", help="Comma-separated extra-cache top-k sizes."),
+    swa_topk: int = typer.Option(128, help="SWA (main cache) top-k."),
+    providers: str = typer.Option("sparsemla,sglang_triton,flashmla,reference", help="Providers to time."),
+    sglang_src: Path = typer.Option(
+        Path(".gpu/sglang_src/flash_mla_sm120_triton.py"), help="sglang 0.5.23's flash_mla_sm120_triton.py."
+    ),
+    splits: str = typer.Option("auto", help="Split count for sparsemla (auto or an int)."),
+    git_sha: str = typer.Option("", help="Commit the numbers belong to (default: `git rev-parse HEAD` here)."),
+) -> None:
+    """Time every provider over the shape grid and write the JSON (needs a CUDA GPU)."""
+    from sparsemla.console import fail
+
+    if not torch.cuda.is_available():
+        fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
+    import triton
+
+    provs = [p.strip() for p in providers.split(",") if p.strip()]
+    sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
+    try:
+        import flash_mla  # type: ignore[import-not-found]
+    except ImportError:
+        flash_mla = None
+    ceilings = measure_ceilings()
+    split_arg: int | str = "auto" if splits == "auto" else int(splits)
+    shapes = [
+        Shape(int(b), int(h), swa_topk, int(x))
+        for x in extra_topks.split(",")
+        for h in heads.split(",")
+        for b in batches.split(",")
+    ]
+    rows: list[dict[str, Any]] = []
+    checks = []
+    for shape in shapes:
+        r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg)
+        rows += r
+        checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
+        print(json.dumps(r), flush=True)
+    gpu = torch.cuda.get_device_name()
+    doc = {
+        "op": "decode",
+        "gpu": gpu,
+        "git_sha": git_sha or _git_sha(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ceilings": ceilings,
+        "method": f"triton.testing.do_bench median (L2 flushed per rep), inputs rotated over {ROTATE} sets",
+        "rows": rows,
+        "checks": checks,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    _print_table(rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,172 @@
+"""Sparse-MLA decode Triton kernel on the CPU interpreter (tiny shapes) against the fp32 reference.
+
+Every call runs the real Triton kernels through ``TRITON_INTERPRET`` (dots in fp32 there, so the tolerance is tight);
+outputs are NaN-poisoned so an element the kernel never wrote fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparsemla import flags
+from sparsemla.kernels import layouts
+from sparsemla.kernels.sparse_decode import api
+from sparsemla.kernels.sparse_decode import triton as sd_triton
+from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+
+OUT_RTOL = 1e-4  # relative Frobenius error of out (fp32 dots in the interpreter; both sides round to bf16)
+LSE_ATOL = 1e-4
+
+
+pytestmark = pytest.mark.skipif(
+    not sd_triton._is_interpreted(), reason="needs TRITON_INTERPRET=1 at startup (tests/conftest.py sets it on CPU)"
+)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """Every float ``torch.empty`` is filled with NaN (kernel outputs and workspaces)."""
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def make_case(batch, heads, topk, extra_topk, *, sink=True, invalid=0.0, seed=0, lengths="full"):
+    """sglang-contract kwargs: main cache page 64 (padded page stride), extra cache page 32."""
+    gen = torch.Generator().manual_seed(seed)
+    main = layouts.random_v4_cache(3, 64, generator=gen)
+    kw = dict(
+        q=torch.randn(batch, 1, heads, 512, generator=gen).to(torch.bfloat16),
+        k_cache=main.k_cache,
+        indices=layouts.random_slots(batch, topk, main.num_slots, generator=gen, invalid_fraction=invalid),
+        topk_length=None,
+        attn_sink=torch.randn(heads, generator=gen) * 2 if sink else None,
+        head_dim_v=512,
+        softmax_scale=512**-0.5,
+    )
+    if lengths == "short":
+        kw["topk_length"] = torch.randint(0, topk + 1, (batch,), generator=gen, dtype=torch.int32)
+    elif lengths == "full":
+        kw["topk_length"] = torch.full((batch,), topk, dtype=torch.int32)
+    if extra_topk:
+        extra = layouts.random_v4_cache(2, 32, generator=gen)
+        kw["extra_k_cache"] = extra.k_cache
+        kw["extra_indices_in_kvcache"] = layouts.random_slots(
+            batch, extra_topk, extra.num_slots, generator=gen, invalid_fraction=invalid
+        )
+        kw["extra_topk_length"] = torch.randint(0, extra_topk + 1, (batch,), generator=gen, dtype=torch.int32)
+    return kw
+
+
+def check(kw, out, lse):
+    want_out, want_lse = sparse_decode_reference(**kw)
+    assert out.shape == want_out.shape and out.dtype == torch.bfloat16
+    assert lse.shape == want_lse.shape and lse.stride() == want_lse.stride()
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    err = (out.float() - want_out.float()).norm() / want_out.float().norm().clamp_min(1e-30)
+    assert err < OUT_RTOL or torch.equal(out, want_out), f"out rel err {err:.2e}"
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=LSE_ATOL, rtol=LSE_ATOL)
+
+
+@pytest.mark.parametrize(
+    "batch,heads,topk,extra_topk,sink,invalid,lengths,splits",
+    [
+        pytest.param(2, 8, 40, 20, True, 0.2, "full", 1, id="H8-extra-sink-1split"),
+        pytest.param(2, 8, 40, 20, True, 0.2, "short", 4, id="H8-extra-sink-short-4splits"),
+        pytest.param(1, 16, 48, 0, False, 0.0, None, "auto", id="H16-noextra-nosink-auto"),
+        pytest.param(1, 63, 24, 24, True, 0.1, "full", 3, id="H63-extra-sink-3splits"),
+    ],
+)
+def test_matches_reference(nan_empty, batch, heads, topk, extra_topk, sink, invalid, lengths, splits):
+    kw = make_case(batch, heads, topk, extra_topk, sink=sink, invalid=invalid, lengths=lengths, seed=heads + topk)
+    with flags.SPARSEMLA_SPLIT_K.override(splits):
+        out, lse = api.sparse_decode(**kw)
+    check(kw, out, lse)
+
+
+def test_all_invalid_and_zero_length_give_zero_rows(nan_empty):
+    kw = make_case(3, 8, 32, 16, seed=5)
+    kw["attn_sink"][:2] = float("-inf")  # -inf sink on a row with no valid entry: still exactly 0, never NaN
+    kw["indices"][0] = -1
+    kw["extra_indices_in_kvcache"][0] = -1
+    kw["topk_length"][1] = 0
+    kw["extra_topk_length"][1] = 0
+    kw["topk_length"][2] = 5  # shorter than topk: entries past it must not count
+    kw["indices"][2, 0, 5:] = 0
+    with flags.SPARSEMLA_SPLIT_K.override(2):
+        out, lse = api.sparse_decode(**kw)
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    assert torch.isneginf(lse[:2]).all()
+    check(kw, out, lse)
+
+
+def test_duplicates_sink_inf_and_noncontiguous_q(nan_empty):
+    kw = make_case(2, 8, 32, 16, seed=9)
+    kw["indices"][:, :, 16:] = kw["indices"][:, :, :16]  # every slot listed twice
+    sink = kw["attn_sink"]
+    sink[0], sink[1] = float("inf"), float("-inf")
+    big = torch.randn(2, 1, 8, 1024).to(torch.bfloat16)
+    kw["q"] = big[..., ::2]  # stride 2 along the head dim
+    out, lse = api.sparse_decode(**kw)
+    assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0])), "sink +inf must give a zero row"
+    check(kw, out, lse)
+
+
+def test_head_dim_v_and_multi_query_rows(nan_empty):
+    kw = make_case(2, 8, 24, 0, seed=3)
+    kw["head_dim_v"] = 448
+    kw["q"] = torch.randn(2, 2, 8, 512).to(torch.bfloat16)  # s_q = 2 (MTP), each row its own indices
+    kw["indices"] = torch.cat([kw["indices"], kw["indices"].flip(-1)], dim=1).contiguous()
+    out, lse = api.sparse_decode(**kw)
+    check(kw, out, lse)
+
+
+def test_deterministic():
+    kw = make_case(1, 8, 32, 16, seed=11)
+    with flags.SPARSEMLA_SPLIT_K.override(3):
+        a = api.sparse_decode(**kw)
+        b = api.sparse_decode(**kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_backend_selection():
+    q = torch.zeros(1, 1, 8, 512, dtype=torch.bfloat16)
+    assert api.select_backend(q) == "interpreter"
+    with flags.TRITON_INTERPRET.override(False):
+        assert api.select_backend(q) == "reference"  # plain CPU tensors
+    with flags.SPARSEMLA_FORCE_REFERENCE.override(True):
+        assert api.select_backend(q) == "reference"
+
+
+def test_split_choice_fills_sms_and_drops_to_one():
+    assert sd_triton.choose_num_splits(1, 1, 10, 132) == 10  # B=1: every tile its own program
+    assert sd_triton.choose_num_splits(64, 1, 10, 132) == 2
+    assert sd_triton.choose_num_splits(128, 1, 10, 132) == 1
+    assert sd_triton.choose_num_splits(64, 2, 10, 132) == 1  # H=128: two head blocks already fill the GPU
+    assert sd_triton.choose_num_splits(1, 1, 10, 132, override=64) == 10  # clamped to the tile count
+    assert sd_triton.choose_num_splits(1, 1, 0, 132) == 1
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda kw: kw.update(q=kw["q"].float()), "bf16"),
+        (lambda kw: kw.update(indices=kw["indices"].long()), "int32"),
+        (lambda kw: kw.update(attn_sink=kw["attn_sink"][:3]), "attn_sink"),
+        (lambda kw: kw.update(topk_length=kw["topk_length"][:1]), "topk_length"),
+    ],
+)
+def test_bad_inputs_raise(mutate, match):
+    kw = make_case(2, 8, 16, 0, seed=1)
+    mutate(kw)
+    with pytest.raises(ValueError, match=match):
+        sd_triton.sparse_decode_fwd(**kw, interpret=True)
