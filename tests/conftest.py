@@ -10,6 +10,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # Set it for the whole session before any test imports sglang (pytest's MonkeyPatch, not os.environ).
     mp = pytest.MonkeyPatch()
     mp.setenv("SGLANG_SM120_FLASHMLA_BACKEND", "torch")
+    # Without a GPU the Triton kernels run on Triton's CPU interpreter; triton.jit reads this when a kernel is defined,
+    # so it must be set before anything imports triton.
+    if not _cuda_available():
+        mp.setenv("TRITON_INTERPRET", "1")
     config._sparsemla_env = mp  # undone in pytest_unconfigure
 
 
