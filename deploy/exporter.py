@@ -174,7 +174,7 @@ class KernelShareExporter:
         self.history: deque[Snapshot] = deque(maxlen=config.keep)
         self._load_history()
 
-    # -- one snapshot ---------------------------------------------------------------------------------------------
+    # -- one snapshot -------------------------------------------------------------------------------------------------
     def take_snapshot(self) -> Snapshot:
         """Profile, parse, publish. Raises SnapshotBusy if one is running; every other failure is in the result."""
         if not self._lock.acquire(blocking=False):
@@ -301,7 +301,7 @@ class KernelShareExporter:
                 )
             time.sleep(cfg.poll_s)
 
-    # -- gauges and history ---------------------------------------------------------------------------------------
+    # -- gauges and history -------------------------------------------------------------------------------------------
     def _publish(self, variant: str, summary: traces.TraceSummary, taken_at: float) -> None:
         new = set()
         for k in summary.top(self.config.top_n, other_by_category=True):
@@ -352,7 +352,7 @@ class KernelShareExporter:
                     if category in KERNEL_CATEGORIES:
                         self.category_share.labels(category=category, variant=snap.variant).set(share)
 
-    # -- serving ----------------------------------------------------------------------------------------------------
+    # -- serving ------------------------------------------------------------------------------------------------------
     def metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
 

@@ -60,7 +60,7 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-# -- Prometheus --------------------------------------------------------------------------------------------------------
+# -- Prometheus ------------------------------------------------------------------------------------------------------
 def _debian_service_running() -> bool:
     return Path("/run/prometheus.pid").exists() or Path("/var/run/prometheus.pid").exists()
 
@@ -136,7 +136,7 @@ def _write_local_config(run_dir: Path, **ports: Any) -> Path:
     return path
 
 
-# -- server ------------------------------------------------------------------------------------------------------------
+# -- server ----------------------------------------------------------------------------------------------------------
 def _start_server(state: dict[str, Any], sim_env: Mapping[str, str] | None, run_dir: Path) -> str:
     """Start (or find) the server described by ``state``; returns its URL once ``/health`` answers 200."""
     port = state["port"]
@@ -170,7 +170,7 @@ def _start_server(state: dict[str, Any], sim_env: Mapping[str, str] | None, run_
     return url
 
 
-# -- public API --------------------------------------------------------------------------------------------------------
+# -- public API ------------------------------------------------------------------------------------------------------
 def up(
     *,
     server: str = "sim",
@@ -334,6 +334,6 @@ def describe(urls: StackUrls) -> list[str]:
     lines.append(
         f"prometheus  {urls.prometheus}"
         if urls.prometheus
-        else "prometheus  not running: no binary, and Debian's package could not be installed (apt-get install prometheus)"
+        else "prometheus  not running: no binary, and Debian's package could not be installed (apt-get install)"
     )
     return lines

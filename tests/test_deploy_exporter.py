@@ -40,7 +40,7 @@ def _get(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
-# -- the simulator ------------------------------------------------------------------------------------------------------
+# -- the simulator ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`sparsemla sim` on a free port with SPARSEMLA_MMA_DECODE=1 (variant mma_decode)."""
@@ -123,7 +123,7 @@ def test_idle_server_times_out_and_the_profiler_is_stopped(sim: str, tmp_path: P
     assert not list((tmp_path / "t").glob(f"{snap.profile_id}*"))
 
 
-# -- a fake server for the failure modes --------------------------------------------------------------------------------
+# -- a fake server for the failure modes -----------------------------------------------------------------------------
 class FakeServer:
     """sglang's profiling routes with scripted behaviour: what /start_profile answers and which file it writes."""
 

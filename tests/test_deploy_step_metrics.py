@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
-from sparsemla.deploy import step_metrics
 
 from sparsemla import flags
+from sparsemla.deploy import step_metrics
 from sparsemla.metric_names import DECODE_STEP_BUCKETS, DECODE_STEP_LABELS, DECODE_STEP_SECONDS, batch_bucket
 
 
