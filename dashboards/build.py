@@ -872,7 +872,7 @@ def _annotations() -> list[db.AnnotationQuery]:
         .datasource(DS)
         .enable(True)
         .icon_color("yellow")
-        .expr(f"{q.flags()} unless {q.flags()} offset 1m")
+        .expr(f"{q.flags()} unless {q.flags(offset='1m')}")
         .step("1m")
         .title_format("variant {{variant}}")
         .text_format("{{instance}} now serves {{variant}}")
@@ -884,7 +884,11 @@ def _annotations() -> list[db.AnnotationQuery]:
         .datasource(DS)
         .enable(False)
         .icon_color("green")
-        .expr(f'changes({m.KERNEL_SNAPSHOT_TIMESTAMP}{{variant=~"$variant"}}[1m]) > 0')
+        # The gauge holds the snapshot's unix time: it is in (t - 60 s, t] at exactly one 1 m step t per snapshot (the
+        # first snapshot of a variant included, which changes() would miss), and useValueForTime puts the marker at
+        # the snapshot's own time (Grafana wants milliseconds).
+        .expr(f'max by (variant) ({m.KERNEL_SNAPSHOT_TIMESTAMP}{{variant=~"$variant"}} > time() - 60) * 1000')
+        .use_value_for_time(True)
         .step("1m")
         .title_format("kernel-share snapshot ({{variant}})")
         .tag_keys("variant")

@@ -71,6 +71,11 @@ def lint(dashboard: dict) -> list[Finding]:
         found += _panel_rules(ref)
         for target in ref.targets:
             found += _target_rules(ref, target, values)
+    for annotation in dashboard.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):  # Prometheus annotation queries are PromQL too
+            ref = PanelRef({"title": f"annotation {annotation.get('name')}"}, "")
+            target = {"expr": annotation["expr"], "refId": "-", "datasource": annotation.get("datasource")}
+            found += _target_rules(ref, target, values)
     return found
 
 

@@ -14,9 +14,12 @@ INSTANCE = 'instance=~"$instance"'
 RATE = "$__rate_interval"
 
 
-def flags(variant_matcher: str = 'variant=~"$variant"') -> str:
-    """One series per (instance, variant) with value 1; ``max by`` collapses duplicates from multi-process export."""
-    return f"max by (instance, variant) ({m.KERNEL_FLAGS_INFO}{{{INSTANCE}, {variant_matcher}}})"
+def flags(variant_matcher: str = 'variant=~"$variant"', offset: str = "") -> str:
+    """One series per (instance, variant) with value 1; ``max by`` collapses duplicates from multi-process export.
+
+    ``offset`` (e.g. ``"1m"``) shifts the selector: PromQL allows ``offset`` only on selectors, not aggregations."""
+    shift = f" offset {offset}" if offset else ""
+    return f"max by (instance, variant) ({m.KERNEL_FLAGS_INFO}{{{INSTANCE}, {variant_matcher}}}{shift})"
 
 
 def with_variant(vector: str, variant_matcher: str = 'variant=~"$variant"') -> str:
