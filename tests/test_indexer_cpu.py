@@ -41,15 +41,18 @@ def _inputs(seq: list[int], next_n: int, max_pages: int, seed: int, heads: int =
 
 
 @pytest.mark.parametrize(
-    "seq, next_n, lens_2d",
-    [pytest.param([70, 0, 1], 1, False, id="B3-n1-L70,0,1"), pytest.param([130, 64], 2, True, id="B2-n2-L130,64")],
+    "seq, next_n, lens_2d, swap_ab",
+    [
+        pytest.param([70, 0, 1], 1, False, False, id="B3-n1-L70,0,1"),
+        pytest.param([130, 64], 2, True, True, id="B2-n2-L130,64-swapAB"),
+    ],
 )
-def test_logits_match_reference_and_leave_tail_unwritten(tri, seq, next_n, lens_2d):
+def test_logits_match_reference_and_leave_tail_unwritten(tri, seq, next_n, lens_2d, swap_ab):
     """Every position below a row's length equals the fp32 reference; a NaN-poisoned output keeps NaN past it."""
     q, kv, w, seq_lens, pt = _inputs(seq, next_n, max_pages=5, seed=len(seq) + next_n, lens_2d=lens_2d)
     cap = pt.shape[1] * 64
     out = torch.full((len(seq) * next_n, cap), float("nan"))
-    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap)
+    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap, swap_ab=swap_ab)
     ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, cap, True)
     lens = row_lengths(seq_lens, len(seq), next_n, cap)
     written = torch.arange(cap)[None, :] < lens[:, None]

@@ -222,18 +222,26 @@ def tune_logits(kv: torch.Tensor, gen: torch.Generator) -> None:
     ]
     cases = [make_case(b, c, 65536, kv, gen) for b, c in shapes]
     outs = [torch.empty(c.batch, c.cap, dtype=torch.float32, device=kv.device) for c in cases]
-    print("block_n stages warps per_sm | " + " ".join(f"B{c.batch}/{c.ctx}" for c in cases))
-    for block_n in (64, 128):
-        for stages in (2, 3, 4):
-            for warps in (4, 8):
-                for per_sm in (2, 4, 8):
-                    times = []
-                    for case, out in zip(cases, outs, strict=True):
-                        splits = num_splits_for(case.batch, kv.device, programs_per_sm=per_sm)
-                        args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, out, case.cap)
-                        kw = dict(block_n=block_n, num_splits=splits, num_warps=warps, num_stages=stages)
-                        times.append(_bench(lambda a=args, k=kw: _launch_logits(*a, **k), rep=30))
-                    print(f"{block_n} {stages} {warps} {per_sm} | " + " ".join(f"{t:9.1f}" for t in times))
+    print("swap block_n stages warps per_sm | " + " ".join(f"B{c.batch}/{c.ctx}" for c in cases))
+    for swap in (False, True):
+        for block_n in (64, 128, 256):
+            for stages in (2, 3):
+                for warps in (4, 8):
+                    for per_sm in (4, 8):
+                        times = []
+                        for case, out in zip(cases, outs, strict=True):
+                            splits = num_splits_for(case.batch, kv.device, programs_per_sm=per_sm)
+                            args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, out, case.cap)
+                            kw = dict(block_n=block_n, swap_ab=swap, num_splits=splits, num_warps=warps)
+                            kw["num_stages"] = stages
+                            try:
+                                times.append(_bench(lambda a=args, k=kw: _launch_logits(*a, **k), rep=20))
+                            except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
+                                print(f"{swap:d} {block_n} {stages} {warps} {per_sm}: {type(exc).__name__}")
+                                break
+                        else:
+                            line = " ".join(f"{t:9.1f}" for t in times)
+                            print(f"{swap:d} {block_n} {stages} {warps} {per_sm} | {line}")
 
 
 PROVIDERS = (

@@ -12,9 +12,10 @@ The logits grid is ``(B, num_splits)`` with ``num_splits`` chosen from ``B`` and
 page-table entry, key or scale past ``L_b`` is ever read. All ``next_n`` query rows of a request share each key load
 (one ``[next_n * H, 128] x [128, BLOCK_N]`` dot).
 
-Top-k (exact, deterministic): one program per row finds the k-th largest key with four 8-bit radix-histogram passes
-over an order-preserving int32 image of the fp32 logits, compacts the winners (ties at the threshold go to the
-smaller positions), then sorts the k winners by (value desc, position asc) with one bitonic sort of a packed int64.
+Top-k (exact, deterministic): one program per row finds the k-th largest key with eight 4-bit radix passes (digit
+counts by compare, accumulated in registers) over an order-preserving int32 image of the fp32 logits, compacts the
+winners (ties at the threshold go to the smaller positions), then sorts the k winners by (value desc, position
+asc) with one bitonic sort of a packed int64.
 
 Fused decode path: the logits kernel writes the request's logits into a reused, grow-only workspace (not the
 ``[rows, max_seq_len]`` output), counts finished programs per request with an acq_rel atomic, and the last program of
@@ -69,11 +70,11 @@ def _topk_row(
     o_k = tl.arange(0, K)
     if length > K:
         o_b = tl.arange(0, BLOCK)
-        o_bin = tl.arange(0, 256)
-        prefix = length * 0  # int32 scalar: the threshold key, built 8 bits at a time from the top
+        o_bin = tl.arange(0, 16)
+        prefix = length * 0  # int32 scalar: the threshold key, built 4 bits at a time from the top
         k_rem = length * 0 + K
-        for p in tl.static_range(4):
-            hist = tl.zeros([256], dtype=tl.int32)
+        for p in tl.static_range(8):
+            acc = tl.zeros([BLOCK, 16], dtype=tl.int32)
             for start in range(0, length, BLOCK):
                 offs = start + o_b
                 m = offs < length
@@ -83,19 +84,21 @@ def _topk_row(
                     v = tl.load(src_ptr + offs, mask=m, other=0.0)  # [BLOCK]
                 key = _order_key(v)
                 if p == 0:
-                    digit = ((key >> 24) + 128) & 255
+                    digit = ((key >> 28) + 8) & 15
                 else:
-                    m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                    digit = (key >> (24 - 8 * p)) & 255
-                hist += tl.histogram(digit, 256, mask=m)
+                    m = m & ((key >> (32 - 4 * p)) == (prefix >> (32 - 4 * p)))
+                    digit = (key >> (28 - 4 * p)) & 15
+                digit = tl.where(m, digit, 16)  # out of range: counted nowhere
+                acc += (digit[:, None] == o_bin[None, :]).to(tl.int32)  # [BLOCK, 16]
+            hist = tl.sum(acc, axis=0)  # [16]
             # bins with at least k_rem keys at or above them form [0, d]; d is the k-th key's digit
-            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [256]
+            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [16]
             d = tl.sum((ge >= k_rem).to(tl.int32), axis=0) - 1
             k_rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
             if p == 0:
-                prefix = (d - 128) << 24
+                prefix = (d - 8) << 28
             else:
-                prefix = prefix | (d << (24 - 8 * p))
+                prefix = prefix | (d << (28 - 4 * p))
         # keys > prefix all win; k_rem of the keys == prefix win, smallest positions first
         n_sel = length * 0
         n_eq = length * 0
@@ -170,6 +173,7 @@ def _indexer_logits_kernel(
     PER_ROW_LENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_MODE: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     FUSE_TOPK: tl.constexpr,
     K: tl.constexpr,
     TOPK_BLOCK: tl.constexpr,
@@ -218,11 +222,19 @@ def _indexer_logits_kernel(
                 b_k = b_k.to(tl.bfloat16)
             elif DOT_MODE == 2:
                 b_k = b_k.to(tl.float32)
-            b_s = tl.dot(b_q, tl.trans(b_k))  # [M, BLOCK_N] fp32
-            b_s = tl.maximum(b_s, 0.0) * b_w[:, None]
-            b_l = tl.sum(tl.reshape(b_s, [NEXT_N, H, BLOCK_N]), axis=1) * b_sc[None, :]  # [NEXT_N, BLOCK_N]
-            m_out = o_t[None, :] < lens[:, None]
-            tl.store(p_out + o_t[None, :], b_l, mask=m_out)
+            if SWAP_AB:
+                # tokens on the MMA's M side: the head sum stays inside a thread quad (no shared-memory reduction)
+                b_s = tl.dot(b_k, tl.trans(b_q))  # [BLOCK_N, M] fp32
+                b_s = tl.maximum(b_s, 0.0) * b_w[None, :]
+                b_l = tl.sum(tl.reshape(b_s, [BLOCK_N, NEXT_N, H]), axis=2) * b_sc[:, None]  # [BLOCK_N, NEXT_N]
+                m_out = o_t[:, None] < lens[None, :]
+                tl.store(out_ptr + rows[None, :] * stride_out + o_t[:, None], b_l, mask=m_out)
+            else:
+                b_s = tl.dot(b_q, tl.trans(b_k))  # [M, BLOCK_N] fp32
+                b_s = tl.maximum(b_s, 0.0) * b_w[:, None]
+                b_l = tl.sum(tl.reshape(b_s, [NEXT_N, H, BLOCK_N]), axis=1) * b_sc[None, :]  # [NEXT_N, BLOCK_N]
+                m_out = o_t[None, :] < lens[:, None]
+                tl.store(p_out + o_t[None, :], b_l, mask=m_out)
 
     if FUSE_TOPK:
         # Last program of request b to finish runs its rows' top-k. The barrier orders this CTA's logit stores before
@@ -296,11 +308,16 @@ def _interpreting() -> bool:
     return flags.TRITON_INTERPRET.get()
 
 
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
 def _dot_mode(device: torch.device) -> int:
-    if _interpreting() or device.type != "cuda":
+    if device.type != "cuda" or _interpreting():
         return DOT_FP32  # the interpreter's fp8/bf16 dots are wrong: upcast
-    major, minor = torch.cuda.get_device_capability(device)
-    return DOT_FP8 if (major, minor) >= (8, 9) else DOT_BF16
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return DOT_FP8 if _CAPABILITY[index] >= (8, 9) else DOT_BF16
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -366,6 +383,7 @@ def _launch_logits(
     idx_out: torch.Tensor | None = None,
     k: int = 512,
     block_n: int | None = None,
+    swap_ab: bool | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
@@ -376,6 +394,8 @@ def _launch_logits(
     interp = _interpreting()
     if block_n is None:
         block_n = 64 if interp else 128
+    if swap_ab is None:
+        swap_ab = not interp
     if num_splits is None:
         num_splits = num_splits_for(batch, device)
     if num_warps is None:
@@ -413,6 +433,7 @@ def _launch_logits(
         PER_ROW_LENS=per_row,
         BLOCK_N=block_n,
         DOT_MODE=_dot_mode(device),
+        SWAP_AB=swap_ab,
         FUSE_TOPK=fuse_topk,
         K=k,
         TOPK_BLOCK=_topk_block(k),
@@ -447,7 +468,10 @@ def indexer_logits_fwd(
 
 
 def _topk_block(k: int) -> int:
-    return 2048 if k >= 2048 else 1024
+    """Row elements per radix-pass iteration: the [BLOCK, 16] digit counts live in registers (64 per thread at 8
+    warps for 1024)."""
+    del k
+    return 1024
 
 
 def _check_k(k: int) -> None:
