@@ -944,6 +944,17 @@ def _layout(dashboard: dict) -> dict:
 
 
 DASHBOARDS = {"sparsemla-serving.json": serving_dashboard}
+# The panels an A/B report (`make compare`) embeds: render them with variant_a/variant_b pinned to the two runs'.
+COMPARE_PANELS = (
+    "Token throughput by variant",
+    "B/A output tok/s",
+    "B/A client tok/s by concurrency",
+    "Inter-token latency",
+    "Time to first token",
+    "Decode step latency by batch bucket",
+    "Kernel share A − B",
+    "Top kernels by GPU time",
+)
 
 
 def render(builder) -> str:  # noqa: ANN001

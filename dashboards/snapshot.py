@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -311,11 +311,21 @@ def snapshot(
     overrides: Mapping[str, str | list[str]] | None = None,
     dashboards: Mapping[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
+    titles: Collection[str] | None = None,
 ) -> SnapshotResult:
-    """Render every panel of ``dashboards`` (default: the committed ones) over [start, end] into ``out_dir``."""
+    """Render every panel of ``dashboards`` (default: the committed ones) over [start, end] into ``out_dir``.
+
+    ``overrides`` pin variables (e.g. ``{"variant_a": "baseline", "variant_b": "mma_decode"}``); ``titles`` renders
+    only those panels (e.g. :data:`build.COMPARE_PANELS` for an A/B report). Raises PrometheusError when Prometheus
+    fails, ValueError on an empty range or an unknown title."""
     if end <= start:
         raise ValueError(f"empty time range: from {start} is not before to {end}")
     dashboards = dict(dashboards or {name: build.load(name) for name in build.DASHBOARDS})
+    if titles is not None:
+        known = {ref.title for dash in dashboards.values() for ref in iter_panels(dash)}
+        unknown = sorted(set(titles) - known)
+        if unknown:
+            raise ValueError(f"no panel titled {', '.join(map(repr, unknown))}")
     out_dir.mkdir(parents=True, exist_ok=True)
     api = PrometheusAPI(prometheus_url)
     rendered: list[RenderedPanel] = []
@@ -325,6 +335,8 @@ def snapshot(
             resolved = resolve_variables(dash, api, start, end, overrides)
             resolved_all.update(resolved.selected)
             for ref in iter_panels(dash):
+                if titles is not None and ref.title not in titles:
+                    continue
                 for panel_ref, extra in expand_repeats(ref, resolved):
                     rendered.append(_render_one(panel_ref, api, resolved, extra, start, end, out_dir, len(rendered)))
                     if progress:

@@ -155,3 +155,8 @@ def test_provisioning_matches_dashboards_and_prometheus() -> None:
     provider = yaml.safe_load((PROVISIONING / "dashboards" / "sparsemla.yaml").read_text())["providers"][0]
     assert provider["allowUiUpdates"] is False and provider["type"] == "file"
     assert provider["options"]["path"].startswith("/var/lib/grafana/dashboards")
+
+
+def test_compare_panels_exist(serving: dict) -> None:
+    titles = {ref.title for ref in iter_panels(serving)}
+    assert set(build.COMPARE_PANELS) <= titles

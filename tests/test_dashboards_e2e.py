@@ -161,3 +161,18 @@ def test_snapshot_renders_every_panel_to_png(run_window) -> None:  # noqa: ANN00
         assert inked > (0.005 if any(panel["data"]) else 0.0), f"{path.name}: only {inked:.2%} drawn"
     no_data = {p["title"] for p in index["panels"] if not any(p["data"])}
     assert no_data == GPU_ONLY_PANELS
+
+
+def test_compare_subset_with_pinned_variants(run_window) -> None:  # noqa: ANN001
+    """What an A/B report embeds: only COMPARE_PANELS, with variant_a/variant_b pinned (here both the one variant)."""
+    from sparsemla.dashboards import snapshot
+
+    prom_url, start, end, tmp = run_window
+    variant = flags.variant_name()
+    result = snapshot.snapshot(
+        prom_url, start, end, tmp / "compare", overrides={"variant_a": variant, "variant_b": variant},
+        titles=build.COMPARE_PANELS,
+    )  # fmt: skip
+    assert {p.title.split(" — ")[0] for p in result.panels} == set(build.COMPARE_PANELS)
+    assert result.empty_panels() == []
+    assert result.variables["variant_a"] == result.variables["variant_b"] == [variant]

@@ -164,3 +164,10 @@ def test_snapshot_cli_rejects_bad_input(tmp_path: Path) -> None:
     assert bad_var.exit_code == 2 and "NAME=VALUE" in bad_var.output
     down = runner.invoke(app, ["snapshot", "--prometheus", "http://127.0.0.1:9", "--out", str(tmp_path)])
     assert down.exit_code == 2 and "is Prometheus running" in down.output
+
+
+def test_snapshot_rejects_unknown_titles_before_querying(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no panel titled 'Nope'"):
+        snapshot.snapshot("http://127.0.0.1:9", 0, 60, tmp_path, titles=["Nope", *build.COMPARE_PANELS])
+    with pytest.raises(ValueError, match="empty time range"):
+        snapshot.snapshot("http://127.0.0.1:9", 60, 60, tmp_path)
