@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import typer
 
-from sparsemla.kernels.bench.decode import Shape, make_inputs
+from sparsemla.kernels.bench.decode import Shape, graphed, make_inputs
 from sparsemla.kernels.sparse_decode.triton import DecodeConfig, sparse_decode_fwd
 
 app = typer.Typer(add_completion=False)
@@ -41,11 +41,17 @@ def main(
                 try:
                     o = sparse_decode_fwd(**sets[0], config=cfg, num_splits=sp_arg)[0].float()
                     err = float((o - base).norm() / base.norm())
+                    runs = [
+                        graphed(
+                            lambda kw=kw, cfg=cfg, sp_arg=sp_arg: sparse_decode_fwd(**kw, config=cfg, num_splits=sp_arg)
+                        )
+                        for kw in sets
+                    ]
                     state = {"i": 0}
 
-                    def step(state=state, cfg=cfg, sp_arg=sp_arg, sets=sets):
+                    def step(state=state, runs=runs):
                         state["i"] += 1
-                        return sparse_decode_fwd(**sets[state["i"] % 2], config=cfg, num_splits=sp_arg)
+                        return runs[state["i"] % 2]()
 
                     us = do_bench(step, warmup=10, rep=40, return_mode="median") * 1e3
                 except Exception as exc:  # a config that does not compile (smem) is a result too
