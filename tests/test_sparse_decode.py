@@ -154,6 +154,7 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_num_splits(64, 2, 10, 132) == 1  # H=128: two head blocks already fill the GPU
     assert sd_triton.choose_num_splits(1, 1, 10, 132, override=64) == 10  # clamped to the tile count
     assert sd_triton.choose_num_splits(1, 1, 0, 132) == 1
+    assert sd_triton.default_config(64, rows=128).block_n == 64 and sd_triton.default_config(64, rows=1).block_n == 32
 
 
 @pytest.mark.parametrize(

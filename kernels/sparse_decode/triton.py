@@ -41,13 +41,18 @@ class DecodeConfig:
     num_stages: int
 
 
-def default_config(num_heads: int, interpret: bool = False) -> DecodeConfig:
-    """Heads per program = all heads up to 64 (padded to a power of two >= 16); H > 64 uses 64-head blocks."""
+def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> DecodeConfig:
+    """Heads per program = all heads up to 64 (padded to a power of two >= 16); H > 64 uses 64-head blocks.
+
+    From the H200 sweep (``kernels/bench/decode_sweep.py``, eager timing): 64-head blocks with 8 warps; 32-token tiles
+    while the grid needs splits, 64-token tiles once ``rows x head blocks`` >= 64 (B=128, H=64: 101 vs 130 µs)."""
     block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
     if interpret:
         return DecodeConfig(block_h=block_h, block_n=16, num_warps=4, num_stages=1)
-    num_warps = 8 if block_h == 64 else 4
-    return DecodeConfig(block_h=block_h, block_n=64 if block_h <= 32 else 32, num_warps=num_warps, num_stages=2)
+    if block_h < 64:
+        return DecodeConfig(block_h=block_h, block_n=64, num_warps=4, num_stages=2)
+    busy = rows * triton.cdiv(num_heads, block_h) >= 64
+    return DecodeConfig(block_h=64, block_n=64 if busy else 32, num_warps=8, num_stages=2)
 
 
 @functools.lru_cache(maxsize=16)
@@ -390,7 +395,7 @@ def sparse_decode_fwd(
     if softmax_scale is None:
         softmax_scale = dim**-0.5
 
-    cfg = config or default_config(heads, interpret)
+    cfg = config or default_config(heads, batch * s_q, interpret)
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
