@@ -274,7 +274,6 @@ def main(
 
     if not torch.cuda.is_available():
         fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
-    import triton
 
     provs = [p.strip() for p in providers.split(",") if p.strip()]
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
@@ -291,13 +290,24 @@ def main(
         for b in batches.split(",")
     ]
     rows: list[dict[str, Any]] = []
-    checks = []
+    checks: list[dict[str, Any]] = []
+    gpu = torch.cuda.get_device_name()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
     for shape in shapes:
         r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg)
         rows += r
         checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
         print(json.dumps(r), flush=True)
-    gpu = torch.cuda.get_device_name()
+        _write(path, gpu, git_sha, ceilings, rows, checks)  # after every shape: a cut-short run keeps what it measured
+    _print_table(rows)
+    print(f"wrote {path}")
+
+
+def _write(path: Path, gpu: str, git_sha: str, ceilings: dict[str, float], rows: list, checks: list) -> None:
+    import triton
+
     doc = {
         "op": "decode",
         "gpu": gpu,
@@ -313,12 +323,7 @@ def main(
         "rows": rows,
         "checks": checks,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-    path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    _print_table(rows)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
