@@ -63,6 +63,7 @@ class StepTimer(Protocol):
 class _CudaPending:
     start: Any
     end: Any
+    pool: list[Any]
 
     def ready(self) -> bool:
         return bool(self.end.query())
@@ -70,24 +71,32 @@ class _CudaPending:
     def seconds(self) -> float:
         return self.start.elapsed_time(self.end) / 1000.0  # elapsed_time is in ms
 
+    def release(self) -> None:
+        self.pool.append(self.start)
+        self.pool.append(self.end)
+
 
 class CudaEventTimer:
-    """CUDA events with timing on the current stream; ``query()`` polls completion without synchronising."""
+    """CUDA events with timing on the current stream; ``query()`` polls completion without synchronising.
+
+    Events are pooled: a read pair goes back to the pool, so steady state creates (and destroys) no CUDA event."""
 
     def __init__(self) -> None:
         import torch
 
-        self._torch = torch
+        self._event = torch.cuda.Event
+        self._pool: list[Any] = []
 
-    def start(self) -> Any:
-        event = self._torch.cuda.Event(enable_timing=True)
+    def _take(self) -> Any:
+        event = self._pool.pop() if self._pool else self._event(enable_timing=True)
         event.record()
         return event
 
+    def start(self) -> Any:
+        return self._take()
+
     def stop(self, mark: Any) -> PendingTiming:
-        end = self._torch.cuda.Event(enable_timing=True)
-        end.record()
-        return _CudaPending(mark, end)
+        return _CudaPending(mark, self._take(), self._pool)
 
 
 def _forward_mode_label(forward_batch: Any) -> str | None:
@@ -148,6 +157,7 @@ class StepRecorder:
         self.pending: deque[tuple[PendingTiming, str, str]] = deque()
         self.observed = 0
         self.dropped = 0
+        self._children: dict[tuple[str, str], Any] = {}  # labelled histogram children, looked up once
 
     def around(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``original(model_runner, forward_batch, ...)`` between two marks; observe completed earlier steps."""
@@ -169,7 +179,13 @@ class StepRecorder:
         done = 0
         while self.pending and self.pending[0][0].ready():
             timing, mode, bucket = self.pending.popleft()
-            self.histogram.labels(forward_mode=mode, batch_bucket=bucket).observe(timing.seconds())
+            child = self._children.get((mode, bucket))
+            if child is None:
+                child = self._children[(mode, bucket)] = self.histogram.labels(forward_mode=mode, batch_bucket=bucket)
+            child.observe(timing.seconds())
+            release = getattr(timing, "release", None)
+            if release is not None:
+                release()
             done += 1
         while len(self.pending) > self.max_pending:
             self.pending.popleft()

@@ -137,6 +137,8 @@ def short_name(name: str, max_len: int = 96) -> str:
             out.append(ch)
         prev = ch
     short = "".join(out).strip() or name.strip()
+    while "::::" in short:  # "ns::(anonymous namespace)::f" leaves an empty scope behind
+        short = short.replace("::::", "::")
     return short[:max_len]
 
 
