@@ -19,7 +19,7 @@ from sparsemla import flags
 from sparsemla import metric_names as mn
 from sparsemla.deploy.sim import tokens
 from sparsemla.deploy.sim.calibration import PROVISIONAL_PATH, load_calibration
-from sparsemla.deploy.sim.testing import run_sim
+from sparsemla.deploy.sim.testing import run_sim, stream_completions
 from sparsemla.sglang_metrics import METRICS
 
 pytestmark = pytest.mark.slow
@@ -229,16 +229,54 @@ def test_throughput_follows_the_calibration(sim, concurrency: int, n: int) -> No
     assert measured == pytest.approx(expected, rel=0.05)
 
 
-def test_512_streams_with_small_step_error() -> None:
-    """512 concurrent streams (mma_decode: ~1 s steps at B=512): every stream gets all its tokens and the engine's
-    decode steps keep within 5% of the calibrated durations (server-side wake-up lateness; the client's view of the
-    rate is checked at lower concurrency in test_throughput_follows_the_calibration)."""
-    with run_sim(MMA, ("--max-running-requests", "512")) as big:
-        _decode_rate(big.url, 512, 6)  # asserts every stream received exactly 6 tokens
+FAST = {**MMA, "SPARSEMLA_TRITON_INDEXER": "1"}  # mma_decode+triton_indexer: ~17 ms steps at B=512
+
+
+def _histogram(text: str, family: str, **labels: str) -> tuple[float, float]:
+    """(sum, count) of a histogram in a /metrics exposition, over all its series that carry ``labels``."""
+    (fam,) = [f for f in text_string_to_metric_families(text) if f.name == family]
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for sample in fam.samples:
+        suffix = sample.name[len(family) :]
+        if suffix in totals and all(sample.labels.get(k) == v for k, v in labels.items()):
+            totals[suffix] += sample.value
+    return totals["_sum"], totals["_count"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("env", "variant", "n_tokens"),
+    [(MMA, "mma_decode", 6), (FAST, "mma_decode+triton_indexer", 120)],
+    ids=["1s-steps", "17ms-steps"],
+)
+def test_512_streams_with_small_step_error(env: dict, variant: str, n_tokens: int) -> None:
+    """512 concurrent streams on this machine (the client shares its cores): every stream gets exactly its tokens,
+    and the engine's realised decode steps at full batch keep within 5% of the calibrated durations (mean absolute
+    relative error, deadlines anchored; definition in deploy/sim/engine.py). The metrics carry the engine's times:
+    the step histogram's sum is the realised decode time, and the inter-token-latency mean is the step duration."""
+    bodies = [{"prompt": f"stream {i} {random.random()}", "max_tokens": n_tokens, "ignore_eos": True}
+              for i in range(512)]  # fmt: skip
+    with run_sim(env, ("--max-running-requests", "512")) as big:
+        results = asyncio.run(stream_completions(big.url, bodies))
         info = httpx.get(f"{big.url}/server_info", timeout=10).json()["sparsemla"]
-    stats = info["step_time_error"]["decode"]
-    assert stats["steps"] >= 5
-    assert stats["mean_rel_error"] <= 0.05, stats
+        text = httpx.get(f"{big.url}/metrics", timeout=10).text
+    assert info["variant"] == variant
+    bad = [r for r in results if r.status != 200 or not r.done or len(r.text.split()) != n_tokens]
+    assert not bad, f"{len(bad)} of 512 streams incomplete"
+    full = info["step_time_error_by_batch"]["decode"]["257+"]
+    decode = info["step_time_error"]["decode"]
+    assert full["steps"] >= n_tokens - 2, full  # nearly every decode step ran at full batch
+    assert decode["rate_error"] <= 0.05, decode  # tokens per request per second follow the calibration
+    step_sum, step_count = _histogram(text, mn.DECODE_STEP_SECONDS, forward_mode="decode")
+    assert step_count == decode["steps"] and step_sum == pytest.approx(decode["realised_seconds"], rel=1e-6)
+    itl_sum, itl_count = _histogram(text, "sglang:inter_token_latency_seconds")
+    assert itl_count == 512 * (n_tokens - 1)
+    assert itl_sum / itl_count == pytest.approx(full["calibrated_seconds"] / full["steps"], rel=0.05)
+    if info["engine"]["clock_priority"] == "normal":
+        reason = "the OS refused the clock thread SCHED_FIFO and nice -10: per-step timing depends on the other load"
+        pytest.skip(f"per-step error {full['mean_rel_error']:.1%}; {reason}")
+    assert full["mean_rel_error"] <= 0.05, full
+    assert decode["mean_rel_error"] <= 0.05, decode
 
 
 def test_sigterm_drains_in_flight_requests() -> None:

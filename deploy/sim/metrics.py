@@ -9,13 +9,15 @@ Scheduler-side series carry ``model_name, engine_type, tp_rank, pp_rank, moe_ep_
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from sparsemla import metric_names as mn
-from sparsemla.deploy.sim.engine import SimRequest, StepRecord
+from sparsemla.deploy.sim.engine import StepRecord
+from sparsemla.deploy.sim.engine_proc import SimRequest
 from sparsemla.sglang_metrics import BASE_LABELS, METRICS
 
 # sglang 0.5.23 default buckets (TokenizerMetricsCollector.__init__ and SchedulerMetricsCollector).
@@ -79,7 +81,7 @@ class SimMetrics:
                                 labelnames=(*flag_names, "version", "variant"), registry=r)  # fmt: skip
         self.flags_info.labels(**flag_labels, version=version, variant=variant).set(1)
         self.step_seconds = Histogram(
-            mn.DECODE_STEP_SECONDS, "Duration of one forward step (simulated GPU time).",
+            mn.DECODE_STEP_SECONDS, "Realised duration of one simulated forward step (the engine's step clock).",
             labelnames=mn.DECODE_STEP_LABELS, buckets=mn.DECODE_STEP_BUCKETS, registry=r,
         )  # fmt: skip
 
@@ -95,27 +97,36 @@ class SimMetrics:
         self.max_total.labels(**self.sched_labels).set(max_total_tokens)
         self.context_len.labels(**self.sched_labels).set(context_length)
 
-    def on_step(self, rec: StepRecord, running: int, waiting: int, used_tokens: int, max_total_tokens: int) -> None:
+    def on_step(self, rec: StepRecord, max_total_tokens: int) -> None:
+        """One engine step: gauges as of its end, its realised duration, and the tokens it produced.
+
+        Every time here is the engine's (``rec.end``, ``rec.realised``, ``rec.itl``), never the HTTP writer's, so a
+        lagging writer cannot distort the step-time, throughput and inter-token-latency series.
+        """
         s = self.sched_labels
-        now = time.monotonic()
-        self.num_running.labels(**s).set(running)
-        self.num_queue.labels(**s).set(waiting)
-        self.num_used_tokens.labels(**s).set(used_tokens)
-        self.token_usage.labels(**s).set(used_tokens / max_total_tokens if max_total_tokens else 0.0)
+        self.num_running.labels(**s).set(rec.running)
+        self.num_queue.labels(**s).set(rec.waiting)
+        self.num_used_tokens.labels(**s).set(rec.used_tokens)
+        self.token_usage.labels(**s).set(rec.used_tokens / max_total_tokens if max_total_tokens else 0.0)
         self.forward_seconds.labels(**s, category=rec.mode).inc(rec.duration)
-        self._busy.append((now, rec.duration))
+        self._busy.append((rec.end, rec.duration))
         if rec.mode == "decode":
             self.realtime_tokens.labels(**s, mode="decode").inc(rec.tokens)
             self.cuda_graph_passes.labels(**s, mode="decode_cuda_graph").inc()
             self.is_cuda_graph.labels(**s).set(1)
             self.decode_sum_seq_lens.labels(**s).set(rec.context * rec.batch)
-            self._decoded.append((now, rec.tokens))
+            self._decoded.append((rec.end, rec.tokens))
         else:
             self.realtime_tokens.labels(**s, mode="prefill_compute").inc(rec.tokens)
             self.cuda_graph_passes.labels(**s, mode="prefill_none").inc()
             self.is_cuda_graph.labels(**s).set(0)
-        self.step_seconds.labels(forward_mode=rec.mode, batch_bucket=mn.batch_bucket(rec.batch)).observe(rec.duration)
-        self.refresh(now)
+        step = rec.realised if rec.realised > 0 else rec.duration
+        self.step_seconds.labels(forward_mode=rec.mode, batch_bucket=mn.batch_bucket(rec.batch)).observe(step)
+        if rec.itl:
+            hist = self.itl.labels(**self.tok_labels)
+            for interval, count in rec.itl:
+                observe_many(hist, interval, count)
+        self.refresh(rec.end)
 
     def refresh(self, now: float | None = None) -> None:
         """Update the windowed gauges (gen_throughput, utilization); also called on every scrape."""
@@ -130,6 +141,8 @@ class SimMetrics:
         self.utilization.labels(**s).set(min(1.0, sum(d for _, d in self._busy) / GEN_THROUGHPUT_WINDOW_S))
 
     def on_first_token(self, req: SimRequest) -> None:
+        """TTFT and queue time of a request whose first token just came (engine times)."""
+        self.on_queue(req)
         if req.first_token_time is not None:
             self.ttft.labels(**self.tok_labels, is_streaming=_stream(req)).observe(req.first_token_time - req.arrival)
 
@@ -152,16 +165,24 @@ class SimMetrics:
             tpot = (req.finished_time - req.first_token_time) / (n_out - 1)
             self.tpot.labels(**t, is_streaming=st).observe(tpot)
 
-    def observe_itl(self, interval: float, new_tokens: int) -> None:
-        """One streamed chunk of ``new_tokens`` after ``interval`` seconds (sglang spreads it over the tokens)."""
-        if new_tokens > 0:
-            hist = self.itl.labels(**self.tok_labels)
-            for _ in range(new_tokens):
-                hist.observe(interval / new_tokens)
-
     def exposition(self) -> bytes:
         self.refresh()
         return generate_latest(self.registry)
+
+
+def observe_many(hist, amount: float, count: int) -> None:
+    """``hist.observe(amount)`` ``count`` times, in O(1) where prometheus_client's histogram child has the layout
+    of 0.20 .. 0.26 (``_upper_bounds``, ``_buckets``, ``_sum``; tests/test_sim_engine.py checks the equivalence),
+    else by looping."""
+    bounds, buckets, total = (getattr(hist, a, None) for a in ("_upper_bounds", "_buckets", "_sum"))
+    if count <= 0:
+        return
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets) or amount != amount:
+        for _ in range(count):
+            hist.observe(amount)
+        return
+    total.inc(amount * count)
+    buckets[bisect.bisect_left(bounds, amount)].inc(count)
 
 
 def _stream(req: SimRequest) -> str:

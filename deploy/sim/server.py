@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections.abc import AsyncIterator
@@ -31,7 +32,8 @@ from sparsemla import __version__ as sparsemla_version
 from sparsemla import flags
 from sparsemla.deploy.sim import tokens
 from sparsemla.deploy.sim.calibration import Calibration
-from sparsemla.deploy.sim.engine import Engine, SimRequest, StepRecord
+from sparsemla.deploy.sim.engine import StepRecord
+from sparsemla.deploy.sim.engine_proc import EngineClient, EngineConfig, EngineError, SimRequest
 from sparsemla.deploy.sim.metrics import SimMetrics
 from sparsemla.deploy.sim.profiler import ProfileError, Profiler, write_stage
 
@@ -183,6 +185,21 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+_HOLE = "\x00text\x00"
+
+
+class ChunkTemplate:
+    """A streamed chunk pre-encoded once per request around its one varying string (the new text): per chunk only
+    that string is JSON-encoded. ``render(x)`` equals ``_sse(obj)`` with the hole replaced by ``x``."""
+
+    def __init__(self, obj: Any) -> None:
+        head, tail = _sse(obj).split(json.dumps(_HOLE).encode())
+        self.head, self.tail = head, tail
+
+    def render(self, text: str) -> bytes:
+        return b"".join((self.head, json.dumps(text).encode(), self.tail))
+
+
 def create_app(calibration: Calibration, config: SimConfig | None = None) -> FastAPI:
     """Build the app for the current flags (``flags.variant_name()`` picks the calibration state)."""
     config = config or SimConfig()
@@ -197,37 +214,29 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     profiler = Profiler(state, profile_meta, flags.SGLANG_TORCH_PROFILER_DIR.get())
     pending_writes: set[asyncio.Task] = set()
 
-    def on_step(rec: StepRecord, batch: list[SimRequest]) -> None:
-        metrics.on_step(rec, len(engine.running), len(engine.waiting), engine.used_tokens, config.max_total_tokens)
-        for req in batch:
-            if req.prev_token_time is None and req.first_token_time is not None and req.output_ids:
-                if len(req.output_ids) == 1:
-                    metrics.on_first_token(req)
-                    metrics.on_queue(req)
-            elif rec.mode == "decode" and req.prev_token_time is not None and req.last_token_time is not None:
-                metrics.observe_itl(req.last_token_time - req.prev_token_time, 1)
+    def on_step(rec: StepRecord) -> None:
+        metrics.on_step(rec, config.max_total_tokens)
         if profiler.active:
             sess = profiler.session
-            for stage in profiler.record(rec, engine.total_steps):
+            for stage in profiler.record(rec, rec.index):
                 task = asyncio.get_running_loop().create_task(asyncio.to_thread(write_stage, profiler, sess, stage))
                 pending_writes.add(task)
                 task.add_done_callback(pending_writes.discard)
             if sess is not None and all(s.done for s in sess.stages.values()):
                 profiler.stop()
 
-    engine = Engine(
-        state,
-        calibration.prefill,
-        max_running_requests=config.max_running_requests,
-        max_total_tokens=config.max_total_tokens,
-        context_length=context_length,
+    engine = EngineClient(
+        EngineConfig(state, calibration.prefill, config.max_running_requests, config.max_total_tokens),
         on_step=on_step,
+        on_first_token=metrics.on_first_token,
         on_finish=metrics.on_finish,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        gc.collect()
+        gc.freeze()  # the long-lived startup objects leave the collector's scans: shorter GIL pauses under load
+        await engine.start()
         try:
             yield
         finally:
@@ -250,6 +259,10 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
             parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
         return error_response("; ".join(parts) or "invalid request", err_type="Bad Request")
 
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return error_response(str(exc), 503, "ServiceUnavailable")
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.message, exc.code, exc.err_type, exc.param)
@@ -257,6 +270,8 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     # -- helpers -------------------------------------------------------------------------------------------------------
     def make_request(prompt_ids: list[int], max_tokens: int | None, stop: StopField, stop_ids: list[int] | None,
                      ignore_eos: bool, stream: bool, param: str) -> SimRequest:  # fmt: skip
+        if not engine.alive:
+            raise ApiError("the simulator's engine process is not running", 503, "ServiceUnavailable")
         if not prompt_ids:
             raise ApiError("the prompt is empty", param=param)
         if len(prompt_ids) >= context_length:
@@ -298,10 +313,12 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
                     engine.abort(req)
                     return
 
-    async def token_stream(req: SimRequest) -> AsyncIterator[tuple[str, bool]]:
-        """Yield (new text, finished) as tokens arrive; several tokens coalesce when the client is slower."""
+    async def token_stream(req: SimRequest) -> AsyncIterator[tuple[str, int, bool]]:
+        """Yield (new text, output ids so far, finished) as the engine produces tokens. One wake-up sends everything
+        produced since the last one, so when the writer lags, several steps' tokens coalesce into one chunk (their
+        production times, which the metrics use, stay the engine's)."""
         if req.finished:  # max_tokens=0: nothing to generate
-            yield "", True
+            yield "", 0, True
             return
         engine.submit(req)
         sent = 0
@@ -311,7 +328,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
                 req.wakeup.clear()
                 text, done = req.text, req.finished
                 if len(text) > sent or done:
-                    yield text[sent:], done
+                    yield text[sent:], len(req.output_ids), done
                     sent = len(text)
                 if done:
                     return
@@ -351,8 +368,13 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
             async def gen() -> AsyncIterator[bytes]:
                 base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+                middle = ChunkTemplate({**base, "choices": [{"index": 0, "delta": {"content": _HOLE}, "logprobs": None,
+                                                             "finish_reason": None}], "usage": None})  # fmt: skip
                 first = True
-                async for delta, done in token_stream(req):
+                async for delta, _n, done in token_stream(req):
+                    if not first and not done:
+                        yield middle.render(delta)
+                        continue
                     content = {"role": "assistant", "content": delta} if first else {"content": delta}
                     first = False
                     choice = {"index": 0, "delta": content, "logprobs": None,
@@ -397,8 +419,13 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
             async def gen() -> AsyncIterator[bytes]:
                 base = {"id": rid, "object": "text_completion", "created": created, "model": model}
+                middle = ChunkTemplate({**base, "choices": [{"index": 0, "text": _HOLE, "logprobs": None,
+                                                             "finish_reason": None}], "usage": None})  # fmt: skip
                 first = True
-                async for delta, done in token_stream(req):
+                async for delta, _n, done in token_stream(req):
+                    if not first and not done:
+                        yield middle.render(delta)
+                        continue
                     text = (prefix if first else "") + delta
                     first = False
                     choice = {"index": 0, "text": text, "logprobs": None,
@@ -444,7 +471,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         if body.stream:
 
             async def gen() -> AsyncIterator[bytes]:
-                async for _delta, _done in token_stream(req):
+                async for _delta, _n, _done in token_stream(req):
                     yield _sse({"text": req.text, "output_ids": list(req.output_ids), "meta_info": meta_info(req)})
                 yield b"data: [DONE]\n\n"
 
@@ -454,9 +481,10 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
     # -- info, health, metrics -----------------------------------------------------------------------------------------
     def sparsemla_info() -> dict[str, Any]:
-        errors = {mode: stats.as_dict() for mode, stats in engine.step_error.items()}
         return {"variant": variant, "flags": flag_labels, "version": sparsemla_version,
-                "calibration": calibration.summary(), "step_time_error": errors}  # fmt: skip
+                "calibration": calibration.summary(), "step_time_error": engine.step_error,
+                "step_time_error_by_batch": engine.step_error_by_batch,
+                "engine": {**engine.info, "alive": engine.alive, "steps": engine.total_steps}}  # fmt: skip
 
     @app.get("/v1/models")
     async def models():
@@ -466,7 +494,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
     @app.get("/health")
     async def health():
-        return Response(status_code=200)
+        return Response(status_code=200 if engine.alive else 503)
 
     @app.get("/health_generate")
     async def health_generate(request: Request):
@@ -495,7 +523,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
             "max_running_requests": config.max_running_requests, "max_total_num_tokens": config.max_total_tokens,
             "chunked_prefill_size": calibration.prefill.chunk_tokens, "tp_size": 1, "dp_size": 1,
             "enable_metrics": True, "version": f"{SGLANG_VERSION} (sparsemla simulator)",
-            "internal_states": [{"num_running_reqs": len(engine.running), "num_queue_reqs": len(engine.waiting),
+            "internal_states": [{"num_running_reqs": engine.num_running, "num_queue_reqs": engine.num_waiting,
                                  "token_usage": engine.used_tokens / config.max_total_tokens}],
             "sparsemla": sparsemla_info(),
         }  # fmt: skip
@@ -506,7 +534,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
-        if engine.running or engine.waiting:
+        if engine.busy:
             return PlainTextResponse("Cache not flushed: there are running or waiting requests.\n", status_code=400)
         return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n")  # fmt: skip

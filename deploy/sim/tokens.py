@@ -27,14 +27,13 @@ _WORDS = (
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
-def _word_id(k: int) -> int:
-    return _SPECIAL + k
+_PIECES = tuple(f" {w}" for w in _WORDS)
 
 
 def piece(token_id: int) -> str:
     """Decoded text of an output token id (EOS and special ids decode to "")."""
     k = token_id - _SPECIAL
-    return f" {_WORDS[k]}" if 0 <= k < len(_WORDS) else ""
+    return _PIECES[k] if 0 <= k < len(_PIECES) else ""
 
 
 def encode(text: str) -> list[int]:
@@ -61,11 +60,20 @@ def _digest(prompt_ids: Sequence[int], salt: bytes) -> bytes:
     return h.digest()
 
 
+def output_seed(prompt_ids: Sequence[int]) -> int:
+    """The per-prompt seed of :func:`output_token_at` (hash it once per request, not once per token)."""
+    return int.from_bytes(_digest(prompt_ids, b"out")[:8], "little")
+
+
+def output_token_at(seed: int, index: int) -> int:
+    """The ``index``-th output token id for a prompt whose :func:`output_seed` is ``seed`` (never EOS)."""
+    mixed = (seed ^ (index * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+    return _SPECIAL + (mixed >> 29) % len(_WORDS)
+
+
 def output_token(prompt_ids: Sequence[int], index: int) -> int:
     """The ``index``-th output token id for this prompt (never EOS)."""
-    seed = int.from_bytes(_digest(prompt_ids, b"out")[:8], "little")
-    mixed = (seed ^ (index * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-    return _word_id((mixed >> 29) % len(_WORDS))
+    return output_token_at(output_seed(prompt_ids), index)
 
 
 def natural_length(prompt_ids: Sequence[int]) -> int:
