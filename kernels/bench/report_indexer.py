@@ -1,0 +1,120 @@
+"""The indexer section of ``docs/performance.md``, rendered from one ``results/bench/indexer-*.json``.
+
+``indexer_section(data)`` is the per-op function ``kernels/bench/report.py`` calls; ``python -m
+sparsemla.kernels.bench.report_indexer results/bench/indexer-h200-<date>.json`` prints the section on its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# (B, ctx) -> logits-only target in us; (B, ctx, "topk") for the logits + top-k target (issue 4)
+TARGETS: dict[tuple, float] = {(64, 4096): 14.0, (64, 16384): 45.0, (64, 65536): 160.0, (1, 4096): 8.0}
+TOPK_TARGETS: dict[tuple, float] = {(1, 4096): 15.0}
+COLUMNS = (
+    "floor",
+    "sparsemla",
+    "sparsemla_graph",
+    "sparsemla_topk",
+    "sparsemla_topk_unfused",
+    "torch_fallback",
+    "torch_topk",
+)
+
+
+def _cells(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, float]]:
+    cells: dict[tuple[int, int, int], dict[str, float]] = {}
+    for r in rows:
+        cells.setdefault((r["B"], r["ctx"], r["cap"]), {})[r["provider"]] = float(r["us"])
+    return cells
+
+
+def _median(vals: list[float]) -> float:
+    vals = sorted(vals)
+    return vals[len(vals) // 2]
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def indexer_section(data: dict) -> str:
+    """Markdown: the measured table, the targets with their gaps, and the cap-independence check."""
+    cells = _cells(data["rows"])
+    cols = [c for c in COLUMNS if any(c in v for v in cells.values())]
+    out = [
+        "## Lightning indexer (DeepSeek-V4, 64 heads x 128, fp8 keys, page 64)",
+        "",
+        f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, commit `{data['git_sha'][:10]}`, "
+        f"{data.get('date', '')}; copy bandwidth {data.get('copy_bandwidth_tb_s', '?')} TB/s. "
+        f"{data.get('timing', '')}. Top-k providers use k = {data.get('k', 512)}. "
+        "`ctx` is the real (compressed) length, `cap` the page-table width sglang passes under decode CUDA graphs.",
+        "",
+        "| B | ctx | cap | " + " | ".join(cols) + " |",
+        "|---|---|---|" + "---|" * len(cols),
+    ]
+    for (b, ctx, cap), vals in sorted(cells.items()):
+        out.append(f"| {b} | {ctx} | {cap} | " + " | ".join(_fmt(vals.get(c)) for c in cols) + " |")
+    out += ["", "Providers: " + "; ".join(f"`{k}`: {v}" for k, v in data.get("providers", {}).items()) + ".", ""]
+    out += ["**Targets** (median over caps; `sparsemla` = with Python dispatch, `graph` = CUDA-graph replay):", ""]
+    out += ["| target | limit (us) | sparsemla | graph | gap (graph / limit) |", "|---|---|---|---|---|"]
+    for (b, ctx), limit in TARGETS.items():
+        per_cap = [v for (bb, cc, _), v in cells.items() if (bb, cc) == (b, ctx)]
+        if not per_cap:
+            continue
+        eager = _median([v.get("sparsemla", float("nan")) for v in per_cap])
+        graph = _median([v.get("sparsemla_graph", float("nan")) for v in per_cap])
+        out.append(f"| B={b} ctx={ctx} logits | {limit:.0f} | {_fmt(eager)} | {_fmt(graph)} | {graph / limit:.2f}x |")
+    for (b, ctx), limit in TOPK_TARGETS.items():
+        per_cap = [v for (bb, cc, _), v in cells.items() if (bb, cc) == (b, ctx)]
+        if per_cap:
+            fused = _median([v.get("sparsemla_topk", float("nan")) for v in per_cap])
+            out.append(f"| B={b} ctx={ctx} logits + top-k | {limit:.0f} | {_fmt(fused)} | - | {fused / limit:.2f}x |")
+    out += ["", "**Cap independence** (same B and ctx, `sparsemla_graph` at the largest cap over the smallest):", ""]
+    spreads = []
+    for b, ctx in sorted({(b, c) for b, c, _ in cells}):
+        caps = sorted(cap for bb, cc, cap in cells if (bb, cc) == (b, ctx))
+        lo = cells[(b, ctx, caps[0])].get("sparsemla_graph")
+        hi = cells[(b, ctx, caps[-1])].get("sparsemla_graph")
+        if lo and hi:
+            spreads.append((abs(hi / lo - 1), b, ctx, caps[0], caps[-1]))
+    if spreads:
+        worst = max(spreads)
+        out.append(
+            f"largest change {100 * worst[0]:.1f}% (B={worst[1]}, ctx={worst[2]}, cap {worst[3]} -> {worst[4]}) "
+            f"over {len(spreads)} (B, ctx) pairs."
+        )
+    out += ["", NOTES]
+    return "\n".join(out) + "\n"
+
+
+NOTES = """**Notes on the gaps** (bounds from the `floor` column; the graph column is the kernel, the eager column adds
+the Python launcher's host time, which is noisy on the GPU machine -- sglang decodes under CUDA graphs):
+
+- Logits at B=64 are memory-bound; the kernel reaches ~35% (4k) to ~65% (64k) of the copy-bandwidth floor. The
+  per-(request, split) programs walk 128-token tiles with a page-id gather, an fp8 `[128 tokens x 128] x [128 x 64
+  heads]` dot (swap-AB: the head sum stays in a thread quad) and a masked store; the remaining gap is load latency per
+  program (no TMA / warp specialization in this Triton version) -- DeepGEMM's persistent TMA kernel is the reference
+  point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
+- The top-k is exact and deterministic but runs one CTA per row (four 8-bit `tl.histogram` radix passes, a
+  compaction pass and a sort of the k winners): ~25-30 us for a 4k row and ~380 us for a 64k row, so the fused
+  B=1 logits + top-512 misses its 15 us target by the top-k alone. A multi-CTA radix select (or sglang's own
+  `topk_transform_paged_v2` JIT kernel, 13-39 us published on H200) is the next step; the plugin should keep sglang's
+  v2 top-k and only replace its torch top-k fallback.
+- fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
+  fp32 reference by ~1e-4 relative; the bf16 path (sm_80) matches to 1e-5."""
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m sparsemla.kernels.bench.report_indexer results/bench/indexer-<gpu>-<date>.json")
+        return 2
+    print(indexer_section(json.loads(Path(argv[0]).read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
