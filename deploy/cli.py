@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparsemla.console import UsageError, console, fail
-from sparsemla.metric_names import PORT_EXPORTER, PORT_PROMETHEUS, PORT_SERVER
+from sparsemla.metric_names import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
 
 if TYPE_CHECKING:
     from sparsemla.deploy.exporter import ExporterConfig, Snapshot
@@ -30,6 +30,9 @@ def up_cmd(
     exporter: bool = typer.Option(True, "--exporter/--no-exporter", help="Start the kernel-share exporter."),
     prometheus_port: int = typer.Option(PORT_PROMETHEUS, "--prometheus-port"),
     exporter_port: int = typer.Option(PORT_EXPORTER, "--exporter-port"),
+    locust_metrics_port: int = typer.Option(
+        PORT_LOCUST_METRICS, "--locust-metrics-port", help="Port Prometheus scrapes for `loadtest --metrics-port`."
+    ),
     run_dir: Path = _RUN_DIR,
 ) -> None:
     """Start the server (simulator or local sglang), Prometheus and the exporter as background processes."""
@@ -45,6 +48,7 @@ def up_cmd(
                 port=port,
                 prometheus_port=prometheus_port,
                 exporter_port=exporter_port,
+                locust_metrics_port=locust_metrics_port,
             )
         except UsageError as exc:
             fail(str(exc), "`make down` stops a half-started stack; logs are in " + str(run_dir))

@@ -99,10 +99,16 @@ def _is_root() -> bool:
 
 
 def render_local_config(
-    *, server_port: int, exporter_port: int | None, prometheus_port: int, rules_dir: Path = PROMETHEUS_DIR
+    *,
+    server_port: int,
+    exporter_port: int | None,
+    prometheus_port: int,
+    locust_metrics_port: int = PORT_LOCUST_METRICS,
+    rules_dir: Path = PROMETHEUS_DIR,
 ) -> dict[str, Any]:
     """The compose Prometheus configuration with 127.0.0.1 targets, absolute rule paths, no DCGM job (no GPU agent
-    runs beside plain processes), and no exporter job when the exporter is not started."""
+    runs beside plain processes), and no exporter job when the exporter is not started. The Locust job scrapes
+    ``locust_metrics_port`` (what `sparsemla loadtest --metrics-port` serves; 9646 by default)."""
     import yaml
 
     config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
@@ -110,7 +116,7 @@ def render_local_config(
     targets = {
         "sglang": f"127.0.0.1:{server_port}",
         "kernel-share": f"127.0.0.1:{exporter_port}" if exporter_port else None,
-        "locust": f"127.0.0.1:{PORT_LOCUST_METRICS}",
+        "locust": f"127.0.0.1:{locust_metrics_port}",
         "prometheus": f"127.0.0.1:{prometheus_port}",
     }
     jobs = []
@@ -181,8 +187,12 @@ def up(
     port: int = PORT_SERVER,
     prometheus_port: int = PORT_PROMETHEUS,
     exporter_port: int = PORT_EXPORTER,
+    locust_metrics_port: int = PORT_LOCUST_METRICS,
 ) -> StackUrls:
     """Start the server, Prometheus and the exporter as background processes; return their URLs.
+
+    Prometheus scrapes the load generator's client metrics on ``locust_metrics_port`` (pass the same port to
+    `sparsemla loadtest --metrics-port`; tests and the demo use a free one so that parallel runs do not collide).
 
     ``prometheus=None`` uses Prometheus when the binary exists or Debian's package can be installed, and runs without
     it otherwise (``StackUrls.prometheus`` is then None; the caller says so). On any failure everything this call
@@ -201,6 +211,7 @@ def up(
         "port": port,
         "prometheus_port": prometheus_port,
         "exporter_port": exporter_port,
+        "locust_metrics_port": locust_metrics_port,
         "trace_dir": str((run_dir / "profiles").absolute()),
         "sim_env": dict(sim_env or {}),
         "external_server": False,
@@ -267,6 +278,7 @@ def _start_prometheus(state: dict[str, Any], exporter: bool, run_dir: Path, requ
         server_port=state["port"],
         exporter_port=state["exporter_port"] if exporter else None,
         prometheus_port=port,
+        locust_metrics_port=state.get("locust_metrics_port", PORT_LOCUST_METRICS),
     )
     data = (run_dir / "prometheus" / "data").absolute()
     argv = [

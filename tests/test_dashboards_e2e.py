@@ -15,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-import yaml
 
 from sparsemla import flags, procs
 from sparsemla.dashboards import build, grafana_eval
@@ -43,26 +41,6 @@ def _cli(*args: str) -> list[str]:
     return [str(script), *args] if script.exists() else [sys.executable, "-m", "sparsemla.cli", *args]
 
 
-def _point_locust_job_at(run_dir: Path, prom_url: str, ports: dict[str, int], locust_port: int) -> None:
-    """`make up` scrapes Locust on its fixed port 9646; other tests may run Locust there at the same time, so point the
-    job at this test's free port (same config otherwise) and hot-reload Prometheus (--web.enable-lifecycle)."""
-    config = stack.render_local_config(
-        server_port=ports["server"], exporter_port=ports["exporter"], prometheus_port=ports["prometheus"]
-    )
-    for job in config["scrape_configs"]:
-        if job["job_name"] == "locust":
-            job["static_configs"] = [{"targets": [f"127.0.0.1:{locust_port}"]}]
-    (run_dir / "prometheus" / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-    httpx.post(f"{prom_url}/-/reload", timeout=30).raise_for_status()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        targets = httpx.get(f"{prom_url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-        if any(t["scrapeUrl"].startswith(f"http://127.0.0.1:{locust_port}/") for t in targets):
-            return
-        time.sleep(0.5)
-    raise AssertionError("Prometheus did not pick up the Locust target after /-/reload")
-
-
 @pytest.fixture(scope="module")
 def run_window(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """Bring the stack up, drive it, and yield (prometheus url, start, end, tmp dir); the stack is down afterwards."""
@@ -72,13 +50,13 @@ def run_window(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     locust_port = procs.free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPARSEMLA_RESULTS_DIR", str(tmp / "results"))  # inherited by every process the stack starts
+        # Locust's client metrics on a free port (other tests may run Locust on 9646 at the same time).
         urls = stack.up(
             server="sim", prometheus=True, exporter=True, run_dir=run_dir, port=ports["server"],
-            prometheus_port=ports["prometheus"], exporter_port=ports["exporter"],
+            prometheus_port=ports["prometheus"], exporter_port=ports["exporter"], locust_metrics_port=locust_port,
         )  # fmt: skip
         try:
             assert urls.prometheus and urls.exporter
-            _point_locust_job_at(run_dir, urls.prometheus, ports, locust_port)
             start = time.time()
             env = flags.child_env()
             load = subprocess.Popen(

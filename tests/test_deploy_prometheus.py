@@ -69,8 +69,11 @@ def test_rendered_local_config_is_valid(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run([PROMTOOL, "check", "config", str(path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    no_exporter = render_local_config(server_port=1, exporter_port=None, prometheus_port=2)
+    assert jobs["locust"]["static_configs"] == [{"targets": ["127.0.0.1:9646"]}]  # `make up` default
+    no_exporter = render_local_config(server_port=1, exporter_port=None, prometheus_port=2, locust_metrics_port=3)
     assert "kernel-share" not in {j["job_name"] for j in no_exporter["scrape_configs"]}
+    locust = next(j for j in no_exporter["scrape_configs"] if j["job_name"] == "locust")
+    assert locust["static_configs"] == [{"targets": ["127.0.0.1:3"]}]
 
 
 def test_every_alert_has_for_severity_summary_and_a_firing_unit_test() -> None:
