@@ -84,8 +84,9 @@ bench-decode: ## GPU: sparse-MLA decode benchmark -> results/bench/decode-<gpu>-
 bench-indexer: ## GPU: indexer benchmark -> results/bench/indexer-<gpu>-<date>.json
 	$(PYTHON) -m sparsemla.kernels.bench.indexer
 
-bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json
-	$(PYTHON) -m sparsemla.kernels.bench.step
+bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
+	$(PYTHON) -m sparsemla.kernels.bench.step --step-hook sparsemla.deploy.step_metrics:time_forward_step
+	$(PYTHON) -m sparsemla.deploy.sim.calibrate_from_step
 
 clean: ## remove the venv and run state
 	rm -rf $(VENV) .run
