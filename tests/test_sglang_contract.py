@@ -42,6 +42,8 @@ def sgl():
     ORIGINALS.setdefault("decode", flash_mla_sm120.flash_mla_with_kvcache_sm120)
     ORIGINALS.setdefault("decode_torch", flash_mla_sm120._sm120_sparse_decode_fwd)
     ORIGINALS.setdefault("indexer", indexer.fp8_paged_mqa_logits_torch_sm120)
+    ORIGINALS.setdefault("indexer_torch", indexer.fp8_paged_mqa_logits_torch)
+    ORIGINALS.setdefault("topk", indexer.topk_transform_pytorch_vectorized)
     sglang_plugins.load_plugins()
     return flash_mla_sm120, indexer
 
@@ -206,6 +208,52 @@ def test_indexer_flag_on_matches_sglang_on_valid_positions(sgl, seq_lens, max_pa
         if length:
             ref = want[row, :length]
             torch.testing.assert_close(got[row, :length], ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+def test_indexer_torch_path_on_other_gpus_is_hooked_too(sgl):
+    """fp8_paged_mqa_logits_torch (the non-SM120 torch path) asserts seq_lens [B] and a page table covering max_seq_len;
+    flag off it is sglang's, flag on our op."""
+    _, indexer = sgl
+    q, cache, weights, lens, table, meta, width, clean = _indexer_args((100, 0, 64, 65), 6, seed=77)
+    with flags.SPARSEMLA_TRITON_INDEXER.override(False):
+        assert torch.equal(
+            indexer.fp8_paged_mqa_logits_torch(q, cache, weights, lens, table, meta, width, clean),
+            ORIGINALS["indexer_torch"](q, cache, weights, lens, table, meta, width, clean),
+        )
+    with flags.SPARSEMLA_TRITON_INDEXER.override(True):
+        got = indexer.fp8_paged_mqa_logits_torch(q, cache, weights, lens, table, meta, width, clean)
+    want = ORIGINALS["indexer_torch"](q, cache, weights, lens, table, meta, width, clean)
+    for row, length in enumerate(lens.tolist()):
+        if length:
+            ref = want[row, :length]
+            torch.testing.assert_close(got[row, :length], ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+def test_topk_transform_flag_off_is_sglang_and_flag_on_selects_the_same_slots(sgl, k):
+    _, indexer = sgl
+    gen = torch.Generator().manual_seed(k)
+    lens = torch.tensor([1300, 700, 0, 1100][: 4 if k == 512 else 2], dtype=torch.int32)
+    rows, width, page_size = len(lens), 1536, 64
+    scores = torch.randn(rows, width, generator=gen)
+    tables = torch.stack([torch.randperm(200, generator=gen)[: width // page_size] for _ in range(rows)]).int()
+
+    def run(fn):
+        out = torch.full((rows, k), -7, dtype=torch.int32)
+        raw = torch.full((rows, k), -7, dtype=torch.int32)
+        fn(scores.clone(), lens, tables, out, page_size, raw)
+        return out, raw
+
+    with flags.SPARSEMLA_TRITON_INDEXER.override(False):
+        off = run(indexer.topk_transform_pytorch_vectorized)
+    want = run(ORIGINALS["topk"])
+    assert torch.equal(off[0], want[0]) and torch.equal(off[1], want[1])
+    with flags.SPARSEMLA_TRITON_INDEXER.override(True):
+        on = run(indexer.topk_transform_pytorch_vectorized)
+    for r in range(rows):
+        got_slots, want_slots = on[0][r].sort().values, want[0][r].sort().values
+        assert torch.equal(got_slots, want_slots), f"row {r}: different slot sets"
+        assert torch.equal(on[1][r].sort().values, want[1][r].sort().values)
 
 
 def _same_on_valid(a, b, seq_lens):
