@@ -31,6 +31,33 @@ _TTFT_SLO = typer.Option(2.0, "--ttft-slo", help="Goodput SLO on time to first t
 _TPOT_SLO = typer.Option(0.1, "--tpot-slo", help="Goodput SLO on time per output token (s).")
 _METRICS_PORT = typer.Option(mn.PORT_LOCUST_METRICS, "--metrics-port", help="Client Prometheus metrics port (0: off).")
 _TIMEOUT = typer.Option(600.0, "--request-timeout", help="Seconds before a request counts as a timeout.")
+_PROMETHEUS = typer.Option(
+    f"http://127.0.0.1:{mn.PORT_PROMETHEUS}",
+    "--prometheus",
+    help="Prometheus to render the dashboard's compare panels from into the report ('off': none). "
+    "When it cannot be reached the report says so.",
+)
+
+
+def _prometheus_url(value: str) -> str | None:
+    return None if value.strip().lower() in ("", "off", "none") else value.strip()
+
+
+def _print_panels(report_dir: Path) -> None:
+    """One line on the dashboard panels the report embeds (from its compare.json), or why there are none."""
+    import json
+
+    try:
+        panels = json.loads((report_dir / "compare.json").read_text()).get("panels")
+    except (OSError, ValueError):
+        return
+    if not panels:
+        return
+    count = sum(len(w["panels"]) for w in panels["windows"])
+    if count:
+        console.print(f"dashboard panels: {count} from {panels['prometheus']} in {report_dir / 'panels'}")
+    if panels.get("error"):
+        console.print(f"[yellow]{panels['error']}[/]")
 
 
 def _config(target: str, concurrency: int, duration: str, workload: str, **kw: Any) -> Any:
@@ -229,18 +256,21 @@ def compare_cmd(
     a: str = typer.Argument(..., help="Run A (run id under results/loadtest, or a directory)."),
     b: str = typer.Argument(..., help="Run B."),
     out: Path = typer.Option(None, "--out", help="Report directory (default: results/compare/<A>_vs_<B>)."),
+    prometheus: str = _PROMETHEUS,
 ) -> None:
-    """A/B report of two runs: per-C table with 95 % CIs and ratios, plots, report.html + report.md."""
+    """A/B report of two runs: per-C table with 95 % CIs and ratios, plots, dashboard panels, report.html + .md."""
     from sparsemla.loadtest.report import compare_runs, load_run, post_grafana_annotations, write_report
 
     try:
         run_a, run_b = load_run(a), load_run(b)
         rows = compare_runs(run_a, run_b)
         out = out or Path(flags.SPARSEMLA_RESULTS_DIR.get()) / "compare" / f"{run_a.name}_vs_{run_b.name}"
-        files = write_report(run_a, run_b, rows, out)
+        with console.status("writing the report (plots, dashboard panels) ..."):
+            files = write_report(run_a, run_b, rows, out, prometheus=_prometheus_url(prometheus))
     except _errors() as exc:
         fail(str(exc), "list runs with `ls results/loadtest`")
     print_table(rows, f"A = {run_a.name} ({run_a.variant()})   B = {run_b.name} ({run_b.variant()})")
+    _print_panels(out)
     grafana = flags.GRAFANA_URL.get()
     if grafana:
         try:
@@ -271,9 +301,11 @@ def ab_cmd(
     tpot_slo: float = _TPOT_SLO,
     metrics_port: int = _METRICS_PORT,
     restore: bool = typer.Option(True, "--restore/--no-restore", help="Restart with the flag off at the end."),
+    prometheus: str = _PROMETHEUS,
 ) -> None:
     """Flag off vs on: sweep, restart the target with the flag on, sweep again, compare (refuses if not flipped)."""
     from sparsemla.loadtest.ab import run_ab
+    from sparsemla.loadtest.annotations import Grafana
     from sparsemla.loadtest.runner import new_run_id
     from sparsemla.loadtest.sweep import parse_concurrency_list
 
@@ -293,9 +325,11 @@ def ab_cmd(
         with _progress() as progress:
             result = run_ab(
                 flag, points, repeat, cfg, restart=restart, run_id=run_id, restore=restore,
-                on_point=_point_callback(progress), on_phase=progress.console.print,
+                on_point=_point_callback(progress), on_phase=progress.console.print, grafana=Grafana.from_flags(),
+                prometheus=_prometheus_url(prometheus),
             )  # fmt: skip
     except _errors() as exc:
         fail(str(exc), f"rerun with --run-id {run_id} to reuse the finished points")
     print_table(result.rows, f"A/B {flag}: A = off ({result.a.name})  B = on ({result.b.name})")
+    _print_panels(result.report["html"].parent)
     console.print(f"report: {result.report['html']}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemla.loadtest import stats
+from sparsemla.loadtest.report_panels import PanelSnapshots, render_compare_panels
 from sparsemla.loadtest.runner import results_root
 from sparsemla.loadtest.summary import write_json_atomic
 
@@ -305,10 +306,63 @@ def _run_lines(side: str, run: Run) -> list[str]:
     ]
 
 
-def write_report(a: Run, b: Run, rows: Sequence[Row], out_dir: Path, title: str = "A/B comparison") -> dict[str, Path]:
-    """report.md, report.html, compare.json and the PNGs in ``out_dir``; returns their paths."""
+def _panels_md(panels: PanelSnapshots | None) -> list[str]:
+    if panels is None:
+        return []
+    lines = ["## Dashboard panels", ""]
+    if panels.windows:
+        pinned = ", ".join(f"{k}={v}" for k, v in panels.variables.items())
+        lines += [
+            f"Rendered from Prometheus ({panels.prometheus}) query_range with the dashboard's queries ({pinned}).",
+            "",
+        ]
+    for window in panels.windows:
+        lines += [f"### {window.caption}", ""]
+        lines += [f"![{p.title}]({p.file})" + ("" if p.has_data else " (no data)") for p in window.panels]
+        lines.append("")
+    if panels.error:
+        lines += [f"**Not embedded:** {panels.error}.", ""]
+    return lines
+
+
+def _panels_html(panels: PanelSnapshots | None) -> str:
+    if panels is None:
+        return ""
+    parts = ["<h2>Dashboard panels</h2>"]
+    if panels.windows:
+        pinned = ", ".join(f"{k}={v}" for k, v in panels.variables.items())
+        parts.append(
+            f"<p>Rendered from Prometheus (<code>{html.escape(panels.prometheus)}</code>) query_range with the "
+            f"dashboard's queries ({html.escape(pinned)}).</p>"
+        )
+    for window in panels.windows:
+        parts.append(f"<h3>{html.escape(window.caption)}</h3>")
+        parts += [
+            f'<figure><img src="{html.escape(p.file)}" alt="{html.escape(p.title)}"><figcaption>'
+            f"{html.escape(p.title)}{'' if p.has_data else ' (no data)'}</figcaption></figure>"
+            for p in window.panels
+        ]
+    if panels.error:
+        parts.append(f"<p class='worse'><b>Not embedded:</b> {html.escape(panels.error)}.</p>")
+    return "\n".join(parts)
+
+
+def write_report(
+    a: Run,
+    b: Run,
+    rows: Sequence[Row],
+    out_dir: Path,
+    title: str = "A/B comparison",
+    prometheus: str | None = None,
+) -> dict[str, Path]:
+    """report.md, report.html, compare.json and the PNGs in ``out_dir``; returns their paths.
+
+    With ``prometheus`` (base URL) the dashboard's compare panels over the runs' time are rendered into
+    ``out_dir/panels/`` and embedded (:mod:`sparsemla.loadtest.report_panels`); when it cannot be reached the report
+    says so and everything else is written as usual."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plot(a, b, out_dir)
+    panels = render_compare_panels(a, b, out_dir, prometheus) if prometheus else None
     body = table_rows(rows)
     marks = [f"A {m}" for m in _marked(a)] + [f"B {m}" for m in _marked(b)]
     md = [f"# {title}", "", *_run_lines("A", a), *_run_lines("B", b), ""]
@@ -324,6 +378,7 @@ def write_report(a: Run, b: Run, rows: Sequence[Row], out_dir: Path, title: str 
         "",
         *[f"![{p.stem}]({p.name})" for p in pngs],
         "",
+        *_panels_md(panels),
     ]
     (out_dir / "report.md").write_text("\n".join(md))
 
@@ -347,7 +402,8 @@ def write_report(a: Run, b: Run, rows: Sequence[Row], out_dir: Path, title: str 
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}th{{background:#f3f3f3}}
-.better{{background:#e5f6e5}}.worse{{background:#fbe3e3}}img{{max-width:100%;margin:8px 0}}</style></head>
+.better{{background:#e5f6e5}}.worse{{background:#fbe3e3}}img{{max-width:100%;margin:8px 0}}
+figure{{margin:0 0 12px 0}}figcaption{{font-size:12px;color:#555}}</style></head>
 <body><h1>{html.escape(title)}</h1><ul>{runs_html}</ul>
 {"<h3>Runs with more than 1 % failed requests</h3><ul>" + marks_html + "</ul>" if marks else ""}
 <table><tr>{"".join(cell(h, True) for h in HEADERS)}</tr>
@@ -355,6 +411,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}th{{background:#f3f
 <p>95 % CIs over repeats (Student t) or within a run (batch means / bootstrap / Wilson). A difference is called only
 when the intervals do not overlap; otherwise: "{NO_DIFFERENCE}".</p>
 {"".join(f'<div><img src="{p.name}" alt="{p.stem}"></div>' for p in pngs)}
+{_panels_html(panels)}
 </body></html>
 """
     (out_dir / "report.html").write_text(page)
@@ -376,6 +433,7 @@ when the intervals do not overlap; otherwise: "{NO_DIFFERENCE}".</p>
                 for r in rows
             ],
             "failures_marked": marks,
+            "panels": panels.to_json() if panels is not None else None,
         },
     )
     return {"md": out_dir / "report.md", "html": out_dir / "report.html", **{p.stem: p for p in pngs}}

@@ -5,8 +5,9 @@
 2. sweep C = 1, 16, 64 (short points);
 3. restart the simulator with ``SPARSEMLA_MMA_DECODE=1``;
 4. sweep again;
-5. write ``results/demo/report.html`` (+ report.md, PNG plots), print the A/B table and how the measured tok/s ratios
-   compare with the simulator's calibrated decode-step ratios;
+5. write ``results/demo/report.html`` (+ report.md, PNG plots, and the dashboard's compare panels rendered from the
+   demo's Prometheus when it runs), print the A/B table and how the measured tok/s ratios compare with the
+   simulator's calibrated decode-step ratios;
 6. stop everything it started (by PID, through the stack's PID files), also on Ctrl-C, SIGTERM and errors.
 
 The default workload (``random:64:24``: short prompts, 24 output tokens, ``ignore_eos``) keeps prefill a small share of
@@ -61,8 +62,9 @@ def demo(
 ) -> None:
     """The whole loop without a GPU: simulator, sweep flag off, flip, sweep flag on, A/B report."""
     from sparsemla.deploy import stack
-    from sparsemla.loadtest.ab import restart_target, wait_for_flag
-    from sparsemla.loadtest.cli import print_table
+    from sparsemla.loadtest.ab import flip_flag, wait_for_flag
+    from sparsemla.loadtest.annotations import Grafana
+    from sparsemla.loadtest.cli import _print_panels, print_table
     from sparsemla.loadtest.report import check_flag_flipped, compare_runs, load_run, write_report
     from sparsemla.loadtest.runner import LoadTestConfig, auto_warmup
     from sparsemla.loadtest.summary import write_json_atomic
@@ -85,6 +87,7 @@ def demo(
     try:
         console.rule("[bold]sparsemla demo")
         console.print(f"1/5 starting the simulator ({flag}=0) on :{port} ...")
+        locust_metrics_port = _pick_port(mn.PORT_LOCUST_METRICS)  # Prometheus scrapes the load generator there
         urls = stack.up(
             server="sim",
             sim_env={flag: "0"},
@@ -93,6 +96,7 @@ def demo(
             run_dir=run_dir,
             port=port,
             prometheus_port=_pick_port(mn.PORT_PROMETHEUS),
+            locust_metrics_port=locust_metrics_port,
         )
         console.print(f"    simulator {urls.server}")
         if urls.prometheus:
@@ -107,14 +111,15 @@ def demo(
             duration_s=point_seconds,
             workload=workload,
             warmup_s=min(auto_warmup(point_seconds), 3.0),
-            metrics_port=_pick_port(mn.PORT_LOCUST_METRICS),
+            metrics_port=locust_metrics_port,
             request_timeout_s=120.0,
         )
         runs = {}
         for step, (side, value) in enumerate((("a-flag-off", "0"), ("b-flag-on", "1"))):
             if value == "1":
                 console.print(f"3/5 restarting the simulator with {flag}=1 ...")
-                restart_target("sim", flag, "1", target=urls.server, run_dir=run_dir)
+                flip_flag("sim", flag, "1", target=urls.server, run_dir=run_dir, grafana=Grafana.from_flags(),
+                          say=console.print)  # fmt: skip
             else:
                 wait_for_flag(urls.server, flag, "off", timeout_s=30)
             console.print(f"{2 + 2 * step}/5 sweep {side}: C={points}, {point_seconds:g}s per point ...")
@@ -133,8 +138,14 @@ def demo(
         a, b = runs["a-flag-off"], runs["b-flag-on"]
         check_flag_flipped(a, b, flag)
         rows = compare_runs(a, b)
-        files = write_report(a, b, rows, out, title=f"sparsemla demo: {flag} off (A) vs on (B) on the simulator")
+        if urls.prometheus:
+            console.print("    rendering the dashboard's compare panels from Prometheus ...")
+        files = write_report(
+            a, b, rows, out, title=f"sparsemla demo: {flag} off (A) vs on (B) on the simulator",
+            prometheus=urls.prometheus,
+        )  # fmt: skip
         print_table(rows, f"A/B {flag}: A = off, B = on (simulator)")
+        _print_panels(out)
         variant = b.variant()
         expected = calibrated_ratios(variant, points)
         checks = []

@@ -141,16 +141,34 @@ def test_snapshot_renders_every_panel_to_png(run_window) -> None:  # noqa: ANN00
     assert no_data == GPU_ONLY_PANELS
 
 
-def test_compare_subset_with_pinned_variants(run_window) -> None:  # noqa: ANN001
-    """What an A/B report embeds: only COMPARE_PANELS, with variant_a/variant_b pinned (here both the one variant)."""
-    from sparsemla.dashboards import snapshot
-
+def test_compare_report_embeds_the_compare_panels(run_window) -> None:  # noqa: ANN001
+    """`sparsemla compare A B --prometheus URL` (what `make compare`, `make ab` and the demo write): the report embeds
+    exactly COMPARE_PANELS over the runs' time, variants and run ids pinned, every PNG non-empty and with data.
+    A and B are the one Locust run here (one variant), so the B/A panels read 1."""
     prom_url, start, end, tmp = run_window
-    variant = flags.variant_name()
-    result = snapshot.snapshot(
-        prom_url, start, end, tmp / "compare", overrides={"variant_a": variant, "variant_b": variant},
-        titles=build.COMPARE_PANELS,
+    run = tmp / "results" / "loadtest" / RUN_ID
+    out = tmp / "compare"
+    result = subprocess.run(
+        _cli("compare", str(run), str(run), "--prometheus", prom_url, "--out", str(out)),
+        capture_output=True, text=True, timeout=180, env=flags.child_env(),
     )  # fmt: skip
-    assert {p.title.split(" — ")[0] for p in result.panels} == set(build.COMPARE_PANELS)
-    assert result.empty_panels() == []
-    assert result.variables["variant_a"] == result.variables["variant_b"] == [variant]
+    assert result.returncode == 0, result.stdout + result.stderr
+    panels = json.loads((out / "compare.json").read_text())["panels"]
+    assert panels["error"] is None and len(panels["windows"]) == 1
+    window = panels["windows"][0]
+    assert start - 30 < window["start"] < window["end"] <= end + 30  # the run's own time (summary.json)
+    variant = flags.variant_name()
+    assert panels["variables"] == {"variant_a": variant, "variant_b": variant, "variant": [variant],
+                                   "run_id": [RUN_ID]}  # fmt: skip
+    assert {p["title"].split(" — ")[0] for p in window["panels"]} == set(build.COMPARE_PANELS)
+    assert all(p["has_data"] for p in window["panels"]), [p["title"] for p in window["panels"] if not p["has_data"]]
+    html, md = (out / "report.html").read_text(), (out / "report.md").read_text()
+    from PIL import Image
+
+    for panel in window["panels"]:
+        assert f'src="{panel["file"]}"' in html and f"]({panel['file']})" in md
+        with Image.open(out / panel["file"]) as img:
+            assert img.format == "PNG" and img.size[0] >= 300
+            gray = img.convert("L")
+            assert sum(gray.histogram()[:240]) / (gray.size[0] * gray.size[1]) > 0.005, panel["file"]
+    assert "dashboard panels: " in result.stdout
