@@ -171,7 +171,9 @@ def resolve_variables(
             text[name] = var.get("allValue") or (promql.multi_value(options) if options else "")
         else:
             selected[name] = options[:1]
-            text[name] = re.escape(options[0]) if options and var.get("multi") else (options[0] if options else "")
+            text[name] = (
+                promql.regex_escape(options[0]) if options and var.get("multi") else (options[0] if options else "")
+            )
     return Resolved(selected, text)
 
 
@@ -258,5 +260,5 @@ def expand_repeats(ref: PanelRef, resolved: Resolved) -> list[tuple[PanelRef, di
     out = []
     for value in resolved.selected.get(var) or []:
         panel = {**ref.panel, "title": f"{ref.title} — {value}"}
-        out.append((PanelRef(panel, ref.row), {var: re.escape(value)}))
+        out.append((PanelRef(panel, ref.row), {var: promql.regex_escape(value)}))
     return out

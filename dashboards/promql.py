@@ -61,11 +61,23 @@ def expand(text: str, values: Mapping[str, str]) -> str:
     return _VAR_RE.sub(repl, text)
 
 
+_REGEX_SPECIAL = re.compile(r"[$^*{}\[\]'+?.()|]")
+
+
+def regex_escape(value: str) -> str:
+    r"""A value escaped for a regex inside a PromQL double-quoted string, as Grafana's Prometheus data source does it
+    (``prometheusSpecialRegexEscape``): the regex escape is itself escaped for the string literal, so ``a+b`` becomes
+    ``a\\+b`` in the query text (``a\+b`` once Prometheus has read the string). Python's ``re.escape`` would put
+    ``a\+b`` in the text, which PromQL rejects ("unknown escape sequence"). Double quotes are escaped as well."""
+    escaped = _REGEX_SPECIAL.sub(lambda m: "\\\\" + m.group(0), value.replace("\\", "\\\\\\\\"))
+    return escaped.replace('"', '\\"')
+
+
 def multi_value(selected: list[str]) -> str:
     """How Grafana formats a multi-value variable inside a ``=~`` matcher: a regex alternation of escaped values."""
     if len(selected) == 1:
-        return re.escape(selected[0])
-    return "(" + "|".join(re.escape(v) for v in selected) + ")"
+        return regex_escape(selected[0])
+    return "(" + "|".join(regex_escape(v) for v in selected) + ")"
 
 
 def parse(expr: str) -> promql_parser.Expr:

@@ -139,13 +139,18 @@ def test_expand_all_variable_syntaxes() -> None:
 
 
 def test_multi_value_regex_matches_exactly_the_selected_values() -> None:
+    """The variable text goes into a PromQL string (`x{v=~"$var"}`): it must parse, and the regex Prometheus reads out
+    of the string must match exactly the selected values (variants like `mma_decode+triton_indexer`, run ids with -)."""
     rng = random.Random(7)
-    alphabet = "abc.+*()|_-0123"
+    alphabet = "abc.+*()|_-0123$^?[]{}\\'\""
     for _ in range(200):
         pool = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(8)}
         chosen = sorted(rng.sample(sorted(pool), rng.randint(1, len(pool))))
-        pattern = re.compile(f"^(?:{promql.multi_value(chosen)})$")  # Prometheus anchors =~ matchers
+        selector = promql.parse(f'x{{v=~"{promql.multi_value(chosen)}"}}')
+        regex = selector.matchers.matchers[0].value  # the string literal as Prometheus decodes it
+        pattern = re.compile(f"^(?:{regex})$")  # Prometheus anchors =~ matchers
         assert {v for v in pool if pattern.match(v)} == set(chosen)
+    assert promql.multi_value(["mma_decode+triton_indexer"]) == "mma_decode\\\\+triton_indexer"
 
 
 def test_selectors_and_rate_interval() -> None:
