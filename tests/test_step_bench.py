@@ -239,8 +239,21 @@ def test_calibration_refuses_bad_results(tmp_path: Path) -> None:
         calibrate(bad, tmp_path / "out.json")
     doc = _doc_with_shares(tmp_path)
     for variant in doc["kernel_share"]:
-        doc["kernel_share"][variant]["4096"].pop("2")  # a hole in every state's grid
+        for ctx in ("2048", "4096"):
+            doc["kernel_share"][variant][ctx].pop("2")  # a hole at every context of every state
     bad.write_text(json.dumps(doc))
-    with pytest.raises(StepResultError, match="complete grid"):
+    with pytest.raises(StepResultError, match="complete batch grid"):
         calibrate(bad, tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_calibration_keeps_the_complete_contexts_of_a_state(tmp_path: Path) -> None:
+    """A run cut short by its time budget: the state keeps the contexts it has in full, the notes say what was cut."""
+    doc = _doc_with_shares(tmp_path)
+    doc["variant_rows"] = [
+        r for r in doc["variant_rows"] if not (r["variant"] == "baseline" and r["ctx"] == 4096 and r["B"] == 2)
+    ]
+    args = calibration_args(doc, "x.json")
+    assert args["states"]["baseline"].context == (2048,) and args["states"]["baseline"].batch == (1, 2)
+    assert args["states"]["mma_decode+triton_indexer"].context == (2048, 4096)
+    assert "state baseline: contexts [4096] left out" in args["provenance"].notes

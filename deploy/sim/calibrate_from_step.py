@@ -9,7 +9,8 @@ Mapping (schema in :mod:`sparsemla.deploy.sim.calibration`):
 
 * ``model``: the benchmark's model (43 layers, 21 with an indexer) and ``context_length`` = the benchmark's cap (the
   server's ``--context-length``, the width the torch indexer scans).
-* per state (``variant``) with a complete (B x ctx) grid of step times and kernel shares: ``step_us`` = the median
+* per state (``variant``), over the contexts at which every measured batch size was timed and profiled (a context with
+  a hole is left out and the notes say so; a state with no complete context is left out): ``step_us`` = the median
   CUDA-graph replay time; ``kernel_us[name]`` = that kernel group's GPU time in the profiled replay of the same point
   (0 where it did not run); ``calls_per_step`` = its most launches in one step. Kernel names are the trace parser's
   short names (``name [category]`` when one short name falls in two categories). Where a profiled replay's kernels
@@ -62,11 +63,17 @@ def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | Non
     if not rows:
         return None, 0, "not measured"
     batch = sorted({b for b, _ in rows})
-    context = sorted({c for _, c in rows})
     shares = doc.get("kernel_share", {}).get(variant, {})
-    missing = [(b, c) for b in batch for c in context if (b, c) not in rows or str(b) not in shares.get(str(c), {})]
-    if missing:
-        return None, 0, f"incomplete grid (missing B, ctx: {missing})"
+
+    def complete(c: int) -> bool:
+        return all((b, c) in rows and str(b) in shares.get(str(c), {}) for b in batch)
+
+    measured = sorted({c for _, c in rows})
+    context = [c for c in measured if complete(c)]
+    if not context:
+        return None, 0, f"no context with every batch size {batch} timed and profiled"
+    dropped = [c for c in measured if c not in context]
+    note = f"contexts {dropped} left out (incomplete; the simulator clamps context to {context})" if dropped else ""
     # kernel groups over the grid; a short name in two categories gets its category appended
     cats: dict[str, set[str]] = {}
     for c in context:
@@ -108,7 +115,7 @@ def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | Non
         kernels=tuple(KernelSpec(n, category[n], calls[n]) for n in order),
         kernel_us={n: tuple(tuple(r) for r in times[n]) for n in order},
     )
-    return state, raised, ""
+    return state, raised, note
 
 
 def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -126,10 +133,12 @@ def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
         if state is None:
             notes.append(f"state {variant} left out: {reason}.")
             continue
+        if reason:
+            notes.append(f"state {variant}: {reason}.")
         states[variant] = state
         raised_total += raised
     if not states:
-        raise StepResultError(f"{source}: no flag state has a complete grid of step times and kernel shares")
+        raise StepResultError(f"{source}: no flag state has a complete batch grid of step times and kernel shares")
     model = doc["model"]
     prefill = load_calibration(PROVISIONAL_PATH).prefill
     notes.insert(
