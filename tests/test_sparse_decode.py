@@ -154,7 +154,27 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_num_splits(64, 2, 10, 132) == 1  # H=128: two head blocks already fill the GPU
     assert sd_triton.choose_num_splits(1, 1, 10, 132, override=64) == 10  # clamped to the tile count
     assert sd_triton.choose_num_splits(1, 1, 0, 132) == 1
-    assert sd_triton.default_config(64, rows=128).block_n == 64 and sd_triton.default_config(64, rows=1).block_n == 32
+    assert sd_triton.choose_num_splits(8, 1, 20, 132) == 10  # 16 wanted -> 2 tiles each -> 10 splits, none empty
+    assert [sd_triton.default_config(h).block_h for h in (8, 16, 17, 63, 64, 128)] == [16, 16, 64, 64, 64, 64]
+    assert sd_triton.default_config(64).kernel == "wide"
+
+
+@pytest.mark.parametrize("splits,heads", [(2, 64), (20, 64), (132, 128), (7, 8)])
+def test_combine_blocks_cover_all_splits(splits, heads):
+    block_s, block_h, block_d = sd_triton.combine_blocks(splits, heads)
+    assert block_s >= splits and block_s & (block_s - 1) == 0
+    assert block_h >= 2 and block_d >= 16 and block_s * block_h * block_d <= 8192
+
+
+@pytest.mark.parametrize("kernel", ["wide", "chunked"])
+def test_both_kernel_bodies_match_reference(nan_empty, kernel):
+    kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=21)
+    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, kernel=kernel)
+    for splits in (1, 3):
+        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)
+        check(kw, out, lse)
+    with pytest.raises(ValueError, match="unknown decode kernel"):
+        sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, kernel="nope"), interpret=True)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import torch
 from sparsemla import flags
 from sparsemla.kernels import layouts
 from sparsemla.kernels.sparse_decode import api
+from sparsemla.kernels.sparse_decode import triton as sd_triton
 from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
 pytestmark = [
@@ -128,6 +129,25 @@ def test_cuda_graph_replay_equals_eager(batch):
     want = api.sparse_decode(**kw)
     assert torch.equal(captured[0], want[0]) and torch.equal(captured[1], want[1])
     assert not torch.equal(captured[0], eager[0])
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        sd_triton.DecodeConfig(64, 32, 8, 3),
+        sd_triton.DecodeConfig(64, 64, 8, 1),
+        sd_triton.DecodeConfig(64, 16, 8, 2),
+        sd_triton.DecodeConfig(64, 32, 8, 2, kernel="chunked"),
+        sd_triton.DecodeConfig(64, 64, 8, 2, kernel="chunked"),
+    ],
+    ids=lambda c: f"{c.kernel}-{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}",
+)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_other_configs_match_reference(nan_empty, cfg, splits):
+    """The tile configs the sweep times (and the previous, chunked kernel body) compute the same function."""
+    kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=55 + splits)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
+    check(kw, out, lse)
 
 
 def test_deterministic():

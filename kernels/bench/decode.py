@@ -3,6 +3,8 @@
 Providers, all measured in the same run on the same inputs:
 
 * ``sparsemla``      this project's Triton kernel (:func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`);
+  ``sparsemla_graph`` the same calls replayed from a CUDA graph, ``sparsemla_chunked_graph`` the previous kernel body
+  (``DecodeConfig(kernel="chunked")``) replayed the same way (target shapes);
 * ``sglang_triton``  sglang 0.5.23's per-head kernel ``flash_mla_sparse_decode_triton`` (loaded by file path; it imports
   only torch and triton), measured on the target shapes (H=64, extra 512) only: it is ~1000x slower elsewhere;
 * ``flashmla``       sgl-flash-mla 1.0.0's SM90 kernel (``use_legacy=True``); it only takes 64 or 128 heads, so H < 64
@@ -14,7 +16,7 @@ Inputs are random (never zeros): fp8 NoPE ~ N(0, 4), ue8m0 scales 2^-5..2^0, bf1
 indices lie in its own 256-token page, extra indices are distinct random slots of a compressed cache (page 64).
 Timings are ``triton.testing.do_bench`` medians of eager calls (do_bench flushes L2 before each repetition) over
 ``ROTATE`` input sets used in turn, the method of the baselines in notes/h200-baselines.md; ``sparsemla_graph`` (target
-shapes) times one CUDA-graph replay of the same call per repetition.
+shapes) times one CUDA-graph replay of the same call per repetition (``sparsemla_chunked_graph``: the previous kernel).
 Writes ``results/bench/decode-<gpu>-<date>.json``:
 ``{"op": "decode", "gpu", "git_sha", "torch", "triton", "rows": [{"B", "H", "swa_topk", "extra_topk", "provider",
 "us"}], ...}`` and prints a table.
@@ -169,6 +171,16 @@ def graphed(call):
     return graph.replay
 
 
+def chunked_config(shape: Shape):
+    """The previous kernel ("chunked": the 512-wide row as 8 chunks of 64, 16 dots per tile) with the tile config it
+    shipped with (32-token tiles while the grid needs splits, 64 once ``B x head blocks >= 64``), for a same-run
+    comparison with the default (wide) kernel."""
+    from sparsemla.kernels.sparse_decode.triton import DecodeConfig
+
+    busy = shape.B * -(-shape.H // 64) >= 64
+    return DecodeConfig(block_h=64, block_n=64 if busy else 32, num_warps=8, num_stages=2, kernel="chunked")
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -210,6 +222,10 @@ def bench_shape(
 
     if "sparsemla" in fns and shape.is_target:
         fns["sparsemla_graph"] = fns["sparsemla"]  # same calls, one CUDA-graph replay per repetition
+        chunked = chunked_config(shape)  # the previous kernel body (8 chunk dots per tile), same split rule
+        fns["sparsemla_chunked_graph"] = [
+            lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits, config=chunked) for kw in sets
+        ]
     errs: dict[str, float] = {}
     ours = fns["sparsemla"][0]()[0] if "sparsemla" in fns else None
     rows = []

@@ -21,7 +21,9 @@ def main(
     batches: str = typer.Option("1,8,32,64,128"),
     heads: int = typer.Option(64),
     extra_topk: int = typer.Option(512),
-    configs: str = typer.Option("64:32:8:2,64:64:8:2,64:32:8:3,64:64:8:1", help="block_h:block_n:warps:stages,..."),
+    configs: str = typer.Option(
+        "64:32:8:2,64:32:8:3,64:64:8:1,64:16:8:2", help="block_h:block_n:warps:stages[:wide|chunked],..."
+    ),
     splits: str = typer.Option("auto", help="split counts to try per batch, e.g. auto,1,2,4"),
     out: Path = typer.Option(None, help="Optional JSON output path."),
 ) -> None:
@@ -34,8 +36,9 @@ def main(
         sets = [make_inputs(shape, seed=7 + i) for i in range(2)]
         base = sparse_decode_fwd(**sets[0])[0].float()
         for c in configs.split(","):
-            bh, bn, w, st = (int(v) for v in c.split(":"))
-            cfg = DecodeConfig(bh, bn, w, st)
+            parts = c.split(":")
+            bh, bn, w, st = (int(v) for v in parts[:4])
+            cfg = DecodeConfig(bh, bn, w, st, parts[4] if len(parts) > 4 else "wide")
             for sp in splits.split(","):
                 sp_arg = sp if sp == "auto" else int(sp)
                 try:
@@ -68,16 +71,18 @@ def main(
 
 def print_kernel_resources() -> None:
     """Registers, spills and shared memory of every compiled variant of the main kernel (Triton's own report)."""
-    from sparsemla.kernels.sparse_decode.triton import _sparse_decode_kernel
+    from sparsemla.kernels.sparse_decode.triton import _sparse_decode_kernel, _sparse_decode_wide_kernel
 
-    caches = getattr(_sparse_decode_kernel, "device_caches", {})
-    for dev, entry in caches.items():
-        for key, k in entry[0].items():
-            meta = getattr(k, "metadata", None)
-            print(
-                f"dev {dev}: regs={getattr(k, 'n_regs', '?')} spills={getattr(k, 'n_spills', '?')} "
-                f"smem={getattr(meta, 'shared', '?')} warps={getattr(meta, 'num_warps', '?')} key={str(key)[-160:]}"
-            )
+    for fn in (_sparse_decode_wide_kernel, _sparse_decode_kernel):
+        caches = getattr(fn, "device_caches", {})
+        for dev, entry in caches.items():
+            for key, k in entry[0].items():
+                meta = getattr(k, "metadata", None)
+                print(
+                    f"{fn.__name__} dev {dev}: regs={getattr(k, 'n_regs', '?')} spills={getattr(k, 'n_spills', '?')} "
+                    f"smem={getattr(meta, 'shared', '?')} warps={getattr(meta, 'num_warps', '?')} "
+                    f"stages={getattr(meta, 'num_stages', '?')} key={str(key)[-120:]}"
+                )
 
 
 if __name__ == "__main__":

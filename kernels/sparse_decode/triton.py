@@ -2,9 +2,15 @@
 
 One program = (query row, head block, split). A program walks its share of the concatenated candidate list
 (main cache ++ extra cache) in tiles of ``BLOCK_N`` tokens; each token row is gathered and dequantized ONCE per
-program and shared by all ``BLOCK_H`` heads through two ``tl.dot``\\ s per 64-wide chunk (QK^T and PV, bf16 operands,
-fp32 accumulation), with an online softmax in base 2. The 512-wide row is handled as 8 chunks of 64: the 7 fp8 NoPE
-chunks (each with its own ue8m0 scale, applied exactly in bf16 because it is a power of two) and the bf16 RoPE chunk.
+program and shared by all ``BLOCK_H`` heads, with an online softmax in base 2 and fp32 accumulation. Two kernel bodies:
+
+* ``wide`` (default): the dequantized row is ONE [BLOCK_N, 512] bf16 tile (7 fp8 NoPE chunks of 64, each times its
+  ue8m0 scale, exact in bf16 because it is a power of two, + the bf16 RoPE chunk), so a tile costs two dots: a
+  512-deep QK^T and a 512-wide PV into one [BLOCK_H, 512] accumulator. Both caches share one loop (the cache, page
+  geometry and index row are scalars selected per tile), which Triton software-pipelines (cp.async prefetch of the
+  next tile). On sm_90 this compiles to long wgmma chains with no spill in the loop at 64 heads x 32 tokens.
+* ``chunked`` (the first version): 8 chunks of 64 columns, 16 dots per tile and one loop per cache; at 64 heads it
+  spills ~100 values per thread (kept for comparison: ``DecodeConfig(kernel="chunked")``).
 
 Split-K: the host picks the split count from shapes only (``SPARSEMLA_SPLIT_K`` overrides it) so the grid fills the
 SMs at small batch and is 1 when ``rows x head blocks`` already does; inside the kernel each split takes an equal
@@ -33,26 +39,31 @@ LN2 = 0.6931471805599453
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape of the main kernel: heads per program, tokens per tile, warps, pipeline stages."""
+    """Launch shape of the main kernel: heads per program, tokens per tile, warps, pipeline stages, and which kernel
+    body: ``"wide"`` (the 512-wide row as one tile, two dots per tile) or ``"chunked"`` (8 chunks of 64, 16 dots)."""
 
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
+    kernel: str = "wide"
 
 
 def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> DecodeConfig:
-    """Heads per program = all heads up to 64 (padded to a power of two >= 16); H > 64 uses 64-head blocks.
+    """Wide kernel. H <= 16: one 16-head program per row (4 warps, mma.sync: wgmma needs 64 rows per warpgroup);
+    H > 16: 64-head blocks (8 warps, wgmma; H = 17..63 padded, H > 64 in several blocks).
 
-    From the H200 sweep (``kernels/bench/decode_sweep.py``, eager timing): 64-head blocks with 8 warps; 32-token tiles
-    while the grid needs splits, 64-token tiles once ``rows x head blocks`` >= 64 (B=128, H=64: 101 vs 130 µs)."""
-    block_h = max(16, min(64, triton.next_power_of_2(num_heads)))
+    From the offline sm_90 compile (Triton 3.6 ptxas report, ``kernels/bench/decode_sweep.py`` prints the device's):
+    64 heads x 32-token tiles, 8 warps, 2 stages is the largest tile with no spill in the loop (64-token tiles spill
+    34 values at 2 stages); a 32-head block at 4 warps spills 45 values, so 17..32 heads pad to 64. ``rows`` is kept
+    for callers that key configs on the batch."""
+    del rows
     if interpret:
-        return DecodeConfig(block_h=block_h, block_n=16, num_warps=4, num_stages=1)
-    if block_h < 64:
-        return DecodeConfig(block_h=block_h, block_n=64, num_warps=4, num_stages=2)
-    busy = rows * triton.cdiv(num_heads, block_h) >= 64
-    return DecodeConfig(block_h=64, block_n=64 if busy else 32, num_warps=8, num_stages=2)
+        return DecodeConfig(block_h=max(16, min(64, triton.next_power_of_2(num_heads))), block_n=16, num_warps=4,
+                            num_stages=1)  # fmt: skip
+    if num_heads <= 16:
+        return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
+    return DecodeConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
 
 
 @functools.lru_cache(maxsize=16)
@@ -67,7 +78,9 @@ def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, num_sms: int,
     if override != "auto":
         return max(1, min(int(override), max_tiles))
     base = max(1, rows * head_blocks)
-    return max(1, min(max_tiles, num_sms // base))
+    want = max(1, min(max_tiles, num_sms // base))
+    per = -(-max_tiles // want)  # tiles per split; then drop the splits that would get no tile
+    return -(-max_tiles // per)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -276,31 +289,156 @@ def _sparse_decode_kernel(
 
 
 @triton.jit
+def _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+    """The tile's token rows dequantized to [BLOCK_N, 512]: chunks 0..6 = fp8 NoPE * 2^(ue8m0 - 127) (exact in bf16),
+    chunk 7 = bf16 RoPE. Built as [BLOCK_N, 8, 64] so the per-64 scale is a [BLOCK_N, 8] load, then flattened."""
+    o_c = tl.arange(0, 8)
+    o_d = tl.arange(0, 64)
+    m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
+    p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+    o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
+    b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, 8, 64] fp8 (chunk 7 masked off)
+    m_e = m_n[:, None] & (o_c < 7)[None, :]
+    b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, 8]
+    b_sc = tl.math.exp2(b_e - 127.0)
+    p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+    o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
+    m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
+    b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, 8, 64] bf16 (only chunk 7 loaded)
+    if DOT_F32:
+        b_k = b_k8.to(tl.float32) * b_sc[:, :, None] + b_r.to(tl.float32)
+    else:
+        b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None] + b_r
+    return tl.reshape(b_k, [BLOCK_N, 512])
+
+
+@triton.jit
+def _sparse_decode_wide_kernel(
+    q, cache, idx, length, cache_x, idx_x, length_x, sink,
+    out, lse, o_part, lse_part,
+    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_ib, stride_is, stride_xb, stride_xs,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
+    SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """Same contract and grid as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512],
+    K/V [BLOCK_N, 512], acc [BLOCK_H, 512]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16 chunk
+    dots, so the tensor cores get long wgmma chains and the accumulator is one tensor."""
+    i_r = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_sp = tl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_d = tl.arange(0, 512)
+    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs
+    b_q = tl.load(p_q + o_h.to(tl.int64)[:, None] * stride_qh + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+
+    n_main = TOPK
+    if HAS_LEN:
+        n_main = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
+    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
+    t_all = t_main
+    n_x = TOPK_X
+    if HAS_EXTRA:
+        if HAS_LEN_X:
+            n_x = tl.minimum(tl.maximum(tl.load(length_x + i_b), 0), TOPK_X)
+        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
+    per = (t_all + num_splits - 1) // num_splits
+    t_lo = i_sp * per
+    t_hi = tl.minimum(t_lo + per, t_all)
+
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
+    p_idx_x = idx_x + i_b.to(tl.int64) * stride_xb + i_s.to(tl.int64) * stride_xs
+    o_n = tl.arange(0, BLOCK_N)
+    # One loop over this split's tiles of the concatenated list (main ++ extra): the cache, its page geometry and the
+    # index row are scalars selected per tile, so both caches share one pipelined loop body.
+    for i_t in range(t_lo, t_hi):
+        in_main = i_t < t_main
+        p_cache = tl.where(in_main, cache, cache_x)
+        p_row = tl.where(in_main, p_idx + i_t * BLOCK_N, p_idx_x + (i_t - t_main) * BLOCK_N)
+        n_len = tl.where(in_main, n_main, n_x) - tl.where(in_main, i_t, i_t - t_main) * BLOCK_N
+        psz = tl.where(in_main, page_size, page_size_x)
+        pst = tl.where(in_main, page_stride, page_stride_x)
+        b_idx = tl.load(p_row + o_n, mask=o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+        m_n = b_idx >= 0
+        b_slot = tl.where(m_n, b_idx, 0)
+        b_page = (b_slot // psz).to(tl.int64)
+        b_off = (b_slot % psz).to(tl.int64)
+        o_tok = b_page * pst + b_off * 576  # byte offset of the token's 576-byte data row
+        o_rope = b_page * (pst // 2) + b_off * 288  # the same row in bf16 units (page strides are even)
+        o_scale = b_page * pst + psz * 576 + b_off * 8  # its 8 scale bytes
+        if ALIGNED:
+            o_tok = tl.multiple_of(o_tok, 16)
+            o_rope = tl.multiple_of(o_rope, 8)
+        b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, DOT_F32)  # [BLOCK_N, 512]
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
+        alpha = tl.math.exp2(m_i - m_use)
+        b_p = tl.math.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        m_i = m_new
+        if DOT_F32:
+            b_pd = b_p
+        else:
+            b_pd = b_p.to(tl.bfloat16)
+        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)
+
+    lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
+    inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    if SINGLE:
+        if HAS_SINK:
+            b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
+            inv_l = tl.where(l_i > 0.0, inv_l / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
+        p_o = out + i_r.to(tl.int64) * H * DV + o_h.to(tl.int64)[:, None] * DV + o_d[None, :]
+        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+    else:
+        p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512 + o_h.to(tl.int64)[:, None] * 512 + o_d[None, :]
+        tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_h)
+    b_o = acc * inv_l[:, None]
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_d < DV)[None, :])
+
+
+@triton.jit
 def _sparse_decode_combine_kernel(
     o_part, lse_part, sink, out, lse, H, num_splits,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
+    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
 ):  # fmt: skip
-    """LSE-merge of the splits. Grid (B * S, cdiv(H, BLOCK_H), cdiv(DV, BLOCK_D)); sink applied once here."""
+    """LSE-merge of the splits. Grid (B * S, cdiv(H, BLOCK_H), cdiv(DV, BLOCK_D)); sink applied once here.
+
+    Every split's partial is loaded in one [BLOCK_S, BLOCK_H, BLOCK_D] tile (BLOCK_S = next power of two >= the split
+    count), so the loads are all in flight at once instead of one dependent round trip per split."""
     i_r = tl.program_id(0)
     i_hb = tl.program_id(1)
     i_db = tl.program_id(2)
+    o_sp = tl.arange(0, BLOCK_S)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < H
     o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_sp = o_sp < num_splits
+    m_h = o_h < H
     m_d = o_d < DV
-    p_lse = lse_part + i_r.to(tl.int64) * num_splits * H + o_h
-    m_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for i_sp in range(num_splits):
-        m_max = tl.maximum(m_max, tl.load(p_lse + i_sp * H, mask=m_h, other=float("-inf")))
+    m_sh = m_sp[:, None] & m_h[None, :]
+    p_lse = lse_part + i_r.to(tl.int64) * num_splits * H + o_sp[:, None] * H + o_h[None, :]
+    b_lse = tl.load(p_lse, mask=m_sh, other=float("-inf"))  # [BLOCK_S, BLOCK_H] base-2 LSE per split
+    m_max = tl.max(b_lse, 0)
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
-    b_acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    b_tot = tl.zeros([BLOCK_H], dtype=tl.float32)
-    p_o = o_part + i_r.to(tl.int64) * num_splits * H * 512 + o_h[:, None].to(tl.int64) * 512 + o_d[None, :]
-    for i_sp in range(num_splits):
-        b_w = tl.math.exp2(tl.load(p_lse + i_sp * H, mask=m_h, other=float("-inf")) - m_use)  # [BLOCK_H]
-        b_o = tl.load(p_o + i_sp * H * 512, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
-        b_acc += b_w[:, None] * b_o
-        b_tot += b_w
+    b_w = tl.math.exp2(b_lse - m_use[None, :])  # [BLOCK_S, BLOCK_H]; 0 for empty splits
+    b_tot = tl.sum(b_w, 0)
+    o_sh = (i_r.to(tl.int64) * num_splits + o_sp[:, None].to(tl.int64)) * H + o_h[None, :]  # [BLOCK_S, BLOCK_H]
+    p_o = o_part + o_sh[:, :, None] * 512 + o_d[None, None, :]
+    b_o = tl.load(p_o, mask=m_sh[:, :, None] & m_d[None, None, :], other=0.0)  # [BLOCK_S, BLOCK_H, BLOCK_D]
+    b_acc = tl.sum(b_w[:, :, None] * b_o, 0)  # [BLOCK_H, BLOCK_D]
     lse2 = tl.where(b_tot > 0.0, m_use + tl.math.log2(b_tot), float("-inf"))
     b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
     if HAS_SINK:
@@ -310,6 +448,15 @@ def _sparse_decode_combine_kernel(
     tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
     if i_db == 0:
         tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+
+
+def combine_blocks(splits: int, heads: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, BLOCK_D) of the combine kernel: all splits in one tile of <= 4096 fp32 values (32 registers
+    per thread at 4 warps), heads before columns so each program stores whole 64..128-column runs."""
+    block_s = triton.next_power_of_2(max(splits, 1))
+    block_d = max(16, min(128, 4096 // block_s))
+    block_h = max(2, min(16, triton.next_power_of_2(heads), 4096 // (block_s * block_d)))
+    return block_s, block_h, block_d
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -416,7 +563,10 @@ def sparse_decode_fwd(
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
     grid = (rows, head_blocks, splits)
-    _sparse_decode_kernel[grid](
+    if cfg.kernel not in ("wide", "chunked"):
+        raise ValueError(f"unknown decode kernel {cfg.kernel!r} (wide or chunked)")
+    kernel = _sparse_decode_wide_kernel if cfg.kernel == "wide" else _sparse_decode_kernel
+    kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
@@ -432,12 +582,12 @@ def sparse_decode_fwd(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
-        block_hc = min(16, triton.next_power_of_2(heads))
-        block_d = 128
+        block_s, block_hc, block_d = combine_blocks(splits, heads)
         cgrid = (rows, triton.cdiv(heads, block_hc), triton.cdiv(head_dim_v, block_d))
         _sparse_decode_combine_kernel[cgrid](
             o_part, lse_part, attn_sink if attn_sink is not None else dummy, out, lse, heads, splits,
-            DV=head_dim_v, BLOCK_H=block_hc, BLOCK_D=block_d, HAS_SINK=attn_sink is not None, num_warps=4,
+            DV=head_dim_v, BLOCK_S=block_s, BLOCK_H=block_hc, BLOCK_D=block_d, HAS_SINK=attn_sink is not None,
+            num_warps=4,
         )  # fmt: skip
     return out.to(torch.bfloat16), lse.permute(0, 2, 1)
 
