@@ -5,8 +5,9 @@ Run it through `sparsemla loadtest` (which adds warmup exclusion, the summary an
     locust -f loadtest/locustfile.py --host http://127.0.0.1:30000 --llm-workload random:512:256 -u 64 -r 64
 
 Why not Locust's own response time: with a streamed body it stops at the response headers (and it is rounded above
-100 ms), so every latency here is timed with ``time.perf_counter()`` in the SSE loop and reported through Locust's
-request event under custom request types ``TTFT``, ``ITL``, ``TPOT`` and ``E2E`` (``response_length`` of ``E2E`` is the
+100 ms), so every latency here is timed in the SSE loop, from ``time.perf_counter()`` at send to each line's kernel
+receive time (:mod:`sparsemla.loadtest.stamped_reader`), and reported through Locust's request event under custom
+request types ``TTFT``, ``ITL``, ``TPOT`` and ``E2E`` (``response_length`` of ``E2E`` is the
 output token count; a failed request is one failed ``E2E`` whose message starts with its kind: ``[connection]``,
 ``[http_error]``, ``[timeout]`` or ``[sse]``). The exact per-request values also go to ``--llm-records`` (JSONL, see
 :mod:`sparsemla.loadtest.records`), written by the local runner or by the master from its workers' reports, and to
@@ -21,6 +22,8 @@ import logging
 import os
 import socket
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,7 @@ from sparsemla.loadtest.sse import (
     TokenStream,
     build_request,
 )
+from sparsemla.loadtest.stamped_reader import StampedLines
 from sparsemla.loadtest.workload import parse_workload, user_rng
 
 log = logging.getLogger("sparsemla.loadtest")
@@ -107,6 +111,44 @@ _SINK = _Sink()
 _TIMELINE: dict[str, Any] = {}
 
 
+class _Bookkeeping:
+    """Runs the per-request bookkeeping (Locust events, client metrics, the record line) when the gevent loop is idle.
+
+    Why: all users share one thread, so whatever a greenlet does between two reads delays the moment every other
+    greenlet can timestamp a chunk that has already arrived. Finishing a request costs ~0.3 ms (a dozen Locust events,
+    a dozen histogram observations in multiprocess mode, one JSON line); at C=64 users in lockstep that pushed the
+    last chunks' timestamps back by tens of milliseconds (measured against the fixture server's own send times).
+    Deferred to idle time, it no longer sits between a chunk's arrival and its timestamp. A backlog of more than
+    ``max_backlog`` requests (a client that never idles) is worked off without waiting, and :meth:`drain` runs
+    whatever is left before records are reported or the file is closed."""
+
+    def __init__(self, max_backlog: int = 512) -> None:
+        self.queue: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self.max_backlog = max_backlog
+        self.worker: gevent.Greenlet | None = None
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self.queue.append((fn, args))
+        if self.worker is None or self.worker.dead:
+            self.worker = gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        while self.queue:
+            if len(self.queue) <= self.max_backlog:
+                gevent.idle()
+            if self.queue:
+                fn, args = self.queue.popleft()
+                fn(*args)
+
+    def drain(self) -> None:
+        while self.queue:
+            fn, args = self.queue.popleft()
+            fn(*args)
+
+
+_BOOKKEEPING = _Bookkeeping()
+
+
 def _write_timeline(options: Any) -> None:
     path = getattr(options, "llm_timeline", "")
     if not path:
@@ -133,6 +175,7 @@ def _on_init(environment: Any, **_: Any) -> None:
 
         @events.report_to_master.add_listener
         def _report(client_id: str, data: dict[str, Any]) -> None:
+            _BOOKKEEPING.drain()
             if _SINK.buffer:
                 data["llm_records"], _SINK.buffer = _SINK.buffer, []
 
@@ -184,6 +227,7 @@ def _on_quitting(environment: Any, **_: Any) -> None:
         return
     _TIMELINE.setdefault("stop", time.time())
     _TIMELINE["quit"] = time.time()
+    _BOOKKEEPING.drain()
     _TIMELINE["records"] = _SINK.count
     _SINK.flush()
     _SINK.close()
@@ -227,7 +271,9 @@ class LLMUser(FastHttpUser):
         self.options = options
         self.workload = parse_workload(options.llm_workload, options.llm_seed)
         worker_index = getattr(environment.runner, "worker_index", 0) or 0
-        self.rng = user_rng(options.llm_seed, worker_index, next(_USER_IDS))
+        self.user_index = next(_USER_IDS)
+        self.rng = user_rng(options.llm_seed, worker_index, self.user_index)
+        self.sent = 0
         concurrency = options.llm_concurrency or str(environment.runner.target_user_count or "")
         self.labels = (options.llm_run_id, concurrency, options.llm_variant)
         self.headers = {
@@ -259,10 +305,13 @@ class LLMUser(FastHttpUser):
             temperature=options.llm_temperature,
         )
         payload = json.dumps(body).encode()
+        self.sent += 1
+        request_id = f"{os.getpid():x}-{self.user_index}-{self.sent}"
+        headers = {**self.headers, "X-Request-Id": request_id}  # lets server logs be joined with requests.jsonl
         wall = time.time()
         t0 = time.perf_counter()
         # The de-facto queue-time header (`t=<unix microseconds>`): lets a server or proxy see client-side queueing.
-        headers = {**self.headers, "X-Request-Start": f"t={int(wall * 1e6)}"}
+        headers["X-Request-Start"] = f"t={int(wall * 1e6)}"
         stream = TokenStream(options.llm_api, t0)
         failure: StreamFailure | None = None
         cut = False
@@ -271,12 +320,11 @@ class LLMUser(FastHttpUser):
         end = t0
         try:
             resp = self.client.client.urlopen(self.url + path, method="POST", payload=payload, headers=headers)
-            raw = resp._response
+            lines = StampedLines(resp._response, wall, t0)  # kernel receive times: immune to our own scheduling
             while True:
-                line = raw.readline(b"\n")
+                line, now = lines.readline()
                 if not line:
                     break
-                now = time.perf_counter()
                 stream.feed(line, now)
                 if stream.done and end == t0:
                     end = now
@@ -291,10 +339,11 @@ class LLMUser(FastHttpUser):
             timeout.cancel()
             if end == t0:
                 end = time.perf_counter()
-            self._finish(spec.prompt_tokens, wall, t0, end, stream, failure, cut)
+            _BOOKKEEPING.submit(self._finish, request_id, spec.prompt_tokens, wall, t0, end, stream, failure, cut)
 
     def _finish(
         self,
+        request_id: str,
         prompt_tokens: int,
         wall: float,
         t0: float,
@@ -304,6 +353,7 @@ class LLMUser(FastHttpUser):
         cut: bool,
     ) -> None:
         record = RequestRecord(
+            request_id=request_id,
             start=wall,
             offsets=[t - t0 for t in stream.chunk_times],
             chunk_tokens=list(stream.chunk_tokens),

@@ -4,6 +4,7 @@ Written by the Locust process (the local runner, or the master from its workers'
 :mod:`sparsemla.loadtest.summary`. Keys are short because a 60 s run at C=256 writes tens of thousands of lines:
 
 - ``s``: wall-clock send time (seconds since the epoch)
+- ``id``: the request id sent as ``X-Request-Id`` (``<pid hex>-<user>-<n>``), to join server-side logs
 - ``t``: arrival offsets (seconds after ``s``) of every chunk that carried output tokens; ``t[0]`` is the TTFT
 - ``n``: tokens per chunk, present only when some chunk carried more than one
 - ``out``: output tokens (server usage count when sent, else counted); ``in``: prompt tokens (usage, else estimate)
@@ -35,6 +36,7 @@ class RequestRecord:
     error: str | None = None
     message: str | None = None
     cut: bool = False
+    request_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -78,6 +80,8 @@ class RequestRecord:
             data["msg"] = self.message[:300]
         if self.cut:
             data["cut"] = True
+        if self.request_id:
+            data["id"] = self.request_id
         return data
 
     @classmethod
@@ -92,6 +96,7 @@ class RequestRecord:
             error=data.get("err"),
             message=data.get("msg"),
             cut=bool(data.get("cut", False)),
+            request_id=data.get("id"),
         )
 
 

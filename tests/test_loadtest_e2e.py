@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sparsemla import metric_names as mn
+from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.report import NO_DIFFERENCE, compare_runs, load_run, write_report
 from sparsemla.loadtest.runner import LoadTestConfig, run_point
 from sparsemla.loadtest.sweep import run_sweep
@@ -47,20 +49,67 @@ def _config(url: str, concurrency: int, **kw) -> LoadTestConfig:
     return LoadTestConfig(target=url, concurrency=concurrency, metrics_port=free_port(), **kw)
 
 
-def test_ttft_and_itl_within_2ms_at_c64(tmp_path: Path) -> None:
-    """C=64 on a 2-core machine: median TTFT and median/mean ITL within 2 ms of what the server injects."""
+def _server_truth(url: str) -> dict[str, dict]:
+    """Per request id: the client's send time and when the fixture handed each output chunk to the socket."""
+    with urllib.request.urlopen(f"{url}/fixture/timings", timeout=30) as resp:
+        return json.loads(resp.read())["requests"]
+
+
+def test_ttft_and_itl_within_2ms_of_the_server_at_c64(tmp_path: Path) -> None:
+    """C=64 on a 2-core machine: the client's TTFT and ITL (p50, and the ITL mean) within 2 ms of what the server did.
+
+    The server's own send times are the truth, not the injected schedule: under load the fixture's event loop runs
+    late by milliseconds (that is the server being slow, which the client must report, not a client error). Requests
+    are joined by X-Request-Id; the windows and filters are the summary's (tests below check it too)."""
     ttft, itl = 0.15, 0.08
     with fixture_server("--ttft", str(ttft), "--itl", str(itl)) as url:
         cfg = _config(url, 64, duration_s=6, warmup_s=2, workload="random:16:12", api="completions")
         s = run_point(cfg, tmp_path / "c64", "accuracy")
+        truth = _server_truth(url)
     assert s["failures"]["total"] == 0
     assert s["requests"] > 100
-    assert abs(s["ttft_s"]["p50"] - ttft) < 0.002, s["ttft_s"]
-    assert abs(s["itl_s"]["p50"] - itl) < 0.002, s["itl_s"]
-    assert abs(s["itl_s"]["mean"] - itl) < 0.002, s["itl_s"]
-    # 64 users, each request = TTFT then 11 gaps: 64 * 12 / (ttft + 11 * itl) tok/s
-    expected = 64 * 12 / (ttft + 11 * itl)
-    assert s["output_tok_per_s"] == pytest.approx(expected, rel=0.08)
+    timeline = json.loads((tmp_path / "c64" / "timeline.json").read_text())
+    start, stop = timeline["measure_start"], timeline["stop"]
+    records = [r for r in read_records(tmp_path / "c64" / "requests.jsonl") if r.error is None]
+    assert records and all(r.request_id in truth for r in records)
+
+    # TTFT: requests sent in the window whose first token came before the stop (the summary's selection).
+    ttft_pairs = [
+        (r.ttft, truth[r.request_id]["sent"][0] - truth[r.request_id]["client_sent"])
+        for r in records
+        if start <= r.start < stop and r.ttft is not None and r.start + r.ttft <= stop
+    ]
+    client_ttft, server_ttft = (np.array(x) for x in zip(*ttft_pairs, strict=True))
+    assert s["ttft_s"]["p50"] == pytest.approx(np.percentile(client_ttft, 50), abs=1e-6)  # same selection
+    # ITL: every gap closing inside the window; a request cut at the stop may miss the server's last send time.
+    itl_pairs = [
+        (r.offsets[k] - r.offsets[k - 1], sent[k] - sent[k - 1])
+        for r in records
+        for sent in [truth[r.request_id]["sent"]]
+        for k in range(1, min(len(r.offsets), len(sent)))
+        if start <= r.start + r.offsets[k] <= stop
+    ]
+    client_itl, server_itl = (np.array(x) for x in zip(*itl_pairs, strict=True))
+    summary_itl = [g for r in records for k, g in enumerate(r.itls(), 1) if start <= r.start + r.offsets[k] <= stop]
+    assert s["itl_s"]["p50"] == pytest.approx(np.percentile(summary_itl, 50), abs=1e-6)
+    assert len(itl_pairs) >= 0.99 * len(summary_itl) > 1000
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:.3f} ms"
+
+    errors = {
+        "TTFT p50": np.percentile(client_ttft, 50) - np.percentile(server_ttft, 50),
+        "ITL p50": np.percentile(client_itl, 50) - np.percentile(server_itl, 50),
+        "ITL mean": client_itl.mean() - server_itl.mean(),
+        "per-request TTFT (median |error|)": np.median(np.abs(client_ttft - server_ttft)),
+    }
+    assert all(abs(e) < 0.002 for e in errors.values()), {k: ms(v) for k, v in errors.items()}
+    # The fixture did inject what it says (never early; late by at most what a busy machine explains).
+    assert ttft - 0.0005 <= np.percentile(server_ttft, 50) < ttft + 0.05, ms(np.percentile(server_ttft, 50))
+    assert abs(server_itl.mean() - itl) < 0.01, ms(server_itl.mean())
+    # Throughput counts the tokens that arrived in the window: the server sent as many (edges: a few in flight).
+    sent_in_window = sum(1 for t in truth.values() for x in t["sent"] if start <= x < stop)
+    assert s["output_tokens"] == pytest.approx(sent_in_window, rel=0.03)
     for key in ("concurrency", "duration_s", "requests", "failures", "output_tokens", "output_tok_per_s", "req_per_s",
                 "ttft_s", "itl_s", "tpot_s", "e2e_s", "goodput", "server", "server_flags"):  # fmt: skip
         assert key in s, key

@@ -1,7 +1,11 @@
 """A tiny sglang-like SSE server with known, injected latencies: the load-test tests' measuring stick.
 
 Every streamed request gets its first output chunk ``ttft`` seconds after the request arrived and chunk ``i`` at
-``arrival + ttft + i * itl`` (an absolute schedule, so server-side timer jitter does not accumulate). Failures are
+``arrival + ttft + i * itl`` (an absolute schedule, so server-side timer jitter does not accumulate). What the server
+actually did is kept too: ``GET /fixture/timings`` lists, per request (keyed by the client's ``X-Request-Id``), the
+client's send time (``X-Request-Start``) and the wall-clock time at which each output chunk was handed to the socket,
+so tests can compare what the client measured with what the server did (under load the server's event loop is late
+by milliseconds, which is not a client measurement error). Failures are
 injected deterministically by request number: ``--fail-every N`` answers HTTP 500, ``--malformed-every N`` sends a
 non-JSON data line, ``--drop-every N`` breaks the connection mid-stream, ``--hang-every N`` never answers.
 
@@ -67,14 +71,23 @@ def make_app(cfg: FixtureConfig) -> FastAPI:
         )
         return PlainTextResponse(body)
 
+    timings: dict[str, dict] = {}
+
+    @app.get("/fixture/timings")
+    async def get_timings() -> dict:
+        return {"requests": timings}
+
     async def stream(request: Request, api: str) -> StreamingResponse | JSONResponse:
         # Schedule from the client's send time when it says so (X-Request-Start, unix microseconds), so that the
         # server's own request handling under load does not blur the injected TTFT this fixture promises.
         arrival = time.perf_counter()
         start_header = request.headers.get("x-request-start", "")
-        if start_header.startswith("t="):
-            arrival -= max(0.0, time.time() - int(start_header[2:]) / 1e6)
+        client_sent = int(start_header[2:]) / 1e6 if start_header.startswith("t=") else None
+        if client_sent is not None:
+            arrival -= max(0.0, time.time() - client_sent)
         n = next(counter)
+        sent: list[float] = []  # wall time each output chunk was handed to the transport
+        timings[request.headers.get("x-request-id") or f"n{n}"] = {"client_sent": client_sent, "sent": sent}
         body = await request.json()
         if _hit(n, cfg.fail_every):
             return JSONResponse({"error": {"message": "injected failure", "code": 500}}, status_code=500)
@@ -106,6 +119,8 @@ def make_app(cfg: FixtureConfig) -> FastAPI:
                 if i == max_tokens // 2 and _hit(n, cfg.drop_every):
                     raise RuntimeError("injected connection drop")
                 yield "data: " + json.dumps(chunk(i)) + "\n\n"
+                # Starlette awaits send() (transport.write) before asking for the next chunk: this is when it went out.
+                sent.append(time.time())
             if include_usage:
                 usage = {"prompt_tokens": 7, "completion_tokens": max_tokens, "total_tokens": 7 + max_tokens}
                 yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"

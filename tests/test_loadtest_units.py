@@ -245,7 +245,7 @@ def test_summary_windows_failures_and_throughput(tmp_path) -> None:
     for k in range(40):
         start = 1000.0 + k * 0.25
         offsets = [0.05 + 0.01 * i for i in range(20)]
-        records.append(RequestRecord(start, offsets, None, 20, 30, offsets[-1] + 0.001))
+        records.append(RequestRecord(start, offsets, None, 20, 30, offsets[-1] + 0.001, request_id=f"1a-{k % 4}-{k}"))
     records.append(RequestRecord(1005.0, [], None, 0, 30, 0.5, "http_error", "[http_error] HTTP 500"))
     records.append(RequestRecord(1006.0, [0.1], None, 1, 30, 0.3, "sse", "[sse] data is not JSON"))
     records.append(RequestRecord(1001.0, [], None, 0, 30, 0.2, "timeout", "warmup failure, not counted"))
@@ -256,6 +256,7 @@ def test_summary_windows_failures_and_throughput(tmp_path) -> None:
     path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in records) + '{"s": 1, "t": [')  # torn last line
     back = read_records(path)
     assert len(back) == len(records)
+    assert {r.request_id for r in back} == {r.request_id for r in records}  # joins server logs (X-Request-Id)
     s = summarize(back, measure_start=1002.0, stop=1010.0, concurrency=4, ttft_slo_s=0.06, tpot_slo_s=0.02)
     assert s["failures"] == {"connection": 0, "http_error": 1, "timeout": 0, "sse": 1, "total": 2}
     assert s["failures_marked"]  # 2 of ~33 > 1 %
