@@ -850,8 +850,9 @@ def _variables() -> list:
     ]
 
 
-# Grafana-API annotations posted by sparsemla.loadtest (report.post_grafana_annotations, when GRAFANA_URL is set): every
-# load-test run is a region tagged "sparsemla", "loadtest", "run:<id>", "variant:<v>"; A/B flag flips are tagged "ab".
+# Grafana-API annotations posted by sparsemla.loadtest when GRAFANA_URL is set: every load-test run is a region tagged
+# "sparsemla", "loadtest", "run:<id>", "variant:<v>" (report.post_grafana_annotations); every A/B flag flip is a region
+# tagged "sparsemla", "ab", "variant=<v>", "flag=<FLAG>" (annotations.flag_flip_body, posted by `make ab` and the demo).
 ANNOTATION_TAGS = {"Load-test runs": ["loadtest"], "Flag flips (A/B)": ["ab"]}
 
 
