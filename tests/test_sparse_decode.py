@@ -157,6 +157,7 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_num_splits(8, 1, 20, 132) == 10  # 16 wanted -> 2 tiles each -> 10 splits, none empty
     assert [sd_triton.default_config(h).block_h for h in (8, 16, 17, 63, 64, 128)] == [16, 16, 64, 64, 64, 64]
     assert sd_triton.default_config(64).kernel == "wide"
+    assert sd_triton.default_config(64, rows=1).block_n == 16 and sd_triton.default_config(64, rows=8).block_n == 64
 
 
 @pytest.mark.parametrize("splits,heads", [(2, 64), (20, 64), (132, 128), (7, 8)])
@@ -166,9 +167,21 @@ def test_combine_blocks_cover_all_splits(splits, heads):
     assert block_h >= 2 and block_d >= 16 and block_s * block_h * block_d <= 8192
 
 
-@pytest.mark.parametrize("kernel", ["wide", "chunked"])
-def test_both_kernel_bodies_match_reference(nan_empty, kernel):
+def _pad_page_stride(k_cache: torch.Tensor, pad: int) -> torch.Tensor:
+    """The same cache with ``pad`` more bytes per page (page stride no longer a multiple of 16: byte-load path)."""
+    pages, page_size = k_cache.shape[:2]
+    buf = torch.zeros(pages, k_cache.stride(0) + pad, dtype=torch.uint8)
+    buf[:, : page_size * 584] = k_cache.reshape(pages, page_size * 584)
+    return buf[:, : page_size * 584].view(pages, page_size, 1, 584)
+
+
+@pytest.mark.parametrize("kernel,pad", [("wide", 0), ("wide", 2), ("chunked", 0)])
+def test_both_kernel_bodies_match_reference(nan_empty, kernel, pad):
     kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=21)
+    if pad:
+        kw["k_cache"] = _pad_page_stride(kw["k_cache"], pad)
+        kw["extra_k_cache"] = _pad_page_stride(kw["extra_k_cache"], pad)
+        assert kw["k_cache"].stride(0) % 16 != 0
     cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, kernel=kernel)
     for splits in (1, 3):
         out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)

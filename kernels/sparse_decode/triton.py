@@ -53,17 +53,19 @@ def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> De
     """Wide kernel. H <= 16: one 16-head program per row (4 warps, mma.sync: wgmma needs 64 rows per warpgroup);
     H > 16: 64-head blocks (8 warps, wgmma; H = 17..63 padded, H > 64 in several blocks).
 
-    From the offline sm_90 compile (Triton 3.6 ptxas report, ``kernels/bench/decode_sweep.py`` prints the device's):
-    64 heads x 32-token tiles, 8 warps, 2 stages is the largest tile with no spill in the loop (64-token tiles spill
-    34 values at 2 stages); a 32-head block at 4 warps spills 45 values, so 17..32 heads pad to 64. ``rows`` is kept
-    for callers that key configs on the batch."""
-    del rows
+    Offline sm_90 compile (Triton 3.6): a 32-head block at 4 warps spills 45 values, so 17..32 heads pad to 64.
+    H200 sweep (2026-11-29, H=64, 128 + 512 indices, graph replay): a tile costs a near-fixed latency (~3.5 µs
+    + ~0.07 µs per token at one program per SM), so a busy grid (``rows x head blocks >= 8``) wants 64-token tiles
+    (B=8..128: 27 / 57 / 63 / 82 µs vs 31 / 63 / 81 / 116 with 32-token tiles) and B=1 wants 16-token tiles
+    (more, shorter splits: 17.7 vs 20.0 µs)."""
     if interpret:
         return DecodeConfig(block_h=max(16, min(64, triton.next_power_of_2(num_heads))), block_n=16, num_warps=4,
                             num_stages=1)  # fmt: skip
     if num_heads <= 16:
         return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
-    return DecodeConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
+    if rows * triton.cdiv(num_heads, 64) >= 8:
+        return DecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=1)
+    return DecodeConfig(block_h=64, block_n=16, num_warps=8, num_stages=2)
 
 
 @functools.lru_cache(maxsize=16)
@@ -289,17 +291,28 @@ def _sparse_decode_kernel(
 
 
 @triton.jit
-def _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+def _load_kv_tile(
+    p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr
+):
     """The tile's token rows dequantized to [BLOCK_N, 512]: chunks 0..6 = fp8 NoPE * 2^(ue8m0 - 127) (exact in bf16),
-    chunk 7 = bf16 RoPE. Built as [BLOCK_N, 8, 64] so the per-64 scale is a [BLOCK_N, 8] load, then flattened."""
+    chunk 7 = bf16 RoPE. Built as [BLOCK_N, 8, 64] so the per-64 scale is a [BLOCK_N, 8] tensor, then flattened.
+
+    ALIGNED: the 8 scale bytes of a token are read as ONE 8-byte word (a [BLOCK_N] int64 load, which Triton can
+    software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
     o_c = tl.arange(0, 8)
     o_d = tl.arange(0, 64)
     m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
     p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
     b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, 8, 64] fp8 (chunk 7 masked off)
-    m_e = m_n[:, None] & (o_c < 7)[None, :]
-    b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, 8]
+    if ALIGNED:
+        p_w = p_cache.to(tl.pointer_type(tl.int64), bitcast=True)
+        b_w = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
+        b_e = ((b_w[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, 8]
+        b_e = tl.where((o_c < 7)[None, :] & m_n[:, None], b_e, 127.0)
+    else:
+        m_e = m_n[:, None] & (o_c < 7)[None, :]
+        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, 8]
     b_sc = tl.math.exp2(b_e - 127.0)
     p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
     o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
@@ -310,6 +323,15 @@ def _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N: tl.constexpr, D
     else:
         b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None] + b_r
     return tl.reshape(b_k, [BLOCK_N, 512])
+
+
+@triton.jit
+def _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t, o_n, BLOCK_N: tl.constexpr):
+    """Slot ids [BLOCK_N] of tile ``i_t`` of the concatenated list (main tiles first); -1 past the valid length."""
+    in_main = i_t < t_main
+    p_row = tl.where(in_main, p_idx + i_t * BLOCK_N, p_idx_x + (i_t - t_main) * BLOCK_N)
+    n_len = tl.where(in_main, n_main - i_t * BLOCK_N, n_x - (i_t - t_main) * BLOCK_N)
+    return tl.load(p_row + o_n, mask=o_n < n_len, other=-1)
 
 
 @triton.jit
@@ -362,14 +384,15 @@ def _sparse_decode_wide_kernel(
     o_n = tl.arange(0, BLOCK_N)
     # One loop over this split's tiles of the concatenated list (main ++ extra): the cache, its page geometry and the
     # index row are scalars selected per tile, so both caches share one pipelined loop body.
+    # The slot ids of the next tile are loaded one iteration ahead (their latency hides behind this tile's math).
+    b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, o_n, BLOCK_N)
     for i_t in range(t_lo, t_hi):
         in_main = i_t < t_main
         p_cache = tl.where(in_main, cache, cache_x)
-        p_row = tl.where(in_main, p_idx + i_t * BLOCK_N, p_idx_x + (i_t - t_main) * BLOCK_N)
-        n_len = tl.where(in_main, n_main, n_x) - tl.where(in_main, i_t, i_t - t_main) * BLOCK_N
         psz = tl.where(in_main, page_size, page_size_x)
         pst = tl.where(in_main, page_stride, page_stride_x)
-        b_idx = tl.load(p_row + o_n, mask=o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+        b_idx = b_idx_next  # [BLOCK_N] slot ids of tile i_t
+        b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, o_n, BLOCK_N)
         m_n = b_idx >= 0
         b_slot = tl.where(m_n, b_idx, 0)
         b_page = (b_slot // psz).to(tl.int64)
@@ -380,7 +403,7 @@ def _sparse_decode_wide_kernel(
         if ALIGNED:
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
-        b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, DOT_F32)  # [BLOCK_N, 512]
+        b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, ALIGNED, DOT_F32)  # [BLOCK_N, 512]
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
@@ -550,7 +573,7 @@ def sparse_decode_fwd(
     sms = 132 if interpret or not q.is_cuda else _num_sms(q.device.index or 0)
     splits = choose_num_splits(rows, head_blocks, max_tiles, sms, num_splits)
     aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
-    aligned = aligned and page_stride_x % 16 == 0 and not interpret
+    aligned = aligned and page_stride_x % 16 == 0
 
     # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
     out_dtype = torch.float32 if interpret else torch.bfloat16
