@@ -233,8 +233,9 @@ def plot(a: Run, b: Run, out_dir: Path) -> list[Path]:
                 continue
             cs.append(c)
             vals.append(est.value)
-            errs[0].append(est.value - est.lo if est.has_interval else 0.0)
-            errs[1].append(est.hi - est.value if est.has_interval else 0.0)
+            # matplotlib refuses negative error bars; an interval that misses its point shows as zero on that side
+            errs[0].append(max(0.0, est.value - est.lo) if est.has_interval else 0.0)
+            errs[1].append(max(0.0, est.hi - est.value) if est.has_interval else 0.0)
         return cs, vals, errs
 
     tok = METRICS[0]

@@ -67,10 +67,19 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Estim
     return Estimate(mean, mean - half, mean + half, n, "t")
 
 
-def batch_means_interval(slices: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
-    """Mean rate over equal time slices with a t interval over the slices (the batch-means method)."""
+def batch_means_interval(
+    slices: Sequence[float], confidence: float = CONFIDENCE, value: float | None = None
+) -> Estimate:
+    """Mean rate over equal time slices with a t interval over the slices (the batch-means method).
+
+    ``value``: the run's overall rate, when the slices do not tile the window exactly (whole-second slices of a
+    fractional window); the interval's half-width comes from the slices and is centred on ``value``, so the reported
+    rate always lies inside its own interval."""
     est = t_interval(slices, confidence)
-    return Estimate(est.value, est.lo, est.hi, est.n, "batch-means")
+    if value is None or not est.has_interval:
+        return Estimate(est.value if value is None else value, est.lo, est.hi, est.n, "batch-means")
+    half = (est.hi - est.lo) / 2
+    return Estimate(value, value - half, value + half, est.n, "batch-means")
 
 
 def bootstrap_interval(

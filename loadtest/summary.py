@@ -130,7 +130,7 @@ def summarize(
         return stats.bootstrap_interval(values, stats.percentile_stat(q), seed=seed).to_json()
 
     ci95 = {
-        "output_tok_per_s": stats.batch_means_interval(batches).to_json(),
+        "output_tok_per_s": stats.batch_means_interval(batches, value=tok_per_s).to_json(),
         "ttft_p50": boot(ttfts, 50, 1),
         "ttft_p99": boot(ttfts, 99, 2),
         "itl_p50": boot(itls, 50, 3),

@@ -281,3 +281,16 @@ def test_duration_and_concurrency_parsing() -> None:
     for bad in ("", "1 x", "0"):
         with pytest.raises(ValueError):
             parse_concurrency_list(bad)
+
+
+def test_batch_means_interval_is_centred_on_the_overall_rate():
+    """Whole-second slices of a fractional window average slightly off the run's rate; the reported rate must lie
+    inside its own interval (the demo's throughput plot draws it as error bars)."""
+    from sparsemla.loadtest import stats
+
+    est = stats.batch_means_interval([100.0, 101.0, 99.5, 100.5], value=97.0)
+    assert est.value == 97.0 and est.lo < 97.0 < est.hi
+    assert est.hi - est.lo == pytest.approx(
+        stats.batch_means_interval([100.0, 101.0, 99.5, 100.5]).hi
+        - stats.batch_means_interval([100.0, 101.0, 99.5, 100.5]).lo
+    )
