@@ -15,11 +15,17 @@ RATE = "$__rate_interval"
 
 
 def flags(variant_matcher: str = 'variant=~"$variant"', offset: str = "") -> str:
-    """One series per (instance, variant) with value 1; ``max by`` collapses duplicates from multi-process export.
+    """One series per instance with value 1 and its current ``variant``; ``max by`` collapses duplicates from
+    multi-process export.
 
-    ``offset`` (e.g. ``"1m"``) shifts the selector: PromQL allows ``offset`` only on selectors, not aggregations."""
+    Only the newest info series of an instance counts (``topk by (instance) (1, timestamp(...))``): after a flag flip
+    the old series normally goes stale at the next scrape, but when Prometheus itself was down across the flip (no
+    staleness marker) the old one lingers for the 5-minute lookback and a plain join would see two variants.
+    ``offset`` (e.g. ``"1m"``) shifts the selectors: PromQL allows ``offset`` only on selectors, not aggregations."""
     shift = f" offset {offset}" if offset else ""
-    return f"max by (instance, variant) ({m.KERNEL_FLAGS_INFO}{{{INSTANCE}, {variant_matcher}}}{shift})"
+    info = f"{m.KERNEL_FLAGS_INFO}{{{INSTANCE}, {variant_matcher}}}{shift}"
+    newest = f"topk by (instance) (1, timestamp({info}))"
+    return f"max by (instance, variant) ({info} and on (instance, variant) {newest})"
 
 
 def with_variant(vector: str, variant_matcher: str = 'variant=~"$variant"') -> str:
