@@ -573,62 +573,48 @@ def loadgen_row() -> Row:
 
 
 def gpu_row() -> Row:
-    def by_gpu(agg: str, metric: str) -> str:
-        return f"{agg} by (Hostname, gpu) ({metric})"
-
     energy = (
         f"sum(rate({dcgm.DCGM_TOTAL_ENERGY}[{q.RATE}])) / 1000 / "
         f"sum(rate({q.sel('sglang:generation_tokens_total')}[{q.RATE}]))"
     )
     note = "[profile gpu] Needs dcgm-exporter (compose profile `gpu`). "
+
+    def per_gpu(title: str, agg: str, metric: str, what: str, unit: str, **kw: object) -> Panel:
+        """A DCGM panel with one series per GPU: ``agg by (Hostname, gpu) (metric)``."""
+        target = Target(f"{agg} by (Hostname, gpu) ({metric})", "{{Hostname}} GPU {{gpu}}")
+        return Panel("timeseries", title, note + f"`{metric}`: {what}", unit, [target], min=0, profile="gpu", **kw)
+
     return Row(
         "GPU (DCGM, profile gpu)",
         [
-            Panel(
-                "timeseries",
+            per_gpu(
                 "GPU utilisation",
-                note + f"`{dcgm.DCGM_GPU_UTIL}`: share of time a kernel ran, per "
-                "GPU. Coarse: a tiny kernel counts as busy.",
+                "avg",
+                dcgm.DCGM_GPU_UTIL,
+                "share of time a kernel ran, per GPU. Coarse: a tiny kernel counts as busy.",
                 "percent",
-                [Target(by_gpu("avg", dcgm.DCGM_GPU_UTIL), "{{Hostname}} GPU {{gpu}}")],
-                min=0,
                 max=100,
                 width=8,
-                profile="gpu",
             ),
-            Panel(
-                "timeseries",
+            per_gpu(
                 "Tensor pipe active",
-                note + f"`{dcgm.DCGM_TENSOR_ACTIVE}`: share of cycles the "
-                "tensor cores were busy, per GPU (what the MMA decode kernel should raise).",
+                "avg",
+                dcgm.DCGM_TENSOR_ACTIVE,
+                "share of cycles the tensor cores were busy, per GPU (what the MMA decode kernel should raise).",
                 "percentunit",
-                [Target(by_gpu("avg", dcgm.DCGM_TENSOR_ACTIVE), "{{Hostname}} GPU {{gpu}}")],
-                min=0,
                 max=1,
                 width=8,
-                profile="gpu",
             ),
-            Panel(
-                "timeseries",
+            per_gpu(
                 "Memory bandwidth (DRAM active)",
-                note + f"`{dcgm.DCGM_DRAM_ACTIVE}`: share of "
-                "cycles the HBM interface was busy, per GPU; decode is bandwidth-bound, so this tracks tok/s.",
+                "avg",
+                dcgm.DCGM_DRAM_ACTIVE,
+                "share of cycles the HBM interface was busy, per GPU; decode is bandwidth-bound, so this tracks tok/s.",
                 "percentunit",
-                [Target(by_gpu("avg", dcgm.DCGM_DRAM_ACTIVE), "{{Hostname}} GPU {{gpu}}")],
-                min=0,
                 max=1,
                 width=8,
-                profile="gpu",
             ),
-            Panel(
-                "timeseries",
-                "Power",
-                note + f"`{dcgm.DCGM_POWER_USAGE}`: board power per GPU.",
-                "watt",
-                [Target(by_gpu("sum", dcgm.DCGM_POWER_USAGE), "{{Hostname}} GPU {{gpu}}")],
-                min=0,
-                profile="gpu",
-            ),
+            per_gpu("Power", "sum", dcgm.DCGM_POWER_USAGE, "board power per GPU.", "watt"),
             Panel(
                 "timeseries",
                 "Energy per output token",
