@@ -18,7 +18,7 @@ import contextlib
 import gc
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -200,6 +200,36 @@ class ChunkTemplate:
         return b"".join((self.head, json.dumps(text).encode(), self.tail))
 
 
+async def _openai_chunks(
+    stream: AsyncIterator[tuple[str, int, bool]],
+    req: SimRequest,
+    base: dict[str, Any],
+    include_usage: bool,
+    payload: Callable[[str, bool], dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """The SSE body of a streamed OpenAI completion: one chunk per ``stream`` item, then usage (if asked), [DONE].
+
+    ``base``: the chunk's id/object/created/model; ``payload(new_text, first)``: the choice's content fields
+    (``delta`` for chat, ``text`` for completions). Chunks between the first and the last come from a template
+    encoded once (the hot path); the first and the last (finish_reason, matched_stop) are built in full."""
+    middle = ChunkTemplate({**base, "choices": [{"index": 0, **payload(_HOLE, False), "logprobs": None,
+                                                 "finish_reason": None}], "usage": None})  # fmt: skip
+    first = True
+    async for delta, _n, done in stream:
+        if not first and not done:
+            yield middle.render(delta)
+            continue
+        choice = {"index": 0, **payload(delta, first), "logprobs": None,
+                  "finish_reason": _finish_reason(req) if done else None}  # fmt: skip
+        first = False
+        if done:
+            choice["matched_stop"] = _matched(req)
+        yield _sse({**base, "choices": [choice], "usage": None})
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(req)})
+    yield b"data: [DONE]\n\n"
+
+
 def create_app(calibration: Calibration, config: SimConfig | None = None) -> FastAPI:
     """Build the app for the current flags (``flags.variant_name()`` picks the calibration state)."""
     config = config or SimConfig()
@@ -365,28 +395,13 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         created, rid, model = int(time.time()), f"chatcmpl-{req.rid}", body.model or config.model_name
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
-            async def gen() -> AsyncIterator[bytes]:
-                base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-                middle = ChunkTemplate({**base, "choices": [{"index": 0, "delta": {"content": _HOLE}, "logprobs": None,
-                                                             "finish_reason": None}], "usage": None})  # fmt: skip
-                first = True
-                async for delta, _n, done in token_stream(req):
-                    if not first and not done:
-                        yield middle.render(delta)
-                        continue
-                    content = {"role": "assistant", "content": delta} if first else {"content": delta}
-                    first = False
-                    choice = {"index": 0, "delta": content, "logprobs": None,
-                              "finish_reason": _finish_reason(req) if done else None}  # fmt: skip
-                    if done:
-                        choice["matched_stop"] = _matched(req)
-                    yield _sse({**base, "choices": [choice], "usage": None})
-                if include_usage:
-                    yield _sse({**base, "choices": [], "usage": _usage(req)})
-                yield b"data: [DONE]\n\n"
+            def delta(text: str, first: bool) -> dict[str, Any]:
+                return {"delta": {"role": "assistant", "content": text} if first else {"content": text}}
 
-            return StreamingResponse(gen(), media_type="text/event-stream")
+            chunks = _openai_chunks(token_stream(req), req, base, include_usage, delta)
+            return StreamingResponse(chunks, media_type="text/event-stream")
         await run_to_end(req, request)
         return {
             "id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -416,28 +431,13 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         prefix = prompt if body.echo and isinstance(prompt, str) else ""
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            base = {"id": rid, "object": "text_completion", "created": created, "model": model}
 
-            async def gen() -> AsyncIterator[bytes]:
-                base = {"id": rid, "object": "text_completion", "created": created, "model": model}
-                middle = ChunkTemplate({**base, "choices": [{"index": 0, "text": _HOLE, "logprobs": None,
-                                                             "finish_reason": None}], "usage": None})  # fmt: skip
-                first = True
-                async for delta, _n, done in token_stream(req):
-                    if not first and not done:
-                        yield middle.render(delta)
-                        continue
-                    text = (prefix if first else "") + delta
-                    first = False
-                    choice = {"index": 0, "text": text, "logprobs": None,
-                              "finish_reason": _finish_reason(req) if done else None}  # fmt: skip
-                    if done:
-                        choice["matched_stop"] = _matched(req)
-                    yield _sse({**base, "choices": [choice], "usage": None})
-                if include_usage:
-                    yield _sse({**base, "choices": [], "usage": _usage(req)})
-                yield b"data: [DONE]\n\n"
+            def text(new: str, first: bool) -> dict[str, Any]:
+                return {"text": (prefix if first else "") + new}  # echo: the prompt leads the first chunk
 
-            return StreamingResponse(gen(), media_type="text/event-stream")
+            chunks = _openai_chunks(token_stream(req), req, base, include_usage, text)
+            return StreamingResponse(chunks, media_type="text/event-stream")
         await run_to_end(req, request)
         return {
             "id": rid, "object": "text_completion", "created": created, "model": model,
