@@ -238,21 +238,28 @@ def plot(a: Run, b: Run, out_dir: Path) -> list[Path]:
             errs[1].append(max(0.0, est.hi - est.value) if est.has_interval else 0.0)
         return cs, vals, errs
 
+    def finish_axes(ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int, log_c: bool = True) -> None:
+        if log_c:  # concurrency points are powers of two
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        files.append(out_dir / name)
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+
     tok = METRICS[0]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for side, run, color in runs:
         cs, vals, errs = series(run, tok)
         ax.errorbar(cs, vals, yerr=errs, marker="o", capsize=3, color=color, label=f"{side}: {run.name}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency (users)")
-    ax.set_ylabel("output tok/s")
-    ax.set_title("Throughput vs concurrency (95 % CI)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(out_dir / "throughput_vs_concurrency.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    finish_axes(ax, "concurrency (users)", "output tok/s", "Throughput vs concurrency (95 % CI)", 8)
+    save(fig, "throughput_vs_concurrency.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, (p50, p99, title) in zip(
@@ -265,16 +272,8 @@ def plot(a: Run, b: Run, out_dir: Path) -> list[Path]:
                     cs, [v * 1000 for v in vals], yerr=[[e * 1000 for e in errs[0]], [e * 1000 for e in errs[1]]],
                     marker="o", linestyle=style, capsize=3, color=color, label=f"{side} {metric.label}",
                 )  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency (users)")
-        ax.set_ylabel("ms")
-        ax.set_title(f"{title} vs concurrency")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(out_dir / "latency_vs_concurrency.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+        finish_axes(ax, "concurrency (users)", "ms", f"{title} vs concurrency", 7)
+    save(fig, "latency_vs_concurrency.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for side, run, color in runs:
@@ -283,15 +282,10 @@ def plot(a: Run, b: Run, out_dir: Path) -> list[Path]:
         ax.plot(vals, per_user, marker="o", color=color, label=f"{side}: {run.name}")
         for c, x, y in zip(cs, vals, per_user, strict=True):
             ax.annotate(f"C={c}", (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
-    ax.set_xlabel("output tok/s (total)")
-    ax.set_ylabel("output tok/s per user")
-    ax.set_title("Per-user speed vs total throughput")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(out_dir / "per_user_vs_throughput.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    finish_axes(
+        ax, "output tok/s (total)", "output tok/s per user", "Per-user speed vs total throughput", 8, log_c=False
+    )
+    save(fig, "per_user_vs_throughput.png")
     return files
 
 
