@@ -341,6 +341,17 @@ class LLMUser(FastHttpUser):
                 end = time.perf_counter()
             _BOOKKEEPING.submit(self._finish, request_id, spec.prompt_tokens, wall, t0, end, stream, failure, cut)
 
+    def _fire(self, request_type: str, seconds: float, length: int = 0, exception: Exception | None = None) -> None:
+        """One Locust request event named after the API (response_time in ms, as Locust's stats expect)."""
+        self.environment.events.request.fire(
+            request_type=request_type,
+            name=self.options.llm_api,
+            response_time=seconds * 1000,
+            response_length=length,
+            exception=exception,
+            context={},
+        )
+
     def _finish(
         self,
         request_id: str,
@@ -367,44 +378,24 @@ class LLMUser(FastHttpUser):
         _SINK.write(record.to_json())
         if cut:
             return  # the test ended mid-stream: neither a success nor a failure
-        name = self.options.llm_api
-        fire = self.environment.events.request.fire
         if failure is not None:
-            fire(
-                request_type="E2E",
-                name=name,
-                response_time=record.e2e * 1000,
-                response_length=record.output_tokens,
-                exception=failure,
-                context={},
-            )
+            self._fire("E2E", record.e2e, record.output_tokens, failure)
             cm.REQUESTS.labels(*self.labels, failure.kind).inc()
             cm.OUTPUT_TOKENS.labels(*self.labels).inc(record.output_tokens)
             return
         ttft = record.ttft
         if ttft is not None:
-            fire(
-                request_type="TTFT", name=name, response_time=ttft * 1000, response_length=0, exception=None, context={}
-            )
+            self._fire("TTFT", ttft)
             cm.TTFT.labels(*self.labels).observe(ttft)
         itl_hist = cm.ITL.labels(*self.labels)
         for gap in record.itls():
-            fire(request_type="ITL", name=name, response_time=gap * 1000, response_length=0, exception=None, context={})
+            self._fire("ITL", gap)
             itl_hist.observe(gap)
         tpot = record.tpot
         if tpot is not None:
-            fire(
-                request_type="TPOT", name=name, response_time=tpot * 1000, response_length=0, exception=None, context={}
-            )
+            self._fire("TPOT", tpot)
             cm.TPOT.labels(*self.labels).observe(tpot)
-        fire(
-            request_type="E2E",
-            name=name,
-            response_time=record.e2e * 1000,
-            response_length=record.output_tokens,
-            exception=None,
-            context={},
-        )
+        self._fire("E2E", record.e2e, record.output_tokens)
         cm.E2E.labels(*self.labels).observe(record.e2e)
         cm.OUTPUT_TOKENS.labels(*self.labels).inc(record.output_tokens)
         cm.REQUESTS.labels(*self.labels, "ok").inc()
