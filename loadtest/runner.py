@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.summary import git_sha, summarize, write_json_atomic
 from sparsemla.loadtest.target import TargetInfo, probe
 from sparsemla.loadtest.workload import parse_workload
+from sparsemla.procs import stop_child
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_TTFT_SLO_S = 2.0
@@ -230,13 +230,7 @@ def run_point(
                     on_progress(phase, time.monotonic() - started, total, counter.poll())
                 time.sleep(0.5)
         except BaseException:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_child(proc, timeout=10)
             raise
     # Locust exits 1 when any request failed; failures are counted in the summary, so only other codes are errors.
     if proc.returncode not in (0, 1):

@@ -126,6 +126,21 @@ def stop(name: str, *, run_dir: Path = DEFAULT_RUN_DIR, timeout: float = 15.0) -
     return True
 
 
+def stop_child(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child this process started with ``subprocess.Popen``: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
+
+    Always reaps it; nothing happens when it has already exited. (Only the child itself: use :func:`start` and
+    :func:`stop` for process groups with PID files.)"""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def running(run_dir: Path = DEFAULT_RUN_DIR) -> dict[str, int]:
     """Names and PIDs of the processes recorded in ``run_dir`` that still run."""
     found = {}

@@ -23,7 +23,7 @@ from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.report import NO_DIFFERENCE, compare_runs, load_run, write_report
 from sparsemla.loadtest.runner import LoadTestConfig, run_point
 from sparsemla.loadtest.sweep import run_sweep
-from sparsemla.procs import free_port, wait_http
+from sparsemla.procs import free_port, stop_child, wait_http
 
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).with_name("test_loadtest_sse_server.py")
@@ -37,12 +37,7 @@ def fixture_server(*args: str) -> Iterator[str]:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=30, pid=proc.pid)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, timeout=10)
 
 
 def _config(url: str, concurrency: int, **kw) -> LoadTestConfig:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparsemla import flags
-from sparsemla.procs import free_port, wait_http
+from sparsemla.procs import free_port, stop_child, wait_http
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,7 @@ def run_sim(
                 raise RuntimeError(f"simulator did not start ({exc}):\n{sim.output()}") from None
             yield sim
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_child(proc, timeout=30)
 
 
 @dataclass(frozen=True)
