@@ -60,6 +60,29 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+def _start_until_ready(
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    run_dir: Path,
+    ready_url: str,
+    timeout: float,
+    what: str,
+    stop_on_failure: bool = False,
+) -> None:
+    """Start ``name`` in the background and wait up to ``timeout`` s for ``ready_url`` to answer 200.
+
+    When it does not, raise UsageError "``what`` did not come up" with its log's tail; ``stop_on_failure`` stops it
+    first (for starts outside `up`, whose failure path stops everything anyway)."""
+    proc = procs.start(name, argv, env=env, run_dir=run_dir)
+    try:
+        procs.wait_http(ready_url, timeout=timeout, pid=proc.pid)
+    except (TimeoutError, RuntimeError) as exc:
+        if stop_on_failure:
+            procs.stop(name, run_dir=run_dir)
+        raise UsageError(f"{what} did not come up: {exc}\n{_log_tail(proc.log)}") from None
+
+
 # -- Prometheus ------------------------------------------------------------------------------------------------------
 def _debian_service_running() -> bool:
     return Path("/run/prometheus.pid").exists() or Path("/var/run/prometheus.pid").exists()
@@ -167,12 +190,8 @@ def _start_server(state: dict[str, Any], sim_env: Mapping[str, str] | None, run_
         timeout = SGLANG_READY_TIMEOUT_S
     if procs.port_in_use(port):
         raise UsageError(f"port {port} is already in use; stop what runs there or pass another --port")
-    proc = procs.start("server", argv, env=flags.child_env(overrides), run_dir=run_dir)
-    try:
-        procs.wait_http(f"{url}/health", timeout=timeout, pid=proc.pid)
-    except (TimeoutError, RuntimeError) as exc:
-        procs.stop("server", run_dir=run_dir)
-        raise UsageError(f"the server did not come up: {exc}\n{_log_tail(proc.log)}") from None
+    env = flags.child_env(overrides)
+    _start_until_ready("server", argv, env, run_dir, f"{url}/health", timeout, "the server", stop_on_failure=True)
     return url
 
 
@@ -247,12 +266,8 @@ def _start_exporter(state: dict[str, Any], server_url: str, run_dir: Path) -> st
         "--host",
         "127.0.0.1",
     )
-    proc = procs.start("exporter", argv, env=flags.child_env(), run_dir=run_dir)
     url = f"http://127.0.0.1:{port}"
-    try:
-        procs.wait_http(f"{url}/health", timeout=60, pid=proc.pid)
-    except (TimeoutError, RuntimeError) as exc:
-        raise UsageError(f"the exporter did not come up: {exc}\n{_log_tail(proc.log)}") from None
+    _start_until_ready("exporter", argv, flags.child_env(), run_dir, f"{url}/health", 60, "the exporter")
     return url
 
 
@@ -289,12 +304,8 @@ def _start_prometheus(state: dict[str, Any], exporter: bool, run_dir: Path, requ
         f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle",
     ]
-    proc = procs.start("prometheus", argv, env=flags.child_env(), run_dir=run_dir)
     url = f"http://127.0.0.1:{port}"
-    try:
-        procs.wait_http(f"{url}/-/ready", timeout=60, pid=proc.pid)
-    except (TimeoutError, RuntimeError) as exc:
-        raise UsageError(f"prometheus did not come up: {exc}\n{_log_tail(proc.log)}") from None
+    _start_until_ready("prometheus", argv, flags.child_env(), run_dir, f"{url}/-/ready", 60, "prometheus")
     return url
 
 
