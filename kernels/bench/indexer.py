@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import typer
 
+from sparsemla.kernels.bench.report import cells_by
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_PAGE_BYTES, IDX_SCALE_OFFSET
 
 HEADS = 64
@@ -256,9 +257,7 @@ PROVIDERS = (
 
 
 def print_table(rows: list[dict], providers: list[str]) -> None:
-    cells: dict[tuple[int, int, int], dict[str, float]] = {}
-    for r in rows:
-        cells.setdefault((r["B"], r["ctx"], r["cap"]), {})[r["provider"]] = r["us"]
+    cells = cells_by(rows, ("B", "ctx", "cap"))
     short = [p.replace("sparsemla", "sm").replace("torch_", "t_") for p in providers]
     print("B ctx cap | " + " ".join(f"{s:>12}" for s in short))
     for (b, ctx, cap), vals in sorted(cells.items()):

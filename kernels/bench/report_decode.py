@@ -9,28 +9,17 @@ import json
 import sys
 from pathlib import Path
 
+from sparsemla.kernels.bench.report import cells_by, fmt_us
+
 # issue 3 targets, H=64, swa_topk 128, extra_topk 512: B -> µs
 TARGETS: dict[int, float] = {1: 10.0, 8: 12.0, 32: 20.0, 64: 25.0, 128: 40.0}
 TARGET_SHAPE = (64, 128, 512)
 COLUMNS = ("floor", "sparsemla", "sparsemla_graph", "sparsemla_chunked_graph", "flashmla", "sglang_triton", "reference")
 
 
-def _cells(rows: list[dict]) -> dict[tuple[int, int, int, int], dict[str, float]]:
-    cells: dict[tuple[int, int, int, int], dict[str, float]] = {}
-    for r in rows:
-        cells.setdefault((r["extra_topk"], r["H"], r["B"], r["swa_topk"]), {})[r["provider"]] = float(r["us"])
-    return cells
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
-
-
 def decode_section(data: dict) -> str:
     """Markdown: the target table with gaps and speed-ups, then the whole grid."""
-    cells = _cells(data["rows"])
+    cells = cells_by(data["rows"], ("extra_topk", "H", "B", "swa_topk"))
     ceil = data.get("ceilings", {})
     bw = ceil.get("copy_bytes_per_s", 0) / 1e12
     mm = ceil.get("bf16_flops_per_s", 0) / 1e12
@@ -56,9 +45,9 @@ def decode_section(data: dict) -> str:
         ours = min(v["sparsemla"], v.get("sparsemla_graph", float("inf")))  # GPU-side time: graph replay if timed
         fm, sg = v.get("flashmla"), v.get("sglang_triton")
         out.append(
-            f"| {b} | {limit:g} | {_fmt(v['sparsemla'])} | {_fmt(v.get('sparsemla_graph'))} "
-            f"| {_fmt(v.get('sparsemla_chunked_graph'))} | {_fmt(fm)} | {_fmt(sg)} "
-            f"| {_fmt(v.get('floor'))} | {'met' if ours <= limit else f'{ours / limit:.1f}x over'} | "
+            f"| {b} | {limit:g} | {fmt_us(v['sparsemla'])} | {fmt_us(v.get('sparsemla_graph'))} "
+            f"| {fmt_us(v.get('sparsemla_chunked_graph'))} | {fmt_us(fm)} | {fmt_us(sg)} "
+            f"| {fmt_us(v.get('floor'))} | {'met' if ours <= limit else f'{ours / limit:.1f}x over'} | "
             f"{'faster' if fm and ours < fm else f'{ours / fm:.1f}x slower' if fm else '-'} "
             f"| {f'{sg / ours:.0f}x' if sg else '-'} |"
         )
@@ -76,7 +65,7 @@ def decode_section(data: dict) -> str:
     out += ["", "**All measured shapes** (SWA top-k 128, sink on), µs:", ""]
     out += ["| extra top-k | H | B | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     for (x_, h_, b_, _), v in sorted(cells.items()):
-        out.append(f"| {x_} | {h_} | {b_} | " + " | ".join(_fmt(v.get(c)) for c in cols) + " |")
+        out.append(f"| {x_} | {h_} | {b_} | " + " | ".join(fmt_us(v.get(c)) for c in cols) + " |")
     errs = [c for c in data.get("checks", []) if c.get("rel_err_vs_sparsemla")]
     if errs:
         worst: dict[str, float] = {}
@@ -99,7 +88,7 @@ def _sweep_lines(sweep: dict | None) -> list[str]:
     out = ["", f"**Tile configs** ({sweep.get('note', '')}), µs:", ""]
     out += ["| B | " + " | ".join(f"`{c}`" for c in configs) + " |", "|---|" + "---|" * len(configs)]
     for b in batches:
-        out.append(f"| {b} | " + " | ".join(_fmt(cell.get((b, c))) for c in configs) + " |")
+        out.append(f"| {b} | " + " | ".join(fmt_us(cell.get((b, c))) for c in configs) + " |")
     out += [
         "",
         "Where the time goes (from the sweeps): one program per SM (255 registers x 256 threads), and a tile costs a "

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from sparsemla.kernels.bench.report import cells_by, fmt_us
+
 # (B, ctx) -> logits-only target in us; (B, ctx, "topk") for the logits + top-k target (issue 4)
 TARGETS: dict[tuple, float] = {(64, 4096): 14.0, (64, 16384): 45.0, (64, 65536): 160.0, (1, 4096): 8.0}
 TOPK_TARGETS: dict[tuple, float] = {(1, 4096): 15.0}
@@ -23,27 +25,14 @@ COLUMNS = (
 )
 
 
-def _cells(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, float]]:
-    cells: dict[tuple[int, int, int], dict[str, float]] = {}
-    for r in rows:
-        cells.setdefault((r["B"], r["ctx"], r["cap"]), {})[r["provider"]] = float(r["us"])
-    return cells
-
-
 def _median(vals: list[float]) -> float:
     vals = sorted(vals)
     return vals[len(vals) // 2]
 
 
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
-
-
 def indexer_section(data: dict) -> str:
     """Markdown: the measured table, the targets with their gaps, and the cap-independence check."""
-    cells = _cells(data["rows"])
+    cells = cells_by(data["rows"], ("B", "ctx", "cap"))
     cols = [c for c in COLUMNS if any(c in v for v in cells.values())]
     out = [
         "## Lightning indexer (DeepSeek-V4, 64 heads x 128, fp8 keys, page 64)",
@@ -57,7 +46,7 @@ def indexer_section(data: dict) -> str:
         "|---|---|---|" + "---|" * len(cols),
     ]
     for (b, ctx, cap), vals in sorted(cells.items()):
-        out.append(f"| {b} | {ctx} | {cap} | " + " | ".join(_fmt(vals.get(c)) for c in cols) + " |")
+        out.append(f"| {b} | {ctx} | {cap} | " + " | ".join(fmt_us(vals.get(c)) for c in cols) + " |")
     out += ["", "Providers: " + "; ".join(f"`{k}`: {v}" for k, v in data.get("providers", {}).items()) + ".", ""]
     out += ["**Targets** (median over caps; `sparsemla` = with Python dispatch, `graph` = CUDA-graph replay):", ""]
     out += ["| target | limit (us) | sparsemla | graph | gap (graph / limit) |", "|---|---|---|---|---|"]
@@ -67,12 +56,14 @@ def indexer_section(data: dict) -> str:
             continue
         eager = _median([v.get("sparsemla", float("nan")) for v in per_cap])
         graph = _median([v.get("sparsemla_graph", float("nan")) for v in per_cap])
-        out.append(f"| B={b} ctx={ctx} logits | {limit:.0f} | {_fmt(eager)} | {_fmt(graph)} | {graph / limit:.2f}x |")
+        out.append(
+            f"| B={b} ctx={ctx} logits | {limit:.0f} | {fmt_us(eager)} | {fmt_us(graph)} | {graph / limit:.2f}x |"
+        )
     for (b, ctx), limit in TOPK_TARGETS.items():
         per_cap = [v for (bb, cc, _), v in cells.items() if (bb, cc) == (b, ctx)]
         if per_cap:
             fused = _median([v.get("sparsemla_topk", float("nan")) for v in per_cap])
-            out.append(f"| B={b} ctx={ctx} logits + top-k | {limit:.0f} | {_fmt(fused)} | - | {fused / limit:.2f}x |")
+            out.append(f"| B={b} ctx={ctx} logits + top-k | {limit:.0f} | {fmt_us(fused)} | - | {fused / limit:.2f}x |")
     out += ["", "**Cap independence** (same B and ctx, `sparsemla_graph` at the largest cap over the smallest):", ""]
     spreads = []
     for b, ctx in sorted({(b, c) for b, c, _ in cells}):
