@@ -53,13 +53,6 @@ def _sparsemla_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparsemla.cli", *args]
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def _start_until_ready(
     name: str,
     argv: list[str],
@@ -80,7 +73,7 @@ def _start_until_ready(
     except (TimeoutError, RuntimeError) as exc:
         if stop_on_failure:
             procs.stop(name, run_dir=run_dir)
-        raise UsageError(f"{what} did not come up: {exc}\n{_log_tail(proc.log)}") from None
+        raise UsageError(f"{what} did not come up: {exc}\n{procs.log_tail(proc.log)}") from None
 
 
 # -- Prometheus ------------------------------------------------------------------------------------------------------

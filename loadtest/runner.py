@@ -28,7 +28,7 @@ from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.summary import git_sha, summarize, write_json_atomic
 from sparsemla.loadtest.target import TargetInfo, probe
 from sparsemla.loadtest.workload import parse_workload
-from sparsemla.procs import stop_child
+from sparsemla.procs import log_tail, stop_child
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_TTFT_SLO_S = 2.0
@@ -185,13 +185,6 @@ class _LineCounter:
         return self.lines
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def run_point(
     cfg: LoadTestConfig,
     out_dir: Path,
@@ -236,7 +229,7 @@ def run_point(
     if proc.returncode not in (0, 1):
         raise LoadTestError(
             f"locust exited with {proc.returncode}; see {out_dir / 'locust.stdout'}:\n"
-            + _log_tail(out_dir / "locust.stdout")
+            + log_tail(out_dir / "locust.stdout")
         )
     timeline = _read_json(out_dir / "timeline.json")
     if "measure_start" not in timeline or "stop" not in timeline:

@@ -126,6 +126,14 @@ def stop(name: str, *, run_dir: Path = DEFAULT_RUN_DIR, timeout: float = 15.0) -
     return True
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log file for an error message ("(no log)" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 def stop_child(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     """Stop a child this process started with ``subprocess.Popen``: SIGTERM, wait up to ``timeout`` s, then SIGKILL.
 
