@@ -36,8 +36,10 @@ setup: $(STAMP) ## create .venv and install everything the targets need (torch C
 test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpreter kernels, ops loop end to end)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu"
 
-test-gpu: ## GPU tests (on a CUDA machine)
-	$(PYTHON) -m pytest -m gpu
+# On a GPU machine install the package first (`pip install -e ".[test]"` or `pip install --target`); `-P` keeps the
+# repo's own sparsemla/ folder from shadowing the installed, mapped namespace.
+test-gpu: ## GPU tests (on a CUDA machine with this package installed)
+	$(PYTHON) -P -m pytest -m gpu --import-mode=importlib
 
 lint: $(STAMP) ## ruff check + format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -79,13 +81,13 @@ snapshot: $(STAMP) ## render every panel to PNG from Prometheus: make snapshot F
 	$(CLI) snapshot --from "$(FROM)" --to "$(TO)"
 
 bench-decode: ## GPU: sparse-MLA decode benchmark -> results/bench/decode-<gpu>-<date>.json
-	$(PYTHON) -m sparsemla.kernels.bench.decode
+	$(PYTHON) -P -m sparsemla.kernels.bench.decode
 
 bench-indexer: ## GPU: indexer benchmark -> results/bench/indexer-<gpu>-<date>.json
-	$(PYTHON) -m sparsemla.kernels.bench.indexer
+	$(PYTHON) -P -m sparsemla.kernels.bench.indexer
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
-	$(PYTHON) -m sparsemla.kernels.bench.step --step-hook sparsemla.deploy.step_metrics:time_forward_step
+	$(PYTHON) -P -m sparsemla.kernels.bench.step --step-hook sparsemla.deploy.step_metrics:time_forward_step
 	$(PYTHON) -m sparsemla.deploy.sim.calibrate_from_step
 
 clean: ## remove the venv and run state
