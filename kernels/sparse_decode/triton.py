@@ -181,6 +181,30 @@ def _attend_tiles(
 
 
 @triton.jit
+def _split_tiles(
+    length, length_x, i_b, i_sp, num_splits,
+    TOPK: tl.constexpr, TOPK_X: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_EXTRA: tl.constexpr,
+):  # fmt: skip
+    """Valid lengths of both candidate lists (only the leftmost `length` entries count) and this split's share
+    ``[t_lo, t_hi)`` of the concatenated tile list (main tiles first, then extra tiles from ``t_main``)."""
+    n_main = TOPK
+    if HAS_LEN:
+        n_main = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
+    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
+    t_all = t_main
+    n_x = TOPK_X
+    if HAS_EXTRA:
+        if HAS_LEN_X:
+            n_x = tl.minimum(tl.maximum(tl.load(length_x + i_b), 0), TOPK_X)
+        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
+    per = (t_all + num_splits - 1) // num_splits
+    t_lo = i_sp * per
+    t_hi = tl.minimum(t_lo + per, t_all)
+    return n_main, n_x, t_main, t_lo, t_hi
+
+
+@triton.jit
 def _store_chunk(p_o, o_h, m_h, acc, scale, C: tl.constexpr, DV: tl.constexpr):
     """Store output chunk ``C`` scaled per head: [BLOCK_H, 64] -> columns C*64.. (only those < DV)."""
     if C * 64 < DV:
@@ -224,19 +248,9 @@ def _sparse_decode_kernel(
     q7 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 7, DOT_F32)
 
     # valid lengths (only the leftmost `length` entries count) -> this split's share of the valid tiles
-    n_main = TOPK
-    if HAS_LEN:
-        n_main = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
-    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
-    t_all = t_main
-    n_x = TOPK_X
-    if HAS_EXTRA:
-        if HAS_LEN_X:
-            n_x = tl.minimum(tl.maximum(tl.load(length_x + i_b), 0), TOPK_X)
-        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
-    per = (t_all + num_splits - 1) // num_splits
-    t_lo = i_sp * per
-    t_hi = tl.minimum(t_lo + per, t_all)
+    n_main, n_x, t_main, t_lo, t_hi = _split_tiles(
+        length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N, HAS_LEN, HAS_LEN_X, HAS_EXTRA
+    )
 
     acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
@@ -362,19 +376,9 @@ def _sparse_decode_wide_kernel(
     if DOT_F32:
         b_q = b_q.to(tl.float32)
 
-    n_main = TOPK
-    if HAS_LEN:
-        n_main = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
-    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
-    t_all = t_main
-    n_x = TOPK_X
-    if HAS_EXTRA:
-        if HAS_LEN_X:
-            n_x = tl.minimum(tl.maximum(tl.load(length_x + i_b), 0), TOPK_X)
-        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
-    per = (t_all + num_splits - 1) // num_splits
-    t_lo = i_sp * per
-    t_hi = tl.minimum(t_lo + per, t_all)
+    n_main, n_x, t_main, t_lo, t_hi = _split_tiles(
+        length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N, HAS_LEN, HAS_LEN_X, HAS_EXTRA
+    )
 
     acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
