@@ -13,10 +13,7 @@ The measured window is ``[measure_start, stop]`` from the Locust timeline (warmu
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from sparsemla import artifacts
 from sparsemla.loadtest import stats
 from sparsemla.loadtest.records import RequestRecord
 from sparsemla.loadtest.sse import FAILURE_KINDS
@@ -33,15 +31,8 @@ FAILURE_MARK = 0.01  # a run with more than 1 % failed requests is marked in the
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that readers never see a half-written file (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=False, default=_json_default)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    """Write JSON so that readers never see a half-written file (numpy scalars become plain numbers)."""
+    artifacts.write_json_atomic(path, data, indent=2, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:
@@ -58,17 +49,7 @@ def _clean(value: float | None) -> float | None:
 
 def git_sha() -> str | None:
     """The checkout's commit (None outside a git checkout)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
+    return artifacts.git_sha(short=12)
 
 
 def token_slices(records: Sequence[RequestRecord], start: float, end: float, n_slices: int) -> list[float]:

@@ -28,14 +28,13 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparsemla import flags
+from sparsemla.artifacts import write_json_atomic
 from sparsemla.metric_names import KERNEL_CATEGORIES
 
 SCHEMA_VERSION = 1
@@ -393,12 +392,4 @@ def write_calibration(
     cal = Calibration(model, prefill, provenance, dict(states))
     doc = cal.to_dict()
     calibration_from_dict(doc, f"write_calibration({path})")  # refuse to write what could not be loaded
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        json.dump(doc, out, indent=1)
-        out.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
-    return target
+    return write_json_atomic(Path(path), doc, indent=1)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 import typer
 
+from sparsemla import artifacts
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_NOPE_DIM, V4_NUM_SCALES, V4_SCALE_BYTES, v4_page_bytes
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -249,13 +249,6 @@ def bench_shape(
     return rows, errs
 
 
-def _git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -327,7 +320,7 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict[str, float], rows:
     doc = {
         "op": "decode",
         "gpu": gpu,
-        "git_sha": git_sha or _git_sha(),
+        "git_sha": git_sha or artifacts.git_sha() or "unknown",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

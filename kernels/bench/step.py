@@ -27,10 +27,6 @@ deploy/sim/calibrate_from_step.py (``make bench-step`` runs both). Needs a CUDA 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +35,8 @@ from typing import Any
 import torch
 import typer
 
-from sparsemla import flags
+from sparsemla import artifacts, flags
+from sparsemla.artifacts import write_json_atomic
 from sparsemla.kernels.bench.step_model import (
     MAIN_VARIANTS,
     TINY,
@@ -165,25 +162,6 @@ def derived_tables(variant_rows: list[dict[str, Any]]) -> tuple[list[dict], dict
         marginal.setdefault(variant, {})[str(ctx)] = least_squares_slope(pts)
     rows.sort(key=lambda r: (r["provider"], r["ctx"], r["B"]))
     return rows, speedup, marginal
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Atomic write (the file is rewritten after every point, so a run cut short leaves a valid document)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        json.dump(doc, out, indent=1)
-        out.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def run_bench(
@@ -318,13 +296,13 @@ def run_bench(
                 del prepared
             doc["rows"], doc["speedup"], doc["marginal_us"] = derived_tables(doc["variant_rows"])
             doc["elapsed_s"] = elapsed()
-            write_json(out_path, doc)
+            write_json_atomic(out_path, doc, indent=1)
         del inp
         if on_gpu:
             torch.cuda.empty_cache()
     doc["rows"], doc["speedup"], doc["marginal_us"] = derived_tables(doc["variant_rows"])
     doc["elapsed_s"] = elapsed()
-    write_json(out_path, doc)
+    write_json_atomic(out_path, doc, indent=1)
     return doc
 
 
@@ -399,7 +377,7 @@ def main(
     doc = run_bench(
         shape=shape, device=device, batches=bs, contexts=ctxs, cap=cap, variants=tuple(variants.split(",")),
         out_path=out_path, trace_dir=None if tiny else trace_dir, baseline_decode=baseline, baseline_label=label,
-        hook=hook, budget_s=budget_s, sha=git_sha_ or git_sha(),
+        hook=hook, budget_s=budget_s, sha=git_sha_ or artifacts.git_sha() or "unknown",
     )  # fmt: skip
     print_summary(doc)
     print(f"wrote {out_path}")
