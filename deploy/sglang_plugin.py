@@ -177,35 +177,33 @@ class _SelfCheck:
 _self_check = _SelfCheck()
 
 
-def make_around(spec: HookSpec, original_signature: inspect.Signature | None = None) -> Callable[..., Any]:
-    """The AROUND hook for ``spec``: original when the flag is off, our op when it is on (errors propagate)."""
-    op_cache: list[Callable[..., Any]] = []
+def make_around(spec: HookSpec) -> Callable[..., Any]:
+    """The AROUND hook for ``spec``: original when the flag is off, our op when it is on (errors propagate).
+
+    A ``timer`` op is itself an AROUND hook that honours its flag, so it is registered as it is."""
+    if spec.call == "timer":
+        return _resolve(spec.op)
+    # Resolved on first use (importing the kernels pulls Triton), then reused: the hook sits on the decode path.
+    cache: dict[str, Any] = {}
 
     def op() -> Callable[..., Any]:
-        if not op_cache:
-            op_cache.append(_resolve(spec.op))
-        return op_cache[0]
+        if "op" not in cache:
+            cache["op"] = _resolve(spec.op)
+        return cache["op"]
 
-    if spec.call == "timer":
-
-        def around_timer(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            if not spec.flag.get():
-                return original(*args, **kwargs)
-            return op()(original, *args, **kwargs)
-
-        return around_timer
+    def signature_of(original: Callable[..., Any]) -> inspect.Signature | None:
+        if "signature" not in cache:
+            try:
+                cache["signature"] = inspect.signature(original)
+            except (TypeError, ValueError):  # compiled functions
+                cache["signature"] = None
+        return cache["signature"]
 
     def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not kernel_enabled(spec):
             return original(*args, **kwargs)
-        signature = original_signature
-        if signature is None:
-            try:
-                signature = inspect.signature(original)
-            except (TypeError, ValueError):  # compiled functions
-                signature = None
         if spec.call == "kwargs":
-            call_kwargs = _flatten_kwargs(signature, args, kwargs)
+            call_kwargs = _flatten_kwargs(signature_of(original), args, kwargs)
             _self_check.maybe_run(spec, getattr(call_kwargs.get("q"), "device", None))
             return op()(**call_kwargs)
         if args:
