@@ -114,6 +114,89 @@ def test_fused_logits_topk(tri):
     assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
 
 
+def _hard_rows(lengths: list[int], cols: int, k: int, seed: int) -> torch.Tensor:
+    """Rows that stress the threshold search, cycled over the rows: heavy ties, negatives, +-0.0, +-inf, one value
+    everywhere, exactly k copies of the largest value (the first radix pass settles it), plain random ones."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for r in range(len(lengths)):
+        kind = r % 6
+        if kind == 0:
+            x = torch.round(torch.randn(cols, generator=g) * 3) / 3  # a few dozen distinct values
+        elif kind == 1:
+            x = torch.randn(cols, generator=g) - 2.0
+            x[torch.rand(cols, generator=g) < 0.3] = 0.0
+            x[torch.rand(cols, generator=g) < 0.3] = -0.0
+        elif kind == 2:
+            x = torch.randn(cols, generator=g)
+            x[torch.randint(0, cols, (40,), generator=g)] = float("inf")
+            x[torch.randint(0, cols, (40,), generator=g)] = float("-inf")
+        elif kind == 3:
+            x = torch.full((cols,), -1.5)
+        elif kind == 4:
+            x = torch.exp2(torch.randint(-20, 20, (cols,), generator=g).float())
+            n = max(lengths[r], 1)
+            x[torch.randperm(n, generator=g)[:k]] = 2.0**30
+        else:
+            x = torch.randn(cols, generator=g) * 1e3
+        rows.append(x)
+    return torch.stack(rows)
+
+
+def test_topk_paths_from_shapes_only(tri):
+    """Tile sizes depend on k and the row capacity only; a tile never exceeds the capacity's power of two, stays above
+    k, and rows past the larger tile stream."""
+    tiles = (4096, 16384)
+    assert tri._topk_paths(512, 65536, tiles) == (4096, 16384, True)
+    assert tri._topk_paths(512, 16384, tiles) == (4096, 16384, False)
+    assert tri._topk_paths(512, 3000, tiles) == (4096, 4096, False)
+    assert tri._topk_paths(512, 600, tiles) == (1024, 1024, False)
+    assert tri._topk_paths(2048, 1000, tiles) == (4096, 4096, False)
+    assert tri._topk_paths(2048, 10000, tiles) == (4096, 16384, False)
+    assert tri._topk_paths(512, 5000, (1024, 2048)) == (1024, 2048, True)
+
+
+def test_topk_every_path_at_tile_edges(tri):
+    """Small register tiles (1024, 2048) so one call walks every path: length <= k, the small tile, the large tile
+    and streaming, at k, k + 1 and each tile's edges, on rows built to break the radix search."""
+    k = 512
+    lengths = [0, 1, k - 1, k, k + 1, 1023, 1024, 1025, 2047, 2048, 2049, 2600]
+    logits = _hard_rows(lengths, 2600, k, seed=23)  # rows settle after 1, 2, 3 and 4 radix passes
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32)
+    tri.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 2048))
+    assert torch.equal(out, indexer_topk_reference(logits, lens, k))
+
+
+def test_topk_register_path_k1024_slots(tri):
+    """k = 1024 through both register tiles with the page-table transform (int64 lengths, strided logits rows)."""
+    k = 1024
+    g = torch.Generator().manual_seed(8)
+    base = _hard_rows([0] * 3, 5000, k, seed=9)
+    logits = base[:, :4500]  # row stride 5000 > cols
+    lengths = torch.tensor([2100, 4096, 4500], dtype=torch.int64)
+    table = torch.randperm(400, generator=g)[: 3 * 71].view(3, 71).to(torch.int32)
+    pos = torch.empty(3, k, dtype=torch.int32)
+    slots = torch.full((3, k), -7, dtype=torch.int32)
+    tri.indexer_topk_fwd(logits, lengths, k, out=pos, page_table=table, out_slots=slots, row_tiles=(2048, 4096))
+    ref = indexer_topk_reference(logits, lengths, k)
+    assert torch.equal(pos, ref)
+    p = ref.clamp(min=0).long()
+    assert torch.equal(slots.long(), torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
+
+
+def test_fused_topk_every_path(tri):
+    """Fused launch with small tiles (1024, 2048), next_n = 2: rows in the small tile, the large tile and streaming,
+    row lengths straddling a tile edge within one request; one row of all-equal logits (a zero query)."""
+    q, kv, w, seq_lens, pt = _inputs([1025, 2049, 700], 2, max_pages=40, seed=13, heads=16)
+    q[2, 0] = torch.zeros(16, 128).to(q.dtype)  # row 4: every logit is 0.0, the top-k is the first 512 positions
+    cap = pt.shape[1] * 64
+    out = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, row_tiles=(1024, 2048))
+    logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
+    assert torch.equal(out, indexer_topk_reference(logits, row_lengths(seq_lens, 3, 2, cap), 512))
+    assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
+
+
 def test_dispatch(monkeypatch):
     """Plain CPU -> reference; TRITON_INTERPRET -> Triton; SPARSEMLA_FORCE_REFERENCE wins."""
     t = torch.zeros(1)

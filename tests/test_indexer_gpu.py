@@ -83,6 +83,62 @@ def test_topk_exact(k):
     assert torch.equal(out.cpu(), ref)
 
 
+def _tied_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """fp32 rows with heavy ties, negatives, +-0.0 and +-inf (even rows), plain random ones (odd rows)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g)
+    x[::2] = torch.round(x[::2] * 8) / 8
+    x[::2][torch.rand(x[::2].shape, generator=g) < 0.1] = -0.0
+    x[::4][torch.rand(x[::4].shape, generator=g) < 0.001] = float("inf")
+    x[::4][torch.rand(x[::4].shape, generator=g) < 0.001] = float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+@pytest.mark.parametrize("slots", [False, True])
+def test_topk_register_tiles(k, slots):
+    """Rows of 4k, 8k and 16k (the in-register tiles and their edges) and longer (streaming) in one call, with the
+    page-table transform too; exact positions and order against the reference."""
+    small, big = tri.TOPK_ROW_TILES
+    lengths = [k + 1, small - 1, small, small + 1, 8192, big - 1, big, big + 1, 3 * big]
+    cols = 3 * big
+    logits = _tied_rows(len(lengths), cols, seed=k + slots)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    ref = indexer_topk_reference(logits, lens, k)
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
+    if not slots:
+        tri.indexer_topk_fwd(logits.to(DEV), lens.to(DEV), k, out=out)
+        assert torch.equal(out.cpu(), ref)
+        return
+    g = torch.Generator().manual_seed(k)
+    table = torch.randperm(len(lengths) * cols // 64, generator=g).view(len(lengths), -1).to(torch.int32)
+    pos_slots = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
+    tri.indexer_topk_fwd(
+        logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=pos_slots
+    )
+    assert torch.equal(out.cpu(), ref)
+    p = ref.clamp(min=0).long()
+    expect = torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
+    assert torch.equal(pos_slots.cpu().long(), expect)
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_fused_register_tiles(k, next_n):
+    """The fused tail on decode-sized rows (4k, 8k, 16k and a streamed 20k) in a 64k-wide page table, and on a row of
+    all-equal logits (zero query): exactly top-k of the unfused logits."""
+    fused_small, fused_big = tri.FUSED_ROW_TILES
+    seq = [fused_small, fused_small + 1, 8192, fused_big, fused_big + 1, 20000, 3000]
+    q, kv, w, seq_lens, pt = _inputs(seq, next_n, 1024, seed=k + next_n)
+    q[-1, 0] = torch.zeros(q.shape[2:], device=DEV).to(q.dtype)  # that row's logits are all 0.0: its first k win
+    cap = pt.shape[1] * 64
+    out = torch.full((len(seq) * next_n, k), -7, dtype=torch.int32, device=DEV)
+    tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out)
+    logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
+    ref = indexer_topk_reference(logits.cpu(), row_lengths(seq_lens, len(seq), next_n, cap).cpu(), k)
+    assert torch.equal(out.cpu(), ref)
+
+
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_fused_equals_unfused_and_is_graph_safe(next_n):
     """The fused launch gives exactly top-k(logits); replays of a captured graph follow new lengths."""

@@ -12,10 +12,16 @@ The logits grid is ``(B, num_splits)`` with ``num_splits`` chosen from ``B`` and
 page-table entry, key or scale past ``L_b`` is ever read. All ``next_n`` query rows of a request share each key load
 (one ``[next_n * H, 128] x [128, BLOCK_N]`` dot).
 
-Top-k (exact, deterministic): one program per row finds the k-th largest key with four 8-bit radix passes
-(``tl.histogram``; a compare-count 4-bit variant measured 2-3x slower on the H200) over an order-preserving int32
-image of the fp32 logits, compacts the winners (ties at the threshold go to the smaller positions), then sorts the k
-winners by (value desc, position asc) with one bitonic sort of a packed int64.
+Top-k (exact, deterministic): one program per row finds the k-th largest key by 8-bit radix passes (``tl.histogram``;
+a compare-count 4-bit variant measured 2-3x slower on the H200) over an order-preserving int32 image of the fp32
+logits, compacts the winners (ties at the threshold go to the smaller positions), then sorts the k winners by (value
+desc, position asc) with one bitonic sort of a packed int64. Each row takes one of three paths, chosen on the device
+from its length: ``length <= k`` needs no selection; a row that fits a register tile (``TOPK_ROW_TILES`` /
+``FUSED_ROW_TILES``: a small and a large tile, so a short row does not pay for the large one) is loaded once, its keys
+stay in registers for every radix pass and the compaction scan, and the search stops after the first pass whose
+threshold bin holds exactly the keys still needed (at most four passes); a longer row streams from memory once per
+pass (four passes plus the compaction). The tile sizes come from ``k`` and the row capacity only, so a captured CUDA
+graph replays for any lengths.
 
 Fused decode path: the logits kernel writes the request's logits into a reused, grow-only workspace (not the
 ``[rows, max_seq_len]`` output), counts finished programs per request with an acq_rel atomic, and the last program of
@@ -36,6 +42,12 @@ SCALE_OFFSET = tl.constexpr(PAGE * DIM)  # bytes: the page's fp32 scale plane st
 
 DOT_FP8, DOT_BF16, DOT_FP32 = 0, 1, 2
 TOPK_SIZES = (512, 1024, 2048)
+# Register tiles (elements) of the top-k's in-register path, (small, max), per kernel: rows up to max are loaded once
+# and selected in registers, longer rows stream. Sized so the kernels compile without spills for sm_90 (see
+# _topk_paths; the fused tail runs at the logits kernel's 8 warps, the top-k kernel at TOPK_WARPS).
+TOPK_ROW_TILES = (4096, 16384)
+FUSED_ROW_TILES = (4096, 16384)
+TOPK_WARPS = 8
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -50,6 +62,117 @@ def _order_key(v):
 
 
 @triton.jit
+def _load_row(ptr, mask, FROM_L2: tl.constexpr):
+    """fp32 loads; ``FROM_L2`` reads through L2 (.cg) because other CTAs of this launch wrote the data."""
+    if FROM_L2:
+        v = tl.load(ptr, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        v = tl.load(ptr, mask=mask, other=0.0)
+    return v
+
+
+@triton.jit
+def _bin_combine(n_a, ge_a, below_a, n_b, ge_b, below_b):
+    return n_a + n_b, tl.minimum(ge_a, ge_b), tl.maximum(below_a, below_b)
+
+
+@triton.jit
+def _pick_bin(hist, k_rem, BIG: tl.constexpr):
+    """Radix step over a 256-bin histogram: the bin ``d`` holding the ``k_rem``-th largest key, the number of keys in
+    bins above it, and the number in it (one fused reduction after the suffix scan)."""
+    ge = tl.cumsum(hist, axis=0, reverse=True)  # [256] keys at or above each bin
+    sel = ge >= k_rem  # bins [0, d]
+    n_sel, ge_d, above = tl.reduce((sel.to(tl.int32), tl.where(sel, ge, BIG), tl.where(sel, 0, ge)), 0, _bin_combine)
+    return n_sel - 1, above, ge_d - above
+
+
+@triton.jit
+def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr):
+    """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
+    ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
+    held in registers, and a pass that leaves exactly the keys still needed in the threshold bin ends the search."""
+    o_r = tl.arange(0, ROW)
+    valid = o_r < length
+    key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
+    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
+    prefix = length * 0  # the threshold key, 8 bits at a time from the top
+    k_rem = length * 0 + K  # keys still to take from the bin that matches ``prefix``
+    low = length * 0 + 32  # low bits of the threshold not determined yet
+    more = length * 0 + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
+    for p in tl.static_range(4):
+        if more != 0:
+            if p == 0:
+                m = valid
+                digit = ((key >> 24) + 128) & 255
+            else:
+                m = valid & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                digit = (key >> (24 - 8 * p)) & 255
+            d, above, in_bin = _pick_bin(tl.histogram(digit, 256, mask=m), k_rem, ROW + 1)
+            k_rem -= above
+            if p == 0:
+                prefix = (d - 128) << 24
+            else:
+                prefix = prefix | (d << (24 - 8 * p))
+            low = length * 0 + (24 - 8 * p)
+            more = (in_bin != k_rem).to(tl.int32)
+    # keys above the prefix all win; k_rem of the keys equal to it win, smallest positions first
+    hi = key >> low
+    gt = valid & (hi > (prefix >> low))
+    eq = valid & (hi == (prefix >> low))
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (ROW <= 32768)
+    before = tl.cumsum(both, axis=0) - both
+    eq_before = before >> 16
+    take = gt | (eq & (eq_before < k_rem))
+    slot = (before & 0xFFFF) + tl.minimum(eq_before, k_rem)
+    tl.store(idx_out_ptr + slot, o_r, mask=take)
+
+
+@triton.jit
+def _select_streaming(src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr):
+    """Same contract as :func:`_select_in_registers` for rows of any length: four 8-bit radix passes and a compaction
+    pass, each streaming the row in ``BLOCK`` pieces."""
+    o_b = tl.arange(0, BLOCK)
+    o_bin = tl.arange(0, 256)
+    prefix = length * 0  # int32 scalar: the threshold key, built 8 bits at a time from the top
+    k_rem = length * 0 + K
+    for p in tl.static_range(4):
+        hist = tl.zeros([256], dtype=tl.int32)
+        for start in range(0, length, BLOCK):
+            offs = start + o_b
+            m = offs < length
+            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
+            if p == 0:
+                digit = ((key >> 24) + 128) & 255
+            else:
+                m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                digit = (key >> (24 - 8 * p)) & 255
+            hist += tl.histogram(digit, 256, mask=m)
+        # bins with at least k_rem keys at or above them form [0, d]; d is the k-th key's digit
+        ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [256]
+        d = tl.sum((ge >= k_rem).to(tl.int32), axis=0) - 1
+        k_rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
+        if p == 0:
+            prefix = (d - 128) << 24
+        else:
+            prefix = prefix | (d << (24 - 8 * p))
+    # keys > prefix all win; k_rem of the keys == prefix win, smallest positions first
+    n_sel = length * 0
+    n_eq = length * 0
+    for start in range(0, length, BLOCK):
+        offs = start + o_b
+        m = offs < length
+        key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
+        gt = (m & (key > prefix)).to(tl.int32)
+        eq = (m & (key == prefix)).to(tl.int32)
+        eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
+        take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
+        slot = n_sel + tl.cumsum(take, axis=0) - take
+        tl.store(idx_out_ptr + slot, offs, mask=take != 0)
+        n_sel += tl.sum(take, axis=0)
+        n_eq += tl.sum(eq, axis=0)
+
+
+@triton.jit
 def _topk_row(
     src_ptr,
     length,
@@ -58,6 +181,9 @@ def _topk_row(
     pt_row_ptr,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROW_SMALL: tl.constexpr,
+    ROW_MAX: tl.constexpr,
+    STREAM: tl.constexpr,
     WRITE_SLOTS: tl.constexpr,
     WRITE_IDX: tl.constexpr,
     PAGE_BITS: tl.constexpr,
@@ -65,67 +191,28 @@ def _topk_row(
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous) by (value desc, position asc), -1 padded.
 
-    ``idx_out_ptr`` [K] int32 receives positions (it is also the compaction scratch, so it is always written);
-    with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``."""
+    The selection path is chosen per row on the device: ``length <= K`` needs none, ``length <= ROW_SMALL`` and
+    ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
+    longer rows stream (compiled only with ``STREAM``). ``idx_out_ptr`` [K] int32 receives positions (it is also the
+    selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
+    ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``."""
     o_k = tl.arange(0, K)
     if length > K:
-        o_b = tl.arange(0, BLOCK)
-        o_bin = tl.arange(0, 256)
-        prefix = length * 0  # int32 scalar: the threshold key, built 8 bits at a time from the top
-        k_rem = length * 0 + K
-        for p in tl.static_range(4):
-            hist = tl.zeros([256], dtype=tl.int32)
-            for start in range(0, length, BLOCK):
-                offs = start + o_b
-                m = offs < length
-                if FROM_L2:
-                    v = tl.load(src_ptr + offs, mask=m, other=0.0, cache_modifier=".cg")  # [BLOCK]
-                else:
-                    v = tl.load(src_ptr + offs, mask=m, other=0.0)  # [BLOCK]
-                key = _order_key(v)
-                if p == 0:
-                    digit = ((key >> 24) + 128) & 255
-                else:
-                    m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                    digit = (key >> (24 - 8 * p)) & 255
-                hist += tl.histogram(digit, 256, mask=m)
-            # bins with at least k_rem keys at or above them form [0, d]; d is the k-th key's digit
-            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [256]
-            d = tl.sum((ge >= k_rem).to(tl.int32), axis=0) - 1
-            k_rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
-            if p == 0:
-                prefix = (d - 128) << 24
-            else:
-                prefix = prefix | (d << (24 - 8 * p))
-        # keys > prefix all win; k_rem of the keys == prefix win, smallest positions first
-        n_sel = length * 0
-        n_eq = length * 0
-        for start in range(0, length, BLOCK):
-            offs = start + o_b
-            m = offs < length
-            if FROM_L2:
-                v = tl.load(src_ptr + offs, mask=m, other=0.0, cache_modifier=".cg")  # [BLOCK]
-            else:
-                v = tl.load(src_ptr + offs, mask=m, other=0.0)  # [BLOCK]
-            key = _order_key(v)
-            gt = (m & (key > prefix)).to(tl.int32)
-            eq = (m & (key == prefix)).to(tl.int32)
-            eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
-            take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
-            slot = n_sel + tl.cumsum(take, axis=0) - take
-            tl.store(idx_out_ptr + slot, offs, mask=take != 0)
-            n_sel += tl.sum(take, axis=0)
-            n_eq += tl.sum(eq, axis=0)
+        if length <= ROW_SMALL:
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2)
+        if ROW_MAX > ROW_SMALL:
+            if (length > ROW_SMALL) & (length <= ROW_MAX):
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2)
+        if STREAM:
+            if length > ROW_MAX:
+                _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
         tl.debug_barrier()
         pos = tl.load(idx_out_ptr + o_k)  # [K] the K winners, in position order
         valid = o_k < K
     else:
         pos = o_k
         valid = o_k < length
-    if FROM_L2:
-        v = tl.load(src_ptr + pos, mask=valid, other=0.0, cache_modifier=".cg")  # [K]
-    else:
-        v = tl.load(src_ptr + pos, mask=valid, other=0.0)  # [K]
+    v = _load_row(src_ptr + pos, valid, FROM_L2)  # [K]
     key = tl.where(valid, _order_key(v), -2147483647 - 1)
     packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - pos).to(tl.int64)
     packed = tl.sort(packed, descending=True)
@@ -175,6 +262,9 @@ def _indexer_logits_kernel(
     FUSE_TOPK: tl.constexpr,
     K: tl.constexpr,
     TOPK_BLOCK: tl.constexpr,
+    TOPK_ROW_SMALL: tl.constexpr,
+    TOPK_ROW_MAX: tl.constexpr,
+    TOPK_STREAM: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -256,6 +346,9 @@ def _indexer_logits_kernel(
                     pt_ptr,
                     K,
                     TOPK_BLOCK,
+                    TOPK_ROW_SMALL,
+                    TOPK_ROW_MAX,
+                    TOPK_STREAM,
                     False,
                     True,
                     6,
@@ -278,6 +371,9 @@ def _indexer_topk_kernel(
     n_cols,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROW_SMALL: tl.constexpr,
+    ROW_MAX: tl.constexpr,
+    STREAM: tl.constexpr,
     WRITE_SLOTS: tl.constexpr,
     PAGE_BITS: tl.constexpr,
 ):
@@ -292,6 +388,9 @@ def _indexer_topk_kernel(
         pt_ptr + i_r * stride_pt,
         K,
         BLOCK,
+        ROW_SMALL,
+        ROW_MAX,
+        STREAM,
         WRITE_SLOTS,
         True,
         PAGE_BITS,
@@ -385,6 +484,7 @@ def _launch_logits(
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    row_tiles: tuple[int, int] | None = None,
 ) -> None:
     batch, next_n, heads, _ = q_fp8.shape
     lens, per_row = _lens_2d(seq_lens, batch, next_n)
@@ -405,6 +505,10 @@ def _launch_logits(
     q_u8 = q_fp8.view(torch.uint8)
     kv_u8 = kv_cache_fp8.view(torch.uint8)
     dummy = out if idx_out is None else idx_out
+    if fuse_topk:
+        row_small, row_max, stream = _topk_paths(k, max_seq_len, row_tiles or FUSED_ROW_TILES)
+    else:  # fixed constexprs: the logits-only kernel compiles once for every max_seq_len
+        row_small, row_max, stream = 2 * k, 2 * k, False
     _indexer_logits_kernel[(batch, num_splits)](
         q_u8,
         kv_u8,
@@ -435,6 +539,9 @@ def _launch_logits(
         FUSE_TOPK=fuse_topk,
         K=k,
         TOPK_BLOCK=_topk_block(k),
+        TOPK_ROW_SMALL=row_small,
+        TOPK_ROW_MAX=row_max,
+        TOPK_STREAM=stream,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -466,8 +573,18 @@ def indexer_logits_fwd(
 
 
 def _topk_block(k: int) -> int:
-    """Row elements per radix-pass iteration."""
+    """Row elements per radix-pass iteration of the streaming path."""
     return 2048 if k >= 2048 else 1024
+
+
+def _topk_paths(k: int, n_cols: int, tiles: tuple[int, int]) -> tuple[int, int, bool]:
+    """Register-tile sizes ``(ROW_SMALL, ROW_MAX)`` and whether the streaming path is compiled, from shapes only (so a
+    captured CUDA graph replays for any lengths). Tiles never exceed the row capacity's power of two and stay above
+    ``k`` (shorter rows need no selection); rows longer than ``ROW_MAX`` stream."""
+    cap = triton.next_power_of_2(max(n_cols, 1))
+    small = max(min(tiles[0], cap), 2 * k)
+    big = max(min(tiles[1], cap), small)
+    return small, big, n_cols > big
 
 
 def _check_k(k: int) -> None:
@@ -484,11 +601,13 @@ def indexer_topk_fwd(
     page_table: torch.Tensor | None = None,
     page_size: int = PAGE,
     out_slots: torch.Tensor | None = None,
+    row_tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]`` (value desc, position asc), -1 padded.
 
     With ``page_table`` [rows, max_pages] int32 also writes ``out_slots`` [rows, k] with
-    ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions."""
+    ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
+    ``row_tiles`` overrides :data:`TOPK_ROW_TILES` (tests use small tiles to reach every path)."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -514,6 +633,7 @@ def indexer_topk_fwd(
         return out
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
+    row_small, row_max, stream = _topk_paths(k, logits.shape[1], row_tiles or TOPK_ROW_TILES)
     _indexer_topk_kernel[(rows,)](
         logits,
         lengths,
@@ -527,9 +647,12 @@ def indexer_topk_fwd(
         logits.shape[1],
         K=k,
         BLOCK=_topk_block(k),
+        ROW_SMALL=row_small,
+        ROW_MAX=row_max,
+        STREAM=stream,
         WRITE_SLOTS=write_slots,
         PAGE_BITS=max(page_size.bit_length() - 1, 0),
-        num_warps=8,
+        num_warps=TOPK_WARPS,
     )
     return out
 
@@ -572,10 +695,11 @@ def indexer_logits_topk_fwd(
     max_seq_len: int | None = None,
     *,
     out: torch.Tensor | None = None,
-    **tuning: int,
+    **tuning: int | tuple[int, int],
 ) -> torch.Tensor:
     """Fused decode path: top-``k`` positions ``[B * next_n, k]`` int32 of the indexer logits (value desc, position
-    asc, -1 padded), in one launch; the logits live only in a reused workspace."""
+    asc, -1 padded), in one launch; the logits live only in a reused workspace. ``tuning`` goes to the logits launch
+    (``row_tiles`` overrides :data:`FUSED_ROW_TILES`)."""
     _check_k(k)
     batch, next_n, _ = _check_logits_inputs(q_fp8, kv_cache_fp8, weights, seq_lens, page_table)
     if max_seq_len is None:
