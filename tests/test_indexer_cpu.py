@@ -144,8 +144,8 @@ def _hard_rows(lengths: list[int], cols: int, k: int, seed: int) -> torch.Tensor
 
 
 def test_topk_paths_from_shapes_only(tri):
-    """Tile sizes depend on k and the row capacity only; a tile never exceeds the capacity's power of two, stays above
-    k, and rows past the larger tile stream."""
+    """Tile sizes depend on k, the row capacity and the row count only; a tile never exceeds the capacity's power of
+    two, stays above k, rows past the larger tile stream, and more rows than SMs drop the large tile."""
     tiles = (4096, 16384)
     assert tri._topk_paths(512, 65536, tiles) == (4096, 16384, True)
     assert tri._topk_paths(512, 16384, tiles) == (4096, 16384, False)
@@ -154,6 +154,9 @@ def test_topk_paths_from_shapes_only(tri):
     assert tri._topk_paths(2048, 1000, tiles) == (4096, 4096, False)
     assert tri._topk_paths(2048, 10000, tiles) == (4096, 16384, False)
     assert tri._topk_paths(512, 5000, (1024, 2048)) == (1024, 2048, True)
+    sms = tri._num_sms(torch.device("cpu"))
+    assert tri._topk_row_tiles(sms, torch.device("cpu")) == tri.TOPK_ROW_TILES
+    assert tri._topk_row_tiles(sms + 1, torch.device("cpu")) == (tri.TOPK_ROW_TILES[0],) * 2
 
 
 def test_topk_every_path_at_tile_edges(tri):

@@ -44,7 +44,9 @@ DOT_FP8, DOT_BF16, DOT_FP32 = 0, 1, 2
 TOPK_SIZES = (512, 1024, 2048)
 # Register tiles (elements) of the top-k's in-register path, (small, max), per kernel: rows up to max are loaded once
 # and selected in registers, longer rows stream. Sized so the kernels compile without spills for sm_90 (see
-# _topk_paths; the fused tail runs at the logits kernel's 8 warps, the top-k kernel at TOPK_WARPS).
+# _topk_paths; the fused tail runs at the logits kernel's 8 warps, the top-k kernel at TOPK_WARPS). The large tile
+# takes ~250 registers a thread (one resident program per SM), so the top-k kernel keeps it only for a single wave of
+# rows (see _topk_row_tiles); the fused kernel's logits part already holds one program per SM.
 TOPK_ROW_TILES = (4096, 16384)
 FUSED_ROW_TILES = (4096, 16384)
 TOPK_WARPS = 8
@@ -577,6 +579,14 @@ def _topk_block(k: int) -> int:
     return 2048 if k >= 2048 else 1024
 
 
+def _topk_row_tiles(rows: int, device: torch.device) -> tuple[int, int]:
+    """:data:`TOPK_ROW_TILES` when every row gets its own SM; for more rows than SMs only the small tile, so the
+    streaming rows keep several programs per SM resident (a shape-only choice: graph-safe)."""
+    if rows <= _num_sms(device):
+        return TOPK_ROW_TILES
+    return TOPK_ROW_TILES[0], TOPK_ROW_TILES[0]
+
+
 def _topk_paths(k: int, n_cols: int, tiles: tuple[int, int]) -> tuple[int, int, bool]:
     """Register-tile sizes ``(ROW_SMALL, ROW_MAX)`` and whether the streaming path is compiled, from shapes only (so a
     captured CUDA graph replays for any lengths). Tiles never exceed the row capacity's power of two and stay above
@@ -607,7 +617,8 @@ def indexer_topk_fwd(
 
     With ``page_table`` [rows, max_pages] int32 also writes ``out_slots`` [rows, k] with
     ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
-    ``row_tiles`` overrides :data:`TOPK_ROW_TILES` (tests use small tiles to reach every path)."""
+    ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles` (tests use small tiles to reach every
+    path)."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -633,7 +644,8 @@ def indexer_topk_fwd(
         return out
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
-    row_small, row_max, stream = _topk_paths(k, logits.shape[1], row_tiles or TOPK_ROW_TILES)
+    tiles = row_tiles or _topk_row_tiles(rows, logits.device)
+    row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     _indexer_topk_kernel[(rows,)](
         logits,
         lengths,
