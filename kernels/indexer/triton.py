@@ -20,8 +20,8 @@ from its length: ``length <= k`` needs no selection; a row that fits a register 
 ``FUSED_ROW_TILES``: a small and a large tile, so a short row does not pay for the large one) is loaded once, its keys
 stay in registers for every radix pass and the compaction scan, and the search stops after the first pass whose
 threshold bin holds exactly the keys still needed (at most four passes); a longer row streams from memory once per
-pass (four passes plus the compaction). The tile sizes come from ``k`` and the row capacity only, so a captured CUDA
-graph replays for any lengths.
+pass (four passes plus the compaction). The tile sizes come from shapes only (``k``, the row capacity and, for the
+top-k kernel, the row count), so a captured CUDA graph replays for any lengths.
 
 Fused decode path: the logits kernel writes the request's logits into a reused, grow-only workspace (not the
 ``[rows, max_seq_len]`` output), counts finished programs per request with an acq_rel atomic, and the last program of
@@ -74,8 +74,8 @@ def _load_row(ptr, mask, FROM_L2: tl.constexpr):
 
 
 @triton.jit
-def _bin_combine(n_a, ge_a, below_a, n_b, ge_b, below_b):
-    return n_a + n_b, tl.minimum(ge_a, ge_b), tl.maximum(below_a, below_b)
+def _bin_combine(n_a, ge_a, above_a, n_b, ge_b, above_b):
+    return n_a + n_b, tl.minimum(ge_a, ge_b), tl.maximum(above_a, above_b)
 
 
 @triton.jit
