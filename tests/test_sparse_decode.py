@@ -79,6 +79,25 @@ def test_matches_reference(nan_empty, batch, heads, topk, extra_topk, sink, inva
     check(kw, out, lse)
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+def test_column_halves_match_reference(nan_empty, splits):
+    """dv_split=2: each program owns one 256-column half (V = that half of the row) and recomputes the scores; the
+    halves need no merge and only the first writes the LSE."""
+    kw = make_case(2, 63, 40, 20, invalid=0.1, lengths="short", seed=21)
+    cfg = sd_triton.DecodeConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, dv_split=2)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)
+    check(kw, out, lse)
+
+
+def test_bad_config_is_refused():
+    kw = make_case(1, 8, 16, 0, seed=2)
+    with pytest.raises(ValueError, match="dv_split"):
+        sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, dv_split=4), interpret=True)
+    with pytest.raises(ValueError, match="dv_split"):
+        chunked = sd_triton.DecodeConfig(16, 16, 4, 1, kernel="chunked", dv_split=2)
+        sd_triton.sparse_decode_fwd(**kw, config=chunked, interpret=True)
+
+
 def test_all_invalid_and_zero_length_give_zero_rows(nan_empty):
     kw = make_case(3, 8, 32, 16, seed=5)
     kw["attn_sink"][:2] = float("-inf")  # -inf sink on a row with no valid entry: still exactly 0, never NaN

@@ -124,10 +124,17 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(64, 32, 8, 3),
         sd_triton.DecodeConfig(64, 64, 8, 1),
         sd_triton.DecodeConfig(64, 16, 8, 2),
+        sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True),
+        sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True),
+        sd_triton.DecodeConfig(64, 64, 8, 1, int_dequant=True),
+        sd_triton.DecodeConfig(64, 32, 4, 1, dv_split=2),
         sd_triton.DecodeConfig(64, 32, 8, 2, kernel="chunked"),
         sd_triton.DecodeConfig(64, 64, 8, 2, kernel="chunked"),
     ],
-    ids=lambda c: f"{c.kernel}-{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}",
+    ids=lambda c: (
+        f"{c.kernel}-{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
+        + ("-bf16part" if c.partial_bf16 else "")
+    ),
 )
 @pytest.mark.parametrize("splits", [1, 3])
 def test_other_configs_match_reference(nan_empty, cfg, splits):
@@ -135,6 +142,32 @@ def test_other_configs_match_reference(nan_empty, cfg, splits):
     kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=55 + splits)
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
+
+
+@pytest.mark.parametrize("dv_split", [1, 2])
+def test_integer_dequant_is_bit_identical_on_every_byte(dv_split):
+    """The integer e4m3 -> bf16 path equals the conversion-unit path bit for bit: NoPE bytes drawn from all 254
+    non-NaN e4m3 values (subnormals, +-0, +-448) under scales 2^-8..2^8."""
+    gen = torch.Generator().manual_seed(77)
+    kw = make_case(3, 64, 128, 512, sink=True, seed=77)
+    nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    for name in ("k_cache", "extra_k_cache"):
+        cache = kw[name]
+        pages, page_size = cache.shape[0], cache.shape[1]
+        raw = layouts.v4_raw_pages(cache)
+        data = raw[:, : page_size * 576].reshape(pages, page_size, 576)
+        pick = torch.randint(0, nan_free.numel(), (pages, page_size, 448), generator=gen)
+        data[:, :, :448] = nan_free[pick].cuda()
+        scales = raw[:, page_size * 576 : page_size * 584].reshape(pages, page_size, 8)
+        scales[:, :, :7] = torch.randint(127 - 8, 127 + 9, (pages, page_size, 7), generator=gen).to(torch.uint8).cuda()
+    kw["q"] = kw["q"] * 0.01
+    base = sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=dv_split)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=base)
+    got = sd_triton.sparse_decode_fwd(
+        **kw, num_splits=3, config=sd_triton.DecodeConfig(**{**base.__dict__, "int_dequant": True})
+    )
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)
 
 
 def test_deterministic():

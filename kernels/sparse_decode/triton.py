@@ -7,17 +7,21 @@ program and shared by all ``BLOCK_H`` heads, with an online softmax in base 2 an
 * ``wide`` (default): the dequantized row is ONE [BLOCK_N, 512] bf16 tile (7 fp8 NoPE chunks of 64, each times its
   ue8m0 scale, exact in bf16 because it is a power of two, + the bf16 RoPE chunk), so a tile costs two dots: a
   512-deep QK^T and a 512-wide PV into one [BLOCK_H, 512] accumulator. Both caches share one loop (the cache, page
-  geometry and index row are scalars selected per tile), which Triton software-pipelines (cp.async prefetch of the
-  next tile). On sm_90 this compiles to long wgmma chains with no spill in the loop at 64 heads x 32 tokens.
+  geometry and index row are scalars selected per tile); the slot ids of the next tile are loaded one tile ahead. On
+  sm_90 (8 warps, 64 heads x 64 tokens) it compiles to wgmma chains at 255 registers with ~90 bytes of spill per
+  thread; ncu on the H200 (B=64): one 8-warp program per SM, ~8 µs per tile with the gather + dequant (~55 %) and
+  the two dots (~45 %) back to back. ``dv_split=2`` runs each 256-column half of the output in its own program (the
+  scores are computed by both), which doubles the programs of a small grid.
 * ``chunked`` (the first version): 8 chunks of 64 columns, 16 dots per tile and one loop per cache; at 64 heads it
   spills ~100 values per thread (kept for comparison: ``DecodeConfig(kernel="chunked")``).
 
 Split-K: the host picks the split count from shapes only (``SPARSEMLA_SPLIT_K`` overrides it) so the grid fills the
 SMs at small batch and is 1 when ``rows x head blocks`` already does; inside the kernel each split takes an equal
 share of the *valid* tiles (from ``topk_length`` / ``extra_topk_length``), so short rows cost little. With one split
-the kernel writes the final output (sink applied) directly; otherwise it writes fp32 partials (output normalised per
-split + base-2 LSE) that ``_sparse_decode_combine_kernel`` merges. No host sync, no data-dependent allocation: the
-launch is CUDA-graph safe, and results are deterministic (no atomics; fixed reduction order).
+the kernel writes the final output (sink applied) directly; otherwise it writes partials (output normalised per split,
+fp32 or bf16 per ``DecodeConfig.partial_bf16``, + fp32 base-2 LSE) that ``_sparse_decode_combine_kernel`` merges.
+No host sync, no data-dependent allocation: the launch is CUDA-graph safe, and results are deterministic (no
+atomics; fixed reduction order).
 
 The Triton path never imports the fp32 reference; semantics are those documented in ``reference.py``.
 """
@@ -39,33 +43,55 @@ LN2 = 0.6931471805599453
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch shape of the main kernel: heads per program, tokens per tile, warps, pipeline stages, and which kernel
-    body: ``"wide"`` (the 512-wide row as one tile, two dots per tile) or ``"chunked"`` (8 chunks of 64, 16 dots)."""
+    """Launch shape of the main kernel.
+
+    block_h / block_n: heads per program and tokens per tile; num_warps / num_stages: Triton launch options;
+    kernel: ``"wide"`` (the 512-wide row as one tile, two dots per tile) or ``"chunked"`` (8 chunks of 64, 16 dots);
+    dv_split: 1, or 2 = each program owns one 256-column half of the output (wide kernel only: twice the programs, each
+    with half the accumulator, both halves recompute the scores); partial_bf16: split partials stored as bf16 instead of
+    fp32 (half the partial traffic; measured relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference,
+    where the bf16 output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (``_e4m3_bits_to_bf16``,
+    bit-identical) instead of the fp8 -> f16 -> bf16 conversion instructions."""
 
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
     kernel: str = "wide"
+    dv_split: int = 1
+    partial_bf16: bool = False
+    int_dequant: bool = False
 
 
 def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> DecodeConfig:
     """Wide kernel. H <= 16: one 16-head program per row (4 warps, mma.sync: wgmma needs 64 rows per warpgroup);
-    H > 16: 64-head blocks (8 warps, wgmma; H = 17..63 padded, H > 64 in several blocks).
+    H > 16: 64-head blocks (wgmma; H = 17..63 padded, H > 64 in several blocks).
 
     Offline sm_90 compile (Triton 3.6): a 32-head block at 4 warps spills 45 values, so 17..32 heads pad to 64.
-    H200 sweep (2026-11-29, H=64, 128 + 512 indices, graph replay): a tile costs a near-fixed latency (~3.5 µs
-    + ~0.07 µs per token at one program per SM), so a busy grid (``rows x head blocks >= 8``) wants 64-token tiles
-    (B=8..128: 27 / 57 / 63 / 82 µs vs 31 / 63 / 81 / 116 with 32-token tiles) and B=1 wants 16-token tiles
-    (more, shorter splits: 17.7 vs 20.0 µs)."""
+    H200 sweeps (2026-11-29, H=64, 128 + 512 indices, CUDA-graph replay; exploratory scripts and their JSON in
+    results/bench/explore/, the reported numbers come from the benchmark): a tile costs a near-fixed latency (~8 µs
+    for 64 tokens at one program per SM: gather, dequant, QK, softmax and PV run back to back), so a busy grid
+    (``rows x head blocks >= 8``) wants 64-token tiles (B=8..128: 27 / 56 / 62 / 79 µs vs 29 / 57 / 69 / 101 with
+    32-token tiles). With splits, the fp32 partials cost as much as the attention at B=32..64 (B=32: 56 -> 44 µs,
+    B=64: 62 -> 50 µs with bf16 partials; B=8: 27 vs 29, kept fp32). Small grids want many short splits: B=1 with
+    16-token tiles in 256-column halves and bf16 partials 14.9 µs (64 heads x 512 columns: 17.4 µs). The integer
+    e4m3 -> bf16 dequant (``int_dequant``) is 2-9 % faster at every B and H measured (B=64: 46.3 vs 50.4 µs; B=128:
+    74.2 vs 79.8). Tried and dropped: ``.cg`` row loads (no change), a split merge fused into the last program of each
+    row (B=64: 56 vs 50 µs with bf16 partials; one program merging 10+ splits is far slower), halves at B >= 8
+    (slower: the duplicated QK)."""
     if interpret:
         return DecodeConfig(block_h=max(16, min(64, triton.next_power_of_2(num_heads))), block_n=16, num_warps=4,
                             num_stages=1)  # fmt: skip
     if num_heads <= 16:
-        return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
-    if rows * triton.cdiv(num_heads, 64) >= 8:
-        return DecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=1)
-    return DecodeConfig(block_h=64, block_n=16, num_warps=8, num_stages=2)
+        return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, int_dequant=True)
+    busy = rows * triton.cdiv(num_heads, 64)
+    if busy >= 8:
+        return DecodeConfig(
+            block_h=64, block_n=64, num_warps=8, num_stages=1, partial_bf16=busy >= 16, int_dequant=True
+        )
+    return DecodeConfig(
+        block_h=64, block_n=16, num_warps=4, num_stages=2, dv_split=2, partial_bf16=True, int_dequant=True
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -305,38 +331,83 @@ def _sparse_decode_kernel(
 
 
 @triton.jit
+def _e4m3_bits_to_bf16(x):
+    """uint8 e4m3 bytes -> bf16 equal to the e4m3 value times 2^-120, exactly (subnormals included: both formats put
+    the exponent field right below the sign, so moving the 7 exponent/mantissa bits up by 4 and the sign up by 8
+    rescales every value by 2^(127 - 7)). Integer ops only (PRMT/SHL/AND/OR, full rate), instead of the fp8 -> f16 ->
+    bf16 conversion pair that runs on the 16-per-clock conversion unit. Four bytes per asm block."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, m0, m1, s0, s1;
+        prmt.b32 t0, $2, 0, 0x4140;
+        prmt.b32 t1, $2, 0, 0x4342;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 m0, t0, 0x07F007F0;
+        and.b32 m1, t1, 0x07F007F0;
+        and.b32 s0, t0, 0x08000800;
+        and.b32 s1, t1, 0x08000800;
+        shl.b32 s0, s0, 4;
+        shl.b32 s1, s1, 4;
+        or.b32 $0, m0, s0;
+        or.b32 $1, m1, s1;
+        }""",
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
 def _load_kv_tile(
-    p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr
-):
-    """The tile's token rows dequantized to [BLOCK_N, 512]: chunks 0..6 = fp8 NoPE * 2^(ue8m0 - 127) (exact in bf16),
-    chunk 7 = bf16 RoPE. Built as [BLOCK_N, 8, 64] so the per-64 scale is a [BLOCK_N, 8] tensor, then flattened.
+    p_cache, o_tok, o_rope, o_scale, m_n,
+    BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
+    INT_DEQUANT: tl.constexpr = False,
+):  # fmt: skip
+    """Chunks ``C0 .. C0+NC-1`` of the tile's token rows dequantized to [BLOCK_N, NC*64]: chunks 0..6 = fp8 NoPE *
+    2^(ue8m0 - 127) (exact in bf16), chunk 7 = bf16 RoPE. Built as [BLOCK_N, NC, 64] so the per-64 scale is a
+    [BLOCK_N, NC] tensor, then flattened. (C0, NC) = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves.
 
     ALIGNED: the 8 scale bytes of a token are read as ONE 8-byte word (a [BLOCK_N] int64 load, which Triton can
     software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
-    o_c = tl.arange(0, 8)
+    o_c = C0 + tl.arange(0, NC)
     o_d = tl.arange(0, 64)
-    m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
     p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
-    b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, 8, 64] fp8 (chunk 7 masked off)
+    if C0 + NC == 8:
+        m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
+    else:
+        m_nope = m_n[:, None, None] & (o_c >= 0)[None, :, None]
+    b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, NC, 64] fp8
     if ALIGNED:
         p_w = p_cache.to(tl.pointer_type(tl.int64), bitcast=True)
         b_w = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
-        b_e = ((b_w[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, 8]
+        b_e = ((b_w[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, NC]
         b_e = tl.where((o_c < 7)[None, :] & m_n[:, None], b_e, 127.0)
     else:
         m_e = m_n[:, None] & (o_c < 7)[None, :]
-        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, 8]
+        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, NC]
     b_sc = tl.math.exp2(b_e - 127.0)
-    p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
-    m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
-    b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, 8, 64] bf16 (only chunk 7 loaded)
     if DOT_F32:
-        b_k = b_k8.to(tl.float32) * b_sc[:, :, None] + b_r.to(tl.float32)
+        b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
+    elif INT_DEQUANT:
+        b_kb = _e4m3_bits_to_bf16(b_k8.to(tl.uint8, bitcast=True))  # [BLOCK_N, NC, 64] = e4m3 * 2^-120
+        two_120 = tl.full([1, 1, 1], 1.329227995784916e36, tl.bfloat16)  # 2^120, exact in bf16
+        b_k = (b_kb * two_120) * b_sc.to(tl.bfloat16)[:, :, None]  # the e4m3 value, then times its scale
     else:
-        b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None] + b_r
-    return tl.reshape(b_k, [BLOCK_N, 512])
+        b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None]
+    if C0 + NC == 8:  # the RoPE chunk is in this range: bf16 at bytes 448..575 of the data row
+        p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
+        m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
+        b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, NC, 64] (chunk 7)
+        if DOT_F32:
+            b_k = b_k + b_r.to(tl.float32)
+        else:
+            b_k = b_k + b_r
+    return tl.reshape(b_k, [BLOCK_N, NC * 64])
 
 
 @triton.jit
@@ -355,32 +426,46 @@ def _sparse_decode_wide_kernel(
     S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_ib, stride_is, stride_xb, stride_xs,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
-    """Same contract and grid as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512],
-    K/V [BLOCK_N, 512], acc [BLOCK_H, 512]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16 chunk
-    dots, so the tensor cores get long wgmma chains and the accumulator is one tensor."""
+    """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
+    [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
+    chunk dots, so the tensor cores get long wgmma chains and the accumulator is one tensor.
+
+    Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits). DV_SPLIT = 2: the program owns one 256-column half of the
+    output (V = that half of the gathered row) and computes the full QK itself, so its accumulator is half as big
+    (one warpgroup holds it) and the two halves need no merge; both compute the same scores and LSE."""
     i_r = tl.program_id(0)
-    i_hb = tl.program_id(1)
+    i_hb = tl.program_id(1) // DV_SPLIT
+    i_dv = tl.program_id(1) % DV_SPLIT
     i_sp = tl.program_id(2)
     i_b = i_r // S
     i_s = i_r % S
+    BLOCK_DV: tl.constexpr = 512 // DV_SPLIT
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
-    o_d = tl.arange(0, 512)
-    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs
-    b_q = tl.load(p_q + o_h.to(tl.int64)[:, None] * stride_qh + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)
-    if DOT_F32:
-        b_q = b_q.to(tl.float32)
+    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs + o_h.to(tl.int64)[:, None] * stride_qh
+    if DV_SPLIT == 1:
+        o_d = tl.arange(0, 512)
+        b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512]
+        if DOT_F32:
+            b_q = b_q.to(tl.float32)
+    else:
+        o_d = tl.arange(0, 256)
+        b_qa = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 256] cols 0..255
+        b_qb = tl.load(p_q + (256 + o_d)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # cols 256..511
+        if DOT_F32:
+            b_qa = b_qa.to(tl.float32)
+            b_qb = b_qb.to(tl.float32)
 
     n_main, n_x, t_main, t_lo, t_hi = _split_tiles(
         length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N, HAS_LEN, HAS_LEN_X, HAS_EXTRA
     )
 
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
@@ -407,8 +492,15 @@ def _sparse_decode_wide_kernel(
         if ALIGNED:
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
-        b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, ALIGNED, DOT_F32)  # [BLOCK_N, 512]
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        if DV_SPLIT == 1:
+            b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        else:
+            b_ka = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_kb = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+            b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
+            b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
@@ -420,21 +512,23 @@ def _sparse_decode_wide_kernel(
             b_pd = b_p
         else:
             b_pd = b_p.to(tl.bfloat16)
-        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)
+        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    o_v = i_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output columns
+    m_lse = m_h & (i_dv == 0)  # every half computes the same LSE; the first one writes it
     if SINGLE:
         if HAS_SINK:
             b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
             inv_l = tl.where(l_i > 0.0, inv_l / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
-        p_o = out + i_r.to(tl.int64) * H * DV + o_h.to(tl.int64)[:, None] * DV + o_d[None, :]
-        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+        p_o = out + i_r.to(tl.int64) * H * DV + o_h.to(tl.int64)[:, None] * DV + o_v[None, :]
+        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_lse)
     else:
-        p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512 + o_h.to(tl.int64)[:, None] * 512 + o_d[None, :]
-        tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_h)
+        p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512 + o_h.to(tl.int64)[:, None] * 512 + o_v[None, :]
+        tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_lse)
     b_o = acc * inv_l[:, None]
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_d < DV)[None, :])
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_v < DV)[None, :])
 
 
 @triton.jit
@@ -465,7 +559,7 @@ def _sparse_decode_combine_kernel(
     o_sh = (i_r.to(tl.int64) * num_splits + o_sp[:, None].to(tl.int64)) * H + o_h[None, :]  # [BLOCK_S, BLOCK_H]
     p_o = o_part + o_sh[:, :, None] * 512 + o_d[None, None, :]
     b_o = tl.load(p_o, mask=m_sh[:, :, None] & m_d[None, None, :], other=0.0)  # [BLOCK_S, BLOCK_H, BLOCK_D]
-    b_acc = tl.sum(b_w[:, :, None] * b_o, 0)  # [BLOCK_H, BLOCK_D]
+    b_acc = tl.sum(b_w[:, :, None] * b_o.to(tl.float32), 0)  # [BLOCK_H, BLOCK_D]
     lse2 = tl.where(b_tot > 0.0, m_use + tl.math.log2(b_tot), float("-inf"))
     b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
     if HAS_SINK:
@@ -573,9 +667,11 @@ def sparse_decode_fwd(
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
+    if cfg.dv_split not in (1, 2) or (cfg.dv_split == 2 and cfg.kernel != "wide"):
+        raise ValueError(f"dv_split must be 1 or 2 (2 only with the wide kernel), got {cfg.dv_split}")
     max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
     sms = 132 if interpret or not q.is_cuda else _num_sms(q.device.index or 0)
-    splits = choose_num_splits(rows, head_blocks, max_tiles, sms, num_splits)
+    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, sms, num_splits)
     aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
     aligned = aligned and page_stride_x % 16 == 0
 
@@ -583,15 +679,18 @@ def sparse_decode_fwd(
     out_dtype = torch.float32 if interpret else torch.bfloat16
     out = torch.empty(batch, s_q, heads, head_dim_v, dtype=out_dtype, device=q.device)
     lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
+    part_dtype = torch.bfloat16 if cfg.partial_bf16 and not interpret else torch.float32
     if splits > 1:
-        o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=torch.float32, device=q.device)
+        o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=part_dtype, device=q.device)
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
-    grid = (rows, head_blocks, splits)
     if cfg.kernel not in ("wide", "chunked"):
         raise ValueError(f"unknown decode kernel {cfg.kernel!r} (wide or chunked)")
+    programs_1 = head_blocks * (cfg.dv_split if cfg.kernel == "wide" else 1)
+    grid = (rows, programs_1, splits)
+    wide = {"DV_SPLIT": cfg.dv_split, "INT_DEQUANT": cfg.int_dequant and not interpret} if cfg.kernel == "wide" else {}
     kernel = _sparse_decode_wide_kernel if cfg.kernel == "wide" else _sparse_decode_kernel
     kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
@@ -602,7 +701,7 @@ def sparse_decode_fwd(
         float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
-        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, **wide,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32",
