@@ -197,6 +197,10 @@ def run_case(case: Case, k: int, providers: list[str], bw: float) -> list[dict]:
     if "sparsemla_topk" in providers:
         idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
         add("sparsemla_topk", _bench(lambda: indexer_logits_topk_fwd(*args[:5], k, case.cap, out=idx)))
+    if "sparsemla_topk_graph" in providers:
+        idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
+        graph = _graph(lambda: indexer_logits_topk_fwd(*args[:5], k, case.cap, out=idx))
+        add("sparsemla_topk_graph", _bench(graph.replay))
     if "sparsemla_topk_unfused" in providers:
         idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
         add(
@@ -249,6 +253,7 @@ PROVIDERS = (
     "sparsemla",
     "sparsemla_graph",
     "sparsemla_topk",
+    "sparsemla_topk_graph",
     "sparsemla_topk_unfused",
     "torch_fallback",
     "torch_topk",
@@ -325,6 +330,7 @@ def main(
             "sparsemla": "Triton logits, clean_logits=False",
             "sparsemla_graph": "same launch replayed from a CUDA graph",
             "sparsemla_topk": f"fused logits + top-{k} (one launch, no logits output)",
+            "sparsemla_topk_graph": "the fused launch replayed from a CUDA graph",
             "sparsemla_topk_unfused": f"Triton logits then Triton top-{k} (two launches)",
             "torch_fallback": "faithful re-implementation of sglang 0.5.23 fp8_paged_mqa_logits_torch_sm120 "
             "(sglang not importable on the GPU machine)",

@@ -43,12 +43,14 @@ SCALE_OFFSET = tl.constexpr(PAGE * DIM)  # bytes: the page's fp32 scale plane st
 DOT_FP8, DOT_BF16, DOT_FP32 = 0, 1, 2
 TOPK_SIZES = (512, 1024, 2048)
 # Register tiles (elements) of the top-k's in-register path, (small, max), per kernel: rows up to max are loaded once
-# and selected in registers, longer rows stream. Sized so the kernels compile without spills for sm_90 (see
-# _topk_paths; the fused tail runs at the logits kernel's 8 warps, the top-k kernel at TOPK_WARPS). The large tile
-# takes ~250 registers a thread (one resident program per SM), so the top-k kernel keeps it only for a single wave of
-# rows (see _topk_row_tiles); the fused kernel's logits part already holds one program per SM.
-TOPK_ROW_TILES = (4096, 16384)
-FUSED_ROW_TILES = (4096, 16384)
+# and selected in registers, longer rows stream. Both compile without spills for sm_90 up to 16384 (see _topk_paths;
+# the fused tail runs at the logits kernel's 8 warps, the top-k kernel at TOPK_WARPS); a 16384 tile takes ~250
+# registers a thread, so the top-k kernel keeps a large tile only for a single wave of rows (see _topk_row_tiles).
+# H200, CUDA-graph replay, top-512 of one row (results/bench/explore/topk_explore-h200-2026-11-29.json): a 4k row
+# 19.2 us in a 4096 tile vs 29.4 streaming; a 16k row 128 us in a 16384 tile vs 87 streaming -- so the large tile
+# is 4096 too until the in-register passes get cheaper than streaming at 16k.
+TOPK_ROW_TILES = (4096, 4096)
+FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
 
 
