@@ -77,10 +77,25 @@ def decode_section(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+BOUND_NOTE = (
+    "Where the time goes (ncu on the H200 at B=64 with the 64-head x 64-token config; exploratory sweeps and their "
+    "JSON in results/bench/explore/): one 8-warp program per SM (255 registers, ~90 bytes spilled per thread, 128 KB "
+    "of shared memory) and ~8 µs per 64-token tile, its stages back to back: slot ids -> row gather (~2.7 µs of "
+    "exposed load latency) -> dequant and shared-memory store (~1.8 µs with the conversion instructions; the integer "
+    "dequant took 2-9 % off the whole call) -> 64 chained 64x32x16 QK wgmmas (~2.4 µs: Triton computes the scores in "
+    "both warpgroups because each needs all of P for its 256 PV columns) -> softmax and PV (~1.5 µs). Bytes (the "
+    "floor) and the MMA rate are not the bound; the serial per-tile chain with one resident program per SM is, and "
+    "at B=32..64 the split partials were (fp32 partials cost as much as the attention; they are bf16 now). Closing "
+    "the rest needs overlap inside the program -- producer warps gathering the next tile while two consumer "
+    "warpgroups, each owning half of the output columns, share one score tile through shared memory (FlashMLA's "
+    "design) -- which Triton 3.6's `tl.dot` API does not express."
+)
+
+
 def _sweep_lines(sweep: dict | None) -> list[str]:
     """The tile-config sweep of the same run (graph replay), if the JSON carries one, plus where the time goes."""
     if not sweep or not sweep.get("rows"):
-        return []
+        return ["", BOUND_NOTE]
     rows = sweep["rows"]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     batches = list(dict.fromkeys(r["B"] for r in rows))
@@ -89,15 +104,7 @@ def _sweep_lines(sweep: dict | None) -> list[str]:
     out += ["| B | " + " | ".join(f"`{c}`" for c in configs) + " |", "|---|" + "---|" * len(configs)]
     for b in batches:
         out.append(f"| {b} | " + " | ".join(fmt_us(cell.get((b, c))) for c in configs) + " |")
-    out += [
-        "",
-        "Where the time goes (from the sweeps): one program per SM (255 registers x 256 threads), and a tile costs a "
-        "near-fixed ~3.5 µs of dependent latency (slot-id load -> row gather -> 32 chained 512-deep QK wgmmas, "
-        "duplicated in both warpgroups -> softmax -> PV) plus ~0.07 µs per token, whether 1 or 128 programs run: "
-        "B=1 with one split takes 104 µs for 20 tiles of 32, B=128 with one split 116 µs. Bytes (floor) and MMA "
-        "rate are not the bound; the per-program latency chain and one resident program per SM are. "
-        "`decode_sweep-h200-*.json` holds the split-count sweep.",
-    ]
+    out += ["", BOUND_NOTE]
     return out
 
 

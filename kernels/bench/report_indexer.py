@@ -91,16 +91,20 @@ def indexer_section(data: dict) -> str:
 NOTES = """**Notes on the gaps** (bounds from the `floor` column; the graph column is the kernel, the eager column adds
 the Python launcher's host time, which is noisy on the GPU machine -- sglang decodes under CUDA graphs):
 
-- Logits at B=64 are memory-bound; the kernel reaches ~35% (4k) to ~65% (64k) of the copy-bandwidth floor. The
-  per-(request, split) programs walk 128-token tiles with a page-id gather, an fp8 `[128 tokens x 128] x [128 x 64
-  heads]` dot (swap-AB: the head sum stays in a thread quad) and a masked store; the remaining gap is load latency per
-  program (no TMA / warp specialization in this Triton version) -- DeepGEMM's persistent TMA kernel is the reference
-  point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
-- The top-k is exact and deterministic but runs one CTA per row (four 8-bit `tl.histogram` radix passes, a
-  compaction pass and a sort of the k winners): ~25-30 us for a 4k row and ~380 us for a 64k row, so the fused
-  B=1 logits + top-512 misses its 15 us target by the top-k alone. A multi-CTA radix select (or sglang's own
-  `topk_transform_paged_v2` JIT kernel, 13-39 us published on H200) is the next step; the plugin should keep sglang's
-  v2 top-k and only replace its torch top-k fallback.
+- Logits at B=64 are memory-bound; the kernel reaches ~35% (4k), ~60% (16k) and ~78% (64k) of the copy-bandwidth
+  floor. The per-(request, split) programs walk 128-token tiles with a page-id gather, an fp8 `[128 tokens x 128] x
+  [128 x 64 heads]` dot (swap-AB: the head sum stays in a thread quad) and a masked store, 5 cp.async stages deep at
+  B > 4 (re-swept on the H200: 3 -> 5 stages took 64k from 204 to 171 us; results/bench/explore/). ncu at B=64: 3
+  programs of 4 warps per SM (137 registers), ~40% of the warp samples waiting on the key tiles; the remaining gap is
+  load latency per program at short lengths (a 4k row is 32 tiles over 17 programs) -- DeepGEMM's persistent TMA
+  kernel is the reference point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
+- The top-k is exact and deterministic and runs one CTA per row: rows up to 4096 are loaded once and selected in
+  registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, one compaction scan, a
+  bitonic sort of the k winners: ~19 us for a 4k row, CUDA-graph replay), longer rows stream from L2 once per pass
+  (~87 us at 16k, ~340 us at 64k; a 16384-key register tile measured slower, 128 us). The fused B=1 logits + top-512
+  replays in ~24 us against its 15 us target: the gap is the single-CTA select's chain of dependent passes. A
+  multi-CTA radix select is the next step. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k
+  kernel) is the faster one, and it is the one the plugin's top-k hook uses.
 - fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
   fp32 reference by ~1e-4 relative; the bf16 path (sm_80) matches to 1e-5."""
 
