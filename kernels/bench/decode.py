@@ -3,8 +3,8 @@
 Providers, all measured in the same run on the same inputs:
 
 * ``sparsemla``      this project's Triton kernel (:func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`);
-  ``sparsemla_graph`` the same calls replayed from a CUDA graph, ``sparsemla_chunked_graph`` the previous kernel body
-  (``DecodeConfig(kernel="chunked")``) replayed the same way (target shapes);
+  ``sparsemla_graph`` the same calls replayed from a CUDA graph (every shape), ``sparsemla_chunked_graph`` the previous
+  kernel body (``DecodeConfig(kernel="chunked")``) replayed the same way (target shapes);
 * ``sglang_triton``  sglang 0.5.23's per-head kernel ``flash_mla_sparse_decode_triton`` (loaded by file path; it imports
   only torch and triton), measured on the target shapes (H=64, extra 512) only: it is ~1000x slower elsewhere;
 * ``flashmla``       sgl-flash-mla 1.0.0's SM90 kernel (``use_legacy=True``); it only takes 64 or 128 heads, so H < 64
@@ -15,8 +15,8 @@ Providers, all measured in the same run on the same inputs:
 Inputs are random (never zeros): fp8 NoPE ~ N(0, 4), ue8m0 scales 2^-5..2^0, bf16 RoPE, random pads; each request's SWA
 indices lie in its own 256-token page, extra indices are distinct random slots of a compressed cache (page 64).
 Timings are ``triton.testing.do_bench`` medians of eager calls (do_bench flushes L2 before each repetition) over
-``ROTATE`` input sets used in turn, the method of the baselines in notes/h200-baselines.md; ``sparsemla_graph`` (target
-shapes) times one CUDA-graph replay of the same call per repetition (``sparsemla_chunked_graph``: the previous kernel).
+``ROTATE`` input sets used in turn, the method of the baselines in notes/h200-baselines.md; ``sparsemla_graph`` times
+one CUDA-graph replay of the same call per repetition (``sparsemla_chunked_graph``: the previous kernel).
 Writes ``results/bench/decode-<gpu>-<date>.json``:
 ``{"op": "decode", "gpu", "git_sha", "torch", "triton", "rows": [{"B", "H", "swa_topk", "extra_topk", "provider",
 "us"}], ...}`` and prints a table.
@@ -220,8 +220,9 @@ def bench_shape(
     if "reference" in providers and shape.is_target:
         fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
 
-    if "sparsemla" in fns and shape.is_target:
+    if "sparsemla" in fns:
         fns["sparsemla_graph"] = fns["sparsemla"]  # same calls, one CUDA-graph replay per repetition
+    if "sparsemla" in fns and shape.is_target:
         chunked = chunked_config(shape)  # the previous kernel body (8 chunk dots per tile), same split rule
         fns["sparsemla_chunked_graph"] = [
             lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits, config=chunked) for kw in sets
