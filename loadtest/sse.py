@@ -60,26 +60,18 @@ def build_request(
     api: str, spec: RequestSpec, *, model: str, ignore_eos: bool, temperature: float = 0.0
 ) -> tuple[str, dict[str, Any]]:
     """The (path, JSON body) of one streaming request for ``api``."""
+    openai: dict[str, Any] = {  # the OpenAI-compatible fields both chat and completions take
+        "model": model,
+        "max_tokens": spec.max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+    }
     if api == "chat":
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "user", "content": spec.prompt}],
-            "max_tokens": spec.max_tokens,
-            "temperature": temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": ignore_eos,
-        }
+        body = {**openai, "messages": [{"role": "user", "content": spec.prompt}]}
     elif api == "completions":
-        body = {
-            "model": model,
-            "prompt": spec.prompt,
-            "max_tokens": spec.max_tokens,
-            "temperature": temperature,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": ignore_eos,
-        }
+        body = {**openai, "prompt": spec.prompt}
     elif api == "generate":
         body = {
             "text": spec.prompt,

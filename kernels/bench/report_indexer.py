@@ -9,21 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+from sparsemla.kernels.bench.indexer import PROVIDERS
 from sparsemla.kernels.bench.report import cells_by, fmt_us
 
 # (B, ctx) -> logits-only target in us; (B, ctx, "topk") for the logits + top-k target (issue 4)
 TARGETS: dict[tuple, float] = {(64, 4096): 14.0, (64, 16384): 45.0, (64, 65536): 160.0, (1, 4096): 8.0}
 TOPK_TARGETS: dict[tuple, float] = {(1, 4096): 15.0}
-COLUMNS = (
-    "floor",
-    "sparsemla",
-    "sparsemla_graph",
-    "sparsemla_topk",
-    "sparsemla_topk_graph",
-    "sparsemla_topk_unfused",
-    "torch_fallback",
-    "torch_topk",
-)
+COLUMNS = ("floor", *(p for p in PROVIDERS if p != "floor"))  # the benchmark's providers, the floor first
 
 
 def _median(vals: list[float]) -> float:

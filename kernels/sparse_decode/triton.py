@@ -51,7 +51,7 @@ class DecodeConfig:
     with half the accumulator, both halves recompute the scores); partial_bf16: split partials stored as bf16 instead of
     fp32 (half the partial traffic; measured relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference,
     where the bf16 output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (``_e4m3_bits_to_bf16``,
-    bit-identical) instead of the fp8 -> f16 -> bf16 conversion instructions."""
+    bit-identical) instead of the fp8 -> f16 -> bf16 conversion instructions (wide kernel only)."""
 
     block_h: int
     block_n: int
@@ -61,6 +61,12 @@ class DecodeConfig:
     dv_split: int = 1
     partial_bf16: bool = False
     int_dequant: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ("wide", "chunked"):
+            raise ValueError(f"unknown decode kernel {self.kernel!r} (wide or chunked)")
+        if self.dv_split not in (1, 2) or (self.dv_split == 2 and self.kernel != "wide"):
+            raise ValueError(f"dv_split must be 1 or 2 (2 only with the wide kernel), got {self.dv_split}")
 
 
 def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> DecodeConfig:
@@ -207,6 +213,14 @@ def _attend_tiles(
 
 
 @triton.jit
+def _sink_scale(scale, lse2, sink, o_h, m_h, valid):
+    """``scale`` times exp(lse - logaddexp(lse, sink)) per head (lse2 base 2): sink +inf -> 0, -inf -> unchanged; heads
+    with nothing ``valid`` get 0 (no inf - inf)."""
+    b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
+    return tl.where(valid, scale / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
+
+
+@triton.jit
 def _split_tiles(
     length, length_x, i_b, i_sp, num_splits,
     TOPK: tl.constexpr, TOPK_X: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -310,9 +324,7 @@ def _sparse_decode_kernel(
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
     if SINGLE:
         if HAS_SINK:
-            b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
-            # exp(lse - logaddexp(lse, sink)): +inf -> 0, -inf -> 1; rows with no valid entry stay 0 (no inf - inf)
-            inv_l = tl.where(l_i > 0.0, inv_l / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
+            inv_l = _sink_scale(inv_l, lse2, sink, o_h, m_h, l_i > 0.0)
         p_o = out + i_r.to(tl.int64) * H * DV
         o_oh = o_h.to(tl.int64) * DV
         tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
@@ -520,8 +532,7 @@ def _sparse_decode_wide_kernel(
     m_lse = m_h & (i_dv == 0)  # every half computes the same LSE; the first one writes it
     if SINGLE:
         if HAS_SINK:
-            b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
-            inv_l = tl.where(l_i > 0.0, inv_l / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
+            inv_l = _sink_scale(inv_l, lse2, sink, o_h, m_h, l_i > 0.0)
         p_o = out + i_r.to(tl.int64) * H * DV + o_h.to(tl.int64)[:, None] * DV + o_v[None, :]
         tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_lse)
     else:
@@ -563,8 +574,7 @@ def _sparse_decode_combine_kernel(
     lse2 = tl.where(b_tot > 0.0, m_use + tl.math.log2(b_tot), float("-inf"))
     b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
     if HAS_SINK:
-        b_sink = tl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
-        b_scale = tl.where(b_tot > 0.0, b_scale / (1.0 + tl.math.exp2(b_sink - lse2)), 0.0)
+        b_scale = _sink_scale(b_scale, lse2, sink, o_h, m_h, b_tot > 0.0)
     p_out = out + i_r.to(tl.int64) * H * DV + o_h[:, None].to(tl.int64) * DV + o_d[None, :]
     tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
     if i_db == 0:
@@ -667,8 +677,6 @@ def sparse_decode_fwd(
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
-    if cfg.dv_split not in (1, 2) or (cfg.dv_split == 2 and cfg.kernel != "wide"):
-        raise ValueError(f"dv_split must be 1 or 2 (2 only with the wide kernel), got {cfg.dv_split}")
     max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
     sms = 132 if interpret or not q.is_cuda else _num_sms(q.device.index or 0)
     splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, sms, num_splits)
@@ -679,17 +687,15 @@ def sparse_decode_fwd(
     out_dtype = torch.float32 if interpret else torch.bfloat16
     out = torch.empty(batch, s_q, heads, head_dim_v, dtype=out_dtype, device=q.device)
     lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
-    part_dtype = torch.bfloat16 if cfg.partial_bf16 and not interpret else torch.float32
+    part_dtype = torch.bfloat16 if cfg.partial_bf16 and not interpret else torch.float32  # fp32 there too, likewise
     if splits > 1:
         o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=part_dtype, device=q.device)
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
-    if cfg.kernel not in ("wide", "chunked"):
-        raise ValueError(f"unknown decode kernel {cfg.kernel!r} (wide or chunked)")
-    programs_1 = head_blocks * (cfg.dv_split if cfg.kernel == "wide" else 1)
-    grid = (rows, programs_1, splits)
+    grid = (rows, head_blocks * cfg.dv_split, splits)
+    # the interpreter cannot run the integer dequant's inline PTX
     wide = {"DV_SPLIT": cfg.dv_split, "INT_DEQUANT": cfg.int_dequant and not interpret} if cfg.kernel == "wide" else {}
     kernel = _sparse_decode_wide_kernel if cfg.kernel == "wide" else _sparse_decode_kernel
     kernel[grid](
