@@ -19,11 +19,12 @@ FLAG ?= SPARSEMLA_MMA_DECODE
 PORT ?= 30000
 A ?=
 B ?=
+ARCH ?=
 FROM ?= now-15m
 TO ?= now
 
 .PHONY: help setup test test-gpu lint demo sim up down loadtest sweep compare ab profile exporter dashboards snapshot \
-	bench-decode bench-indexer bench-step clean
+	aot bench-decode bench-indexer bench-step clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -38,8 +39,9 @@ test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpr
 
 # On a GPU machine install the package first (`pip install -e ".[test]"` or `pip install --target`); `-P` keeps the
 # repo's own sparsemla/ folder from shadowing the installed, mapped namespace.
-test-gpu: ## GPU tests (on a CUDA machine with this package installed)
+test-gpu: ## GPU tests in both code paths: native, then TRITON_OVERRIDE_ARCH=sm89 (the mma.sync code of sm_80..sm_120)
 	$(PYTHON) -P -m pytest -m gpu --import-mode=importlib
+	TRITON_OVERRIDE_ARCH=sm89 $(PYTHON) -P -m pytest -m gpu --import-mode=importlib
 
 lint: $(STAMP) ## ruff check + format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -80,10 +82,13 @@ dashboards: $(STAMP) ## regenerate the committed Grafana JSON from dashboards/bu
 snapshot: $(STAMP) ## render every panel to PNG from Prometheus: make snapshot FROM=now-15m TO=now
 	$(CLI) snapshot --from "$(FROM)" --to "$(TO)"
 
-bench-decode: ## GPU: sparse-MLA decode benchmark -> results/bench/decode-<gpu>-<date>.json
+aot: $(STAMP) ## compile every kernel for sm_80..sm_120 without a GPU: make aot ARCH=sm_120 (default: all six)
+	$(CLI) aot $(foreach a,$(ARCH),--arch $(a))
+
+bench-decode: ## GPU: decode benchmark, native + sm89 code paths -> results/bench/decode-<gpu>-<date>.json
 	$(PYTHON) -P -m sparsemla.kernels.bench.decode
 
-bench-indexer: ## GPU: indexer benchmark -> results/bench/indexer-<gpu>-<date>.json
+bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/bench/indexer-<gpu>-<date>.json
 	$(PYTHON) -P -m sparsemla.kernels.bench.indexer
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparsemla import __version__, flags
+from sparsemla.deploy import real_heads
 from sparsemla.metric_names import KERNEL_FLAGS_INFO
 
 log = logging.getLogger("sparsemla.plugin")
@@ -116,6 +117,15 @@ HOOKS: tuple[HookSpec, ...] = (
         note="indexer logits through DeepGEMM (imported at call time by dsv4/indexer.py)",
     ),
     HookSpec(
+        name="decode_real_heads",
+        target="sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._forward_attention",
+        op="sparsemla.deploy.real_heads:track_real_heads",
+        flag=flags.SPARSEMLA_MMA_DECODE,
+        call="timer",
+        params=("self", "q", "k", "v", "layer"),
+        note="records layer.tp_q_head_num so the decode op skips the heads sglang pads q to (TP > 1)",
+    ),
+    HookSpec(
         name="step_metrics",
         target="sglang.srt.model_executor.model_runner.ModelRunner.forward",
         op="sparsemla.deploy.step_metrics:time_forward_step",
@@ -205,6 +215,9 @@ def make_around(spec: HookSpec) -> Callable[..., Any]:
         if spec.call == "kwargs":
             call_kwargs = _flatten_kwargs(signature_of(original), args, kwargs)
             _self_check.maybe_run(spec, getattr(call_kwargs.get("q"), "device", None))
+            real = real_heads.current()
+            if real is not None and real < call_kwargs["q"].shape[2]:
+                call_kwargs["num_real_heads"] = real  # sglang padded q to more heads than the layer has
             return op()(**call_kwargs)
         if args:
             _self_check.maybe_run(spec, getattr(args[0], "device", None))
@@ -229,13 +242,31 @@ def _target_available(spec: HookSpec) -> bool:
         return False
 
 
+_OPS_OF_FLAG = {flags.SPARSEMLA_MMA_DECODE.name: "decode", flags.SPARSEMLA_TRITON_INDEXER.name: "indexer"}
+
+
 def _check_kernels_runnable() -> None:
-    """Explicitly enabled kernels must be able to run here: Triton importable. Raises SystemExit otherwise."""
-    wanted = [s.flag.name for s in HOOKS if s.call != "timer" and kernel_enabled(s)]
+    """Explicitly enabled kernels must be able to run here: Triton importable, and every visible GPU one that a
+    configuration of each enabled kernel fits (sm_80+, enough shared memory per block). Raises SystemExit otherwise,
+    so sglang stops at startup with the reason instead of failing at CUDA-graph capture."""
+    wanted = sorted({s.flag.name for s in HOOKS if s.call != "timer" and kernel_enabled(s)})
     if not wanted or flags.SPARSEMLA_FORCE_REFERENCE.get():
         return
     if importlib.util.find_spec("triton") is None:
-        raise SystemExit(f"sparsemla: {', '.join(sorted(set(wanted)))} set but Triton is not installed")
+        raise SystemExit(f"sparsemla: {', '.join(wanted)} set but Triton is not installed")
+    import torch
+
+    if not torch.cuda.is_available():
+        return  # CPU-only process (the tokenizer/detokenizer of a GPU server see the GPUs; tests do not)
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.support import check_device
+
+    ops = tuple(_OPS_OF_FLAG[name] for name in wanted if name in _OPS_OF_FLAG)
+    for index in range(torch.cuda.device_count()):
+        try:
+            check_device(dev.device_info(index), ops)
+        except (dev.UnsupportedDevice, flags.FlagError) as exc:
+            raise SystemExit(f"sparsemla: GPU {index}: {exc}") from None
 
 
 def publish_flags_metric() -> None:

@@ -20,7 +20,7 @@ COMMAND_MODULES = (
     "sparsemla.loadtest.cli",
     "sparsemla.deploy.cli",
     "sparsemla.dashboards.cli",
-    "sparsemla.kernels.bench.cli",
+    "sparsemla.kernels.cli",
     "sparsemla.demo",
 )
 

@@ -258,6 +258,14 @@ TRITON_INTERPRET = bool_flag(
     "Triton's CPU interpreter; the kernels upcast `tl.dot` operands to fp32 under it (bf16 dots are wrong there).",
     group="external",
 )
+TRITON_OVERRIDE_ARCH = str_flag(
+    "TRITON_OVERRIDE_ARCH",
+    None,
+    "Triton compiles for this architecture instead of the GPU's (e.g. `sm89` on an H200: the mma.sync code path of "
+    "sm_80..sm_120); the kernels then choose that target's configurations and shared-memory budget.",
+    group="external",
+    allowed="smNN (e.g. sm80, sm89, sm120)",
+)
 SGLANG_TORCH_PROFILER_DIR = str_flag(
     "SGLANG_TORCH_PROFILER_DIR",
     "/tmp",

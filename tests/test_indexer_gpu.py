@@ -46,7 +46,7 @@ def test_logits(seq, next_n, max_pages, kw, dot, monkeypatch):
 
     fp8 ``tl.dot`` on Hopper accumulates with reduced precision (like DeepGEMM's fast accumulation): ~1e-4."""
     if dot == "bf16":
-        monkeypatch.setattr(tri, "_dot_mode", lambda device: tri.DOT_BF16)
+        monkeypatch.setattr(tri, "_dot_mode", lambda info: tri.DOT_BF16)
     q, kv, w, seq_lens, pt = _inputs(seq, next_n, max_pages, seed=sum(seq) + next_n, **kw)
     cap = max_pages * 64
     out = torch.full((len(seq) * next_n, cap), float("nan"), device=DEV)

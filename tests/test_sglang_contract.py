@@ -273,8 +273,8 @@ def _function_params(relpath: str, name: str) -> list[str]:
 def _target_file(target: str) -> tuple[str, str]:
     module, _, attr = target.rpartition(".")
     parts = module.split(".")
-    if attr == "forward":  # a method: Class.method
-        parts, attr = parts[:-1], attr
+    if parts[-1][:1].isupper():  # a method: Class.method
+        parts = parts[:-1]
     return "/".join(parts) + ".py", attr
 
 
@@ -324,6 +324,53 @@ def _run(code: str, env: dict[str, str | None]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code], env=flags.child_env(env), capture_output=True, text=True, timeout=300
     )
+
+
+def test_real_heads_reach_the_decode_op_through_sglangs_backend_method(sgl):
+    """The backend-method hook records ``layer.tp_q_head_num`` while sglang's decode entry runs inside it, and the
+    decode hook hands it to our op as ``num_real_heads``: a q padded to 64 heads computes only the 8 real ones (the
+    pad rows hold garbage in sglang; NaN here) and equals sglang's torch path on those 8."""
+    from sglang.srt.layers.attention import deepseek_v4_backend
+
+    from sparsemla.deploy.real_heads import track_real_heads
+
+    flash_mla_sm120, _ = sgl
+    kw = _decode_kwargs(2, 8, 128, (4, 64, 128), True, 0.1, "short", seed=11)
+    padded = dict(kw, q=torch.cat([kw["q"], torch.full((2, 1, 56, 512), float("nan"), dtype=torch.bfloat16)], 2))
+    padded["attn_sink"] = torch.cat([kw["attn_sink"], torch.zeros(56)])
+    layer = type("Layer", (), {"tp_q_head_num": 8})()
+    hooked = deepseek_v4_backend.DeepseekV4AttnBackend._forward_attention
+    assert hooked.__wrapped__ is not None, "sglang's loader did not wrap _forward_attention"
+
+    def forward_attention(self, q, k, v, layer, *args, **kwargs):  # stands in for sglang's method body
+        return flash_mla_sm120.flash_mla_with_kvcache_sm120(**padded)
+
+    with flags.SPARSEMLA_MMA_DECODE.override(True):
+        out, _ = track_real_heads(forward_attention, None, padded["q"], None, None, layer)
+        outside, _ = flash_mla_sm120.flash_mla_with_kvcache_sm120(**kw)
+    want, _ = ORIGINALS["decode"](**kw)
+    assert out.shape == (2, 1, 64, 512) and not torch.isnan(out).any()
+    assert torch.equal(out[:, :, 8:], torch.zeros_like(out[:, :, 8:]))
+    err = (out[:, :, :8].float() - want.float()).norm() / want.float().norm()
+    assert err < 1e-2, err
+    assert torch.equal(outside, out[:, :, :8]), "the same op on the unpadded q"
+
+
+def test_a_gpu_no_configuration_fits_stops_sglang_at_startup(monkeypatch):
+    """An explicitly enabled kernel on a GPU older than sm_80 stops register() (sglang's startup) with the reason."""
+    import torch as t
+
+    from sparsemla.deploy import sglang_plugin as sp
+    from sparsemla.kernels import device as dev
+
+    monkeypatch.setattr(t.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(t.cuda, "device_count", lambda: 1)
+    volta = dev.DeviceInfo((7, 0), 98_304, 80, 98_304, "Tesla V100-SXM2-32GB")
+    with dev.assume(volta), flags.SPARSEMLA_MMA_DECODE.override(True), pytest.raises(SystemExit) as exc:
+        sp._check_kernels_runnable()
+    assert "GPU 0: Tesla V100-SXM2-32GB (sm_70" in str(exc.value) and "sm_80 or newer" in str(exc.value)
+    with dev.assume(dev.target("sm_120")), flags.SPARSEMLA_MMA_DECODE.override(True):
+        sp._check_kernels_runnable()  # the RTX PRO 6000's facts pass
 
 
 def test_flags_info_metric_in_multiprocess_mode(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sparsemla import flags
+from sparsemla.kernels import device as dev
 from sparsemla.kernels import layouts
 from sparsemla.kernels.sparse_decode import api
 from sparsemla.kernels.sparse_decode import triton as sd_triton
@@ -93,9 +94,8 @@ def test_bad_config_is_refused():
     kw = make_case(1, 8, 16, 0, seed=2)
     with pytest.raises(ValueError, match="dv_split"):
         sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, dv_split=4), interpret=True)
-    with pytest.raises(ValueError, match="dv_split"):
-        chunked = sd_triton.DecodeConfig(16, 16, 4, 1, kernel="chunked", dv_split=2)
-        sd_triton.sparse_decode_fwd(**kw, config=chunked, interpret=True)
+    with pytest.raises(ValueError, match="num_real_heads"):
+        sd_triton.sparse_decode_fwd(**kw, num_real_heads=9, interpret=True)
 
 
 def test_all_invalid_and_zero_length_give_zero_rows(nan_empty):
@@ -119,7 +119,7 @@ def test_duplicates_sink_inf_and_noncontiguous_q(nan_empty):
     kw["indices"][:, :, 16:] = kw["indices"][:, :, :16]  # every slot listed twice
     sink = kw["attn_sink"]
     sink[0], sink[1] = float("inf"), float("-inf")
-    big = torch.randn(2, 1, 8, 1024).to(torch.bfloat16)
+    big = torch.randn(2, 1, 8, 1024, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
     kw["q"] = big[..., ::2]  # stride 2 along the head dim
     out, lse = api.sparse_decode(**kw)
     assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0])), "sink +inf must give a zero row"
@@ -129,7 +129,8 @@ def test_duplicates_sink_inf_and_noncontiguous_q(nan_empty):
 def test_head_dim_v_and_multi_query_rows(nan_empty):
     kw = make_case(2, 8, 24, 0, seed=3)
     kw["head_dim_v"] = 448
-    kw["q"] = torch.randn(2, 2, 8, 512).to(torch.bfloat16)  # s_q = 2 (MTP), each row its own indices
+    gen = torch.Generator().manual_seed(3)
+    kw["q"] = torch.randn(2, 2, 8, 512, generator=gen).to(torch.bfloat16)  # s_q = 2 (MTP), each row its own indices
     kw["indices"] = torch.cat([kw["indices"], kw["indices"].flip(-1)], dim=1).contiguous()
     out, lse = api.sparse_decode(**kw)
     check(kw, out, lse)
@@ -160,9 +161,10 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_num_splits(1, 1, 10, 132, override=64) == 10  # clamped to the tile count
     assert sd_triton.choose_num_splits(1, 1, 0, 132) == 1
     assert sd_triton.choose_num_splits(8, 1, 20, 132) == 10  # 16 wanted -> 2 tiles each -> 10 splits, none empty
-    assert [sd_triton.default_config(h).block_h for h in (8, 16, 17, 63, 64, 128)] == [16, 16, 64, 64, 64, 64]
-    assert sd_triton.default_config(64).kernel == "wide"
-    assert sd_triton.default_config(64, rows=1).block_n == 16 and sd_triton.default_config(64, rows=8).block_n == 64
+    h200 = dev.target("sm_90")
+    assert [sd_triton.choose_config(h200, h).block_h for h in (8, 16, 17, 63, 64, 128)] == [16, 16, 64, 64, 64, 64]
+    assert sd_triton.choose_config(h200, 64, rows=1).block_n == 16
+    assert sd_triton.choose_config(h200, 64, rows=8).block_n == 64
 
 
 @pytest.mark.parametrize("splits,heads", [(2, 64), (20, 64), (132, 128), (7, 8)])
@@ -180,19 +182,17 @@ def _pad_page_stride(k_cache: torch.Tensor, pad: int) -> torch.Tensor:
     return buf[:, : page_size * 584].view(pages, page_size, 1, 584)
 
 
-@pytest.mark.parametrize("kernel,pad", [("wide", 0), ("wide", 2), ("chunked", 0)])
-def test_both_kernel_bodies_match_reference(nan_empty, kernel, pad):
+@pytest.mark.parametrize("pad", [0, 2], ids=["aligned", "unaligned"])
+def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad):
     kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=21)
     if pad:
         kw["k_cache"] = _pad_page_stride(kw["k_cache"], pad)
         kw["extra_k_cache"] = _pad_page_stride(kw["extra_k_cache"], pad)
         assert kw["k_cache"].stride(0) % 16 != 0
-    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, kernel=kernel)
+    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
     for splits in (1, 3):
         out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)
         check(kw, out, lse)
-    with pytest.raises(ValueError, match="unknown decode kernel"):
-        sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, kernel="nope"), interpret=True)
 
 
 @pytest.mark.parametrize(
@@ -209,3 +209,22 @@ def test_bad_inputs_raise(mutate, match):
     mutate(kw)
     with pytest.raises(ValueError, match=match):
         sd_triton.sparse_decode_fwd(**kw, interpret=True)
+
+
+def _lse_layout(lse):
+    """The [B, H, s_q] view of a [B, s_q, H] buffer, as the kernel returns it (the real heads' slice is not)."""
+    return lse.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("heads,real", [(64, 8), (64, 13), (16, 16)], ids=["TP8-pad64", "odd-real", "no-pad"])
+def test_padded_heads_compute_only_the_real_ones(nan_empty, heads, real):
+    """sglang pads q (uninitialised rows) and the sink (zeros) to 64 heads under TP: with ``num_real_heads`` the real
+    heads equal the reference on the real heads alone, the pad heads are out 0 / lse -inf, and pad-row garbage (NaN
+    here) never leaks into a real head."""
+    kw = make_case(3, heads, 40, 24, invalid=0.1, lengths="short", seed=5)
+    kw["q"][:, :, real:] = float("nan")
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=3, num_real_heads=real, interpret=True)
+    real_kw = dict(kw, q=kw["q"][:, :, :real].contiguous(), attn_sink=kw["attn_sink"][:real].contiguous())
+    check(real_kw, out[:, :, :real], _lse_layout(lse[:, :real]))
+    assert torch.equal(out[:, :, real:], torch.zeros_like(out[:, :, real:]))
+    assert torch.isneginf(lse[:, real:]).all()

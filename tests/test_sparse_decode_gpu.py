@@ -128,11 +128,13 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True),
         sd_triton.DecodeConfig(64, 64, 8, 1, int_dequant=True),
         sd_triton.DecodeConfig(64, 32, 4, 1, dv_split=2),
-        sd_triton.DecodeConfig(64, 32, 8, 2, kernel="chunked"),
-        sd_triton.DecodeConfig(64, 64, 8, 2, kernel="chunked"),
+        sd_triton.DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True),  # the mma.sync targets' tiles
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True),
+        sd_triton.DecodeConfig(16, 16, 4, 1, partial_bf16=True, int_dequant=True),
+        sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True),
     ],
     ids=lambda c: (
-        f"{c.kernel}-{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
+        f"{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
         + ("-bf16part" if c.partial_bf16 else "")
     ),
 )
@@ -176,3 +178,22 @@ def test_deterministic():
     for _ in range(3):
         b = api.sparse_decode(**kw)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("real", [8, 13], ids=["TP8-8of64", "13of64"])
+def test_padded_heads_skip_the_pad(nan_empty, real):
+    """q padded to 64 heads (NaN pad rows, as sglang's uninitialised pad can be): the real heads match the reference
+    on the real heads alone, pad heads are 0 / -inf, eager == CUDA-graph replay."""
+    kw = make_case(4, 64, 128, 512, sink=True, seed=31)
+    kw["q"][:, :, real:] = float("nan")
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_real_heads=real)
+    check(dict(kw, q=kw["q"][:, :, :real].contiguous(), attn_sink=kw["attn_sink"][:real].contiguous()),
+          out[:, :, :real], lse[:, :real].transpose(1, 2).contiguous().transpose(1, 2))  # fmt: skip
+    assert torch.equal(out[:, :, real:], torch.zeros_like(out[:, :, real:])) and torch.isneginf(lse[:, real:]).all()
+    graph = torch.cuda.CUDAGraph()
+    sd_triton.sparse_decode_fwd(**kw, num_real_heads=real)
+    with torch.cuda.graph(graph):
+        captured = sd_triton.sparse_decode_fwd(**kw, num_real_heads=real)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], out)

@@ -3,8 +3,9 @@
 Providers, all measured in the same run on the same inputs:
 
 * ``sparsemla``      this project's Triton kernel (:func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`);
-  ``sparsemla_graph`` the same calls replayed from a CUDA graph (every shape), ``sparsemla_chunked_graph`` the previous
-  kernel body (``DecodeConfig(kernel="chunked")``) replayed the same way (target shapes);
+  ``sparsemla_graph`` the same calls replayed from a CUDA graph (every shape); ``sparsemla_sm89path`` /
+  ``sparsemla_sm89path_graph`` the same in the sm_89 code path (``TRITON_OVERRIDE_ARCH=sm89`` in a child process:
+  mma.sync with the configurations sm_80..sm_120 get, within their 101,376 B budget);
 * ``sglang_triton``  sglang 0.5.23's per-head kernel ``flash_mla_sparse_decode_triton`` (loaded by file path; it imports
   only torch and triton), measured on the target shapes (H=64, extra 512) only: it is ~1000x slower elsewhere;
 * ``flashmla``       sgl-flash-mla 1.0.0's SM90 kernel (``use_legacy=True``); it only takes 64 or 128 heads, so H < 64
@@ -16,7 +17,8 @@ Inputs are random (never zeros): fp8 NoPE ~ N(0, 4), ue8m0 scales 2^-5..2^0, bf1
 indices lie in its own 256-token page, extra indices are distinct random slots of a compressed cache (page 64).
 Timings are ``triton.testing.do_bench`` medians of eager calls (do_bench flushes L2 before each repetition) over
 ``ROTATE`` input sets used in turn, the method of the baselines in notes/h200-baselines.md; ``sparsemla_graph`` times
-one CUDA-graph replay of the same call per repetition (``sparsemla_chunked_graph``: the previous kernel).
+one CUDA-graph replay of the same call per repetition. Prefill-sized calls (``--prefill-rows``: extend chunks reach the
+same entry as q [num_tokens, 1, H, 512]) are measured at H=64, 128 + 512 indices.
 Writes ``results/bench/decode-<gpu>-<date>.json``:
 ``{"op": "decode", "gpu", "git_sha", "torch", "triton", "rows": [{"B", "H", "swa_topk", "extra_topk", "provider",
 "us"}], ...}`` and prints a table.
@@ -35,6 +37,7 @@ import torch
 import typer
 
 from sparsemla import artifacts
+from sparsemla.kernels.bench import paths as code_paths
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_NOPE_DIM, V4_NUM_SCALES, V4_SCALE_BYTES, v4_page_bytes
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -171,22 +174,18 @@ def graphed(call):
     return graph.replay
 
 
-def chunked_config(shape: Shape):
-    """The previous kernel ("chunked": the 512-wide row as 8 chunks of 64, 16 dots per tile) with the tile config it
-    shipped with (32-token tiles while the grid needs splits, 64 once ``B x head blocks >= 64``), for a same-run
-    comparison with the default (wide) kernel."""
-    from sparsemla.kernels.sparse_decode.triton import DecodeConfig
-
-    busy = shape.B * -(-shape.H // 64) >= 64
-    return DecodeConfig(block_h=64, block_n=64 if busy else 32, num_warps=8, num_stages=2, kernel="chunked")
-
-
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def bench_shape(
-    shape: Shape, providers: list[str], ceilings: dict[str, float], sglang_fn, flash_mla, splits: int | str
+    shape: Shape,
+    providers: list[str],
+    ceilings: dict[str, float],
+    sglang_fn,
+    flash_mla,
+    splits: int | str,
+    code_path: str = "native",
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output."""
     from triton.testing import do_bench
@@ -198,7 +197,7 @@ def bench_shape(
     fns: dict[str, list] = {}
     if "sparsemla" in providers:
         fns["sparsemla"] = [lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits) for kw in sets]
-    if "sglang_triton" in providers and sglang_fn is not None and shape.is_target:
+    if "sglang_triton" in providers and sglang_fn is not None and shape.is_target and shape.B <= 128:
         fns["sglang_triton"] = [
             lambda kw=kw: sglang_fn(
                 kw["q"],
@@ -217,16 +216,11 @@ def bench_shape(
     if "flashmla" in providers and flash_mla is not None:
         pad = 64 if shape.H <= 64 else 128
         fns["flashmla"] = [flashmla_call(flash_mla, kw, pad) for kw in sets]
-    if "reference" in providers and shape.is_target:
+    if "reference" in providers and shape.is_target and shape.B <= 128:
         fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
 
     if "sparsemla" in fns:
         fns["sparsemla_graph"] = fns["sparsemla"]  # same calls, one CUDA-graph replay per repetition
-    if "sparsemla" in fns and shape.is_target:
-        chunked = chunked_config(shape)  # the previous kernel body (8 chunk dots per tile), same split rule
-        fns["sparsemla_chunked_graph"] = [
-            lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits, config=chunked) for kw in sets
-        ]
     errs: dict[str, float] = {}
     ours = fns["sparsemla"][0]()[0] if "sparsemla" in fns else None
     rows = []
@@ -242,7 +236,10 @@ def bench_shape(
             return runs[state["i"] % len(runs)]()
 
         us = do_bench(step, warmup=10, rep=60, return_mode="median") * 1e3
-        rows.append({**shape.__dict__, "provider": name, "us": round(us, 3)})
+        row = {**shape.__dict__, "provider": code_paths.provider(name, code_path), "us": round(us, 3)}
+        if name.startswith("sparsemla"):
+            row["shared_bytes"] = SHARED.get("_sparse_decode_kernel")
+        rows.append(row)
     fl, _, _ = floor_us(shape, ceilings)
     rows.append({**shape.__dict__, "provider": "floor", "us": round(fl, 3)})
     del sets, fns
@@ -265,33 +262,91 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     Console(width=160).print(table)
 
 
+SHARED: dict[str, int] = {}  # kernel name -> metadata.shared of its last launch (recorded next to the timings)
+
+
+def _record_shared() -> None:
+    import triton
+
+    real_run = triton.JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's signature
+        kernel = real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if hasattr(kernel, "metadata"):
+            SHARED[self.fn.__name__] = kernel.metadata.shared
+        return kernel
+
+    triton.JITFunction.run = run
+
+
 @app.command()
 def main(
     out_dir: Path = typer.Option(Path("results/bench"), help="Where decode-<gpu>-<date>.json is written."),
     batches: str = typer.Option("1,8,32,64,128", help="Comma-separated batch sizes."),
     heads: str = typer.Option("8,16,64,128", help="Comma-separated query head counts."),
     extra_topks: str = typer.Option("512,2048,8192", help="Comma-separated extra-cache top-k sizes."),
+    prefill_rows: str = typer.Option("1024,8192", help="Extend-chunk rows (H=64, 128 + 512) measured as well."),
     swa_topk: int = typer.Option(128, help="SWA (main cache) top-k."),
     providers: str = typer.Option("sparsemla,sglang_triton,flashmla,reference", help="Providers to time."),
+    paths: str = typer.Option(
+        "native,sm89",
+        help="Code paths: native (wgmma on Hopper) and/or sm89 (TRITON_OVERRIDE_ARCH=sm89: the "
+        "mma.sync code and configurations of sm_80..sm_120), each in its own process.",
+    ),
+    child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
     sglang_src: Path = typer.Option(
         Path(".gpu/sglang_src/flash_mla_sm120_triton.py"), help="sglang 0.5.23's flash_mla_sm120_triton.py."
     ),
     splits: str = typer.Option("auto", help="Split count for sparsemla (auto or an int)."),
     git_sha: str = typer.Option("", help="Commit the numbers belong to (default: `git rev-parse HEAD` here)."),
 ) -> None:
-    """Time every provider over the shape grid and write the JSON (needs a CUDA GPU)."""
+    """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
+    import sys
+    import tempfile
+
     from sparsemla.console import fail
 
     if not torch.cuda.is_available():
         fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
+    try:
+        path_list = code_paths.parse(paths)
+    except ValueError as exc:
+        fail(str(exc), "e.g. --paths native,sm89")
+    gpu = torch.cuda.get_device_name()
+    ceilings = measure_ceilings() if child_out is None else {}
+    if child_out is None:
+        rows: list[dict[str, Any]] = []
+        checks: list[dict[str, Any]] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in path_list:
+                doc = code_paths.run_child(
+                    "sparsemla.kernels.bench.decode", sys.argv[1:], path, Path(tmp) / f"{path}.json"
+                )
+                rows += doc["rows"]
+                checks += [{**x, "code_path": path} for x in doc["checks"]]
+        floors = []
+        for key in dict.fromkeys((r["B"], r["H"], r["swa_topk"], r["extra_topk"]) for r in rows):
+            fl, _, _ = floor_us(Shape(*key), ceilings)
+            floors.append({**Shape(*key).__dict__, "provider": "floor", "us": round(fl, 3)})
+        rows += floors
+        out_dir.mkdir(parents=True, exist_ok=True)
+        slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+        path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
+        _write(path, gpu, git_sha, ceilings, rows, checks, path_list)
+        _print_table(rows)
+        print(f"wrote {path}")
+        return
 
+    code_path = path_list[0]
+    _record_shared()
     provs = [p.strip() for p in providers.split(",") if p.strip()]
+    if code_path != "native":
+        provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
     try:
         import flash_mla  # type: ignore[import-not-found]
     except ImportError:
         flash_mla = None
-    ceilings = measure_ceilings()
     split_arg: int | str = "auto" if splits == "auto" else int(splits)
     shapes = [
         Shape(int(b), int(h), swa_topk, int(x))
@@ -299,28 +354,33 @@ def main(
         for h in heads.split(",")
         for b in batches.split(",")
     ]
-    rows: list[dict[str, Any]] = []
-    checks: list[dict[str, Any]] = []
-    gpu = torch.cuda.get_device_name()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-    path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
+    shapes += [Shape(int(b), 64, swa_topk, 512) for b in prefill_rows.split(",") if b.strip()]
+    rows, checks = [], []
     for shape in shapes:
-        r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg)
-        rows += r
+        r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path)
+        rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
         checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
         print(json.dumps(r), flush=True)
-        _write(path, gpu, git_sha, ceilings, rows, checks)  # after every shape: a cut-short run keeps what it measured
-    _print_table(rows)
-    print(f"wrote {path}")
+        child_out.write_text(json.dumps({"rows": rows, "checks": checks}))  # a cut-short run keeps what it measured
 
 
-def _write(path: Path, gpu: str, git_sha: str, ceilings: dict[str, float], rows: list, checks: list) -> None:
+def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
     import triton
+
+    from sparsemla.kernels import device as dev
 
     doc = {
         "op": "decode",
         "gpu": gpu,
+        "device": dev.device_info().__dict__,
+        "code_paths": {
+            p: (
+                "wgmma (this GPU's own)"
+                if p == "native"
+                else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, the configurations chosen for sm_{p[2:]}"
+            )
+            for p in paths
+        },  # fmt: skip
         "git_sha": git_sha or artifacts.git_sha() or "unknown",
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -328,7 +388,8 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict[str, float], rows:
         "ceilings": ceilings,
         "method": (
             f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
-            "sets (the method of notes/h200-baselines.md); `sparsemla_graph` = one CUDA-graph replay per rep"
+            "sets (the method of notes/h200-baselines.md); `*_graph` = one CUDA-graph replay per rep; each code path "
+            "in its own process; `shared_bytes` = metadata.shared of the decode kernel as launched"
         ),
         "rows": rows,
         "checks": checks,

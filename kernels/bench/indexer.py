@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import typer
 
+from sparsemla.kernels.bench import paths as code_paths
 from sparsemla.kernels.bench.report import cells_by
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_PAGE_BYTES, IDX_SCALE_OFFSET
 
@@ -235,7 +236,8 @@ def tune_logits(kv: torch.Tensor, gen: torch.Generator) -> None:
                     for per_sm in (4, 8):
                         times = []
                         for case, out in zip(cases, outs, strict=True):
-                            splits = num_splits_for(case.batch, kv.device, programs_per_sm=per_sm)
+                            sms = torch.cuda.get_device_properties(kv.device).multi_processor_count
+                            splits = num_splits_for(case.batch, sms, programs_per_sm=per_sm)
                             args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, out, case.cap)
                             kw = dict(block_n=block_n, swap_ab=swap, num_splits=splits, num_warps=warps)
                             kw["num_stages"] = stages
@@ -281,14 +283,25 @@ def main(
     git_sha: str = typer.Option("", help="Commit of the code measured (the GPU machine's copy has no .git)."),
     seed: int = typer.Option(0, help="Random seed."),
     tune: bool = typer.Option(False, help="Only sweep the logits kernel's launch parameters on a few shapes."),
+    paths: str = typer.Option(
+        "native,sm89", help="Code paths (each in its own process): native and/or sm89 (TRITON_OVERRIDE_ARCH=sm89)."
+    ),
+    child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
 ) -> None:
-    """Benchmark the indexer providers on the current CUDA GPU and write the JSON."""
+    """Benchmark the indexer providers on the current CUDA GPU in each code path and write the JSON."""
+    import sys
+    import tempfile
+
     import triton
 
     from sparsemla.console import fail
 
     if not torch.cuda.is_available():
         fail("the indexer benchmark needs a CUDA GPU", "run it on the device machine (make bench-indexer)")
+    try:
+        path_list = code_paths.parse(paths)
+    except ValueError as exc:
+        fail(str(exc), "e.g. --paths native,sm89")
     chosen = [p.strip() for p in providers.split(",") if p.strip()]
     unknown = sorted(set(chosen) - set(PROVIDERS))
     if unknown:
@@ -299,39 +312,68 @@ def main(
     if any(c % IDX_PAGE for c in cps) or any(c > cap for c in cs for cap in cps):
         fail("every cap must be a multiple of 64 and >= every ctx", f"ctxs={cs} caps={cps}")
     device = torch.device("cuda")
+    if child_out is None and not tune:
+        rows: list[dict] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in path_list:
+                argv = sys.argv[1:]
+                rows += code_paths.run_child("sparsemla.kernels.bench.indexer", argv, path, Path(tmp) / "c.json")[
+                    "rows"
+                ]
+        bw = copy_bandwidth(device)
+        _write(out_dir, rows, bw, k, git_sha, path_list, triton.__version__)
+        print_table(rows, list(dict.fromkeys(r["provider"] for r in rows)))
+        return
+    code_path = path_list[0]
+    if code_path != "native":
+        chosen = [p for p in chosen if p.startswith("sparsemla")]  # the torch baselines do not change with the target
     gen = torch.Generator(device=device).manual_seed(seed)
     bw = copy_bandwidth(device)
     kv = gpu_indexer_cache(max(bs) * -(-max(cs) // IDX_PAGE), device, gen)
     if tune:
         tune_logits(kv, gen)
         return
-    rows: list[dict] = []
+    rows = []
     for batch in bs:
         for ctx in cs:
             for cap in cps:
                 case = make_case(batch, ctx, cap, kv, gen)
-                rows.extend(run_case(case, k, chosen, bw))
+                for row in run_case(case, k, chosen, bw):
+                    if code_path != "native" and row["provider"] == "floor":
+                        continue
+                    rows.append({**row, "provider": code_paths.provider(row["provider"], code_path)})
                 del case
                 torch.cuda.empty_cache()
-    name = torch.cuda.get_device_name(device)
+                child_out.write_text(json.dumps({"rows": rows}))
+
+
+def _write(out_dir: Path, rows: list[dict], bw: float, k: int, git_sha: str, paths: list[str], triton_v: str) -> None:
+    from sparsemla import artifacts
+    from sparsemla.kernels import device as dev
+
+    name = torch.cuda.get_device_name()
     result = {
         "op": "indexer",
         "gpu": name,
-        "git_sha": git_sha,
+        "device": dev.device_info().__dict__,
+        "code_paths": paths,
+        "git_sha": git_sha or artifacts.git_sha() or "unknown",
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": triton_v,
         "date": _dt.date.today().isoformat(),
         "copy_bandwidth_tb_s": round(bw / 1e12, 3),
         "k": k,
         "heads": HEADS,
         "page_bytes": IDX_PAGE_BYTES,
-        "timing": "triton.testing.do_bench median, L2 flushed before each call, us",
+        "timing": "triton.testing.do_bench median, L2 flushed before each call, us; each code path in its own process",
         "providers": {
             "sparsemla": "Triton logits, clean_logits=False",
             "sparsemla_graph": "same launch replayed from a CUDA graph",
             "sparsemla_topk": f"fused logits + top-{k} (one launch, no logits output)",
             "sparsemla_topk_graph": "the fused launch replayed from a CUDA graph",
             "sparsemla_topk_unfused": f"Triton logits then Triton top-{k} (two launches)",
+            "sparsemla_sm89path*": "the same sparsemla providers in the sm_89 code path (TRITON_OVERRIDE_ARCH=sm89: "
+            "mma.sync, fp8 MMAs as on sm_89/sm_120)",
             "torch_fallback": "faithful re-implementation of sglang 0.5.23 fp8_paged_mqa_logits_torch_sm120 "
             "(sglang not importable on the GPU machine)",
             "torch_topk": f"faithful re-implementation of sglang 0.5.23 topk_transform_pytorch_vectorized, k={k}",
@@ -342,7 +384,6 @@ def main(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"indexer-{gpu_slug(name)}-{result['date']}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print_table(rows, chosen)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; wrote {path}")
 
 

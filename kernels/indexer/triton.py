@@ -30,15 +30,20 @@ each request runs the top-k of its rows while the logits are still in L2 -- one 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
 
 from sparsemla import flags
+from sparsemla.kernels import device as dev
+from sparsemla.kernels.dequant import e4m3_bits_to_bf16_value
+from sparsemla.kernels.layouts import IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
-PAGE = 64  # tokens per indexer page
-DIM = 128  # key / query width
-SCALE_OFFSET = tl.constexpr(PAGE * DIM)  # bytes: the page's fp32 scale plane starts here
+PAGE = IDX_PAGE  # tokens per indexer page
+DIM = IDX_DIM  # key / query width
+SCALE_OFFSET = tl.constexpr(IDX_SCALE_OFFSET)  # bytes: the page's fp32 scale plane starts here
 
 DOT_FP8, DOT_BF16, DOT_FP32 = 0, 1, 2
 TOPK_SIZES = (512, 1024, 2048)
@@ -293,11 +298,13 @@ def _indexer_logits_kernel(
 
     if i_s < n_blocks:
         p_q = q_ptr + i_b.to(tl.int64) * stride_qb + (o_m // H) * stride_qn + (o_m % H) * stride_qh
-        b_q = tl.load(p_q[:, None] + o_d[None, :]).to(tl.float8e4nv, bitcast=True)  # [M, D]
-        if DOT_MODE == 1:
-            b_q = b_q.to(tl.bfloat16)
-        elif DOT_MODE == 2:
-            b_q = b_q.to(tl.float32)
+        b_q = tl.load(p_q[:, None] + o_d[None, :])  # [M, D] uint8 (e4m3 bits)
+        if DOT_MODE == 0:
+            b_q = b_q.to(tl.float8e4nv, bitcast=True)
+        elif DOT_MODE == 1:  # no e4m3 type needed (sm_80/86): integer dequant, exact
+            b_q = e4m3_bits_to_bf16_value(b_q)
+        else:
+            b_q = b_q.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         b_w = tl.load(w_ptr + (i_b.to(tl.int64) * NEXT_N + o_m // H) * stride_wr + o_m % H)  # [M]
         p_pt = pt_ptr + i_b.to(tl.int64) * stride_pt
         for blk in range(i_s, n_blocks, n_s):
@@ -306,14 +313,15 @@ def _indexer_logits_kernel(
             page = tl.load(p_pt + o_t // 64, mask=m_t, other=0).to(tl.int64)  # [BLOCK_N]
             p_page = kv_ptr + page * stride_kv_page
             p_k = p_page + (o_t % 64) * D  # [BLOCK_N]
-            b_k = tl.load(p_k[:, None] + o_d[None, :], mask=m_t[:, None], other=0)  # [BLOCK_N, D]
-            b_k = b_k.to(tl.float8e4nv, bitcast=True)
+            b_k = tl.load(p_k[:, None] + o_d[None, :], mask=m_t[:, None], other=0)  # [BLOCK_N, D] uint8
             p_s = (p_page + SCALE_OFFSET + (o_t % 64) * 4).to(tl.pointer_type(tl.float32))
             b_sc = tl.load(p_s, mask=m_t, other=0.0)  # [BLOCK_N]
-            if DOT_MODE == 1:
-                b_k = b_k.to(tl.bfloat16)
-            elif DOT_MODE == 2:
-                b_k = b_k.to(tl.float32)
+            if DOT_MODE == 0:
+                b_k = b_k.to(tl.float8e4nv, bitcast=True)
+            elif DOT_MODE == 1:
+                b_k = e4m3_bits_to_bf16_value(b_k)
+            else:
+                b_k = b_k.to(tl.float8e4nv, bitcast=True).to(tl.float32)
             if SWAP_AB:
                 # tokens on the MMA's M side: the head sum stays inside a thread quad (no shared-memory reduction)
                 b_s = tl.dot(b_k, tl.trans(b_q))  # [BLOCK_N, M] fp32
@@ -409,33 +417,26 @@ def _interpreting() -> bool:
     return flags.TRITON_INTERPRET.get()
 
 
-_CAPABILITY: dict[int, tuple[int, int]] = {}
+def _info(device: torch.device) -> dev.DeviceInfo:
+    """The device facts the launch is configured for (the interpreter's under TRITON_INTERPRET)."""
+    return dev.INTERPRETER if _interpreting() else dev.device_info(device)
 
 
-def _dot_mode(device: torch.device) -> int:
-    if device.type != "cuda" or _interpreting():
-        return DOT_FP32  # the interpreter's fp8/bf16 dots are wrong: upcast
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return DOT_FP8 if _CAPABILITY[index] >= (8, 9) else DOT_BF16
-
-
-_SM_COUNT: dict[int, int] = {}
+def _dot_mode(info: dev.DeviceInfo) -> int:
+    """fp8 MMAs where the target has an e4m3 type (sm_89+); bf16 MMAs fed by the integer dequant on sm_80/86 (no
+    ``tl.float8e4nv`` there); fp32 under the interpreter, whose fp8/bf16 dots are wrong."""
+    if info is dev.INTERPRETER:
+        return DOT_FP32
+    return DOT_FP8 if info.has_fp8 else DOT_BF16
 
 
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _info(device).num_sms
 
 
-def num_splits_for(batch: int, device: torch.device, programs_per_sm: int = 8, max_splits: int = 256) -> int:
+def num_splits_for(batch: int, num_sms: int, programs_per_sm: int = 8, max_splits: int = 256) -> int:
     """Programs per request: enough to give every SM ``programs_per_sm`` programs; a function of B only (graph-safe)."""
-    want = _num_sms(device) * programs_per_sm
+    want = num_sms * programs_per_sm
     return max(1, min(max_splits, -(-want // max(batch, 1))))
 
 
@@ -470,6 +471,43 @@ def _lens_2d(seq_lens: torch.Tensor, batch: int, next_n: int) -> tuple[torch.Ten
     return lens, per_row
 
 
+@dataclass(frozen=True)
+class LogitsConfig:
+    """Launch shape of the logits kernel (also the fused logits + top-k launch).
+
+    block_n: key tokens per tile; swap_ab: tokens on the MMA's M side (the head sum stays inside a thread quad);
+    num_splits: programs per request (grid ``(B, num_splits)``); dot_mode: DOT_FP8 / DOT_BF16 / DOT_FP32."""
+
+    block_n: int
+    swap_ab: bool
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    dot_mode: int
+
+
+def choose_logits_config(
+    info: dev.DeviceInfo, batch: int, next_n: int, heads: int, fuse_topk: bool = False
+) -> LogitsConfig:
+    """From the device and shapes only (graph-safe). H200 sweep (graph replay, H=64, cap 64k): 5 cp.async stages keep
+    more key tiles in flight per program; B=64 at 4k / 16k / 64k: 24.6 / 56.2 / 171 us vs 24.3 / 62.5 / 204 with 3
+    (3 and 4 measure the same). One key tile per program at small B: 2 stages (B=1, 4k: 7.7 vs 8.0 us). Every target
+    takes the same tiles (43 KB of shared memory at most: within the 101,376 B of sm_86/89/120); sm_80/86 have no
+    e4m3 type and run bf16 MMAs on integer-dequantized keys."""
+    interp = info is dev.INTERPRETER
+    num_warps = 4 if next_n * heads <= 64 else 8
+    if fuse_topk:
+        num_warps = max(num_warps, 8)  # the tail program sorts k <= 2048 keys
+    return LogitsConfig(
+        block_n=64 if interp else 128,
+        swap_ab=not interp,
+        num_splits=num_splits_for(batch, info.num_sms),
+        num_warps=num_warps,
+        num_stages=1 if interp else (2 if batch <= 4 else 5),
+        dot_mode=_dot_mode(info),
+    )
+
+
 def _launch_logits(
     q_fp8: torch.Tensor,
     kv_cache_fp8: torch.Tensor,
@@ -483,32 +521,14 @@ def _launch_logits(
     counters: torch.Tensor | None = None,
     idx_out: torch.Tensor | None = None,
     k: int = 512,
-    block_n: int | None = None,
-    swap_ab: bool | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     row_tiles: tuple[int, int] | None = None,
+    **overrides: int | bool,
 ) -> None:
+    """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests)."""
     batch, next_n, heads, _ = q_fp8.shape
     lens, per_row = _lens_2d(seq_lens, batch, next_n)
-    device = q_fp8.device
-    interp = _interpreting()
-    if block_n is None:
-        block_n = 64 if interp else 128
-    if swap_ab is None:
-        swap_ab = not interp
-    if num_splits is None:
-        num_splits = num_splits_for(batch, device)
-    if num_warps is None:
-        num_warps = 4 if next_n * heads <= 64 else 8
-    if num_stages is None:
-        # H200 sweep (graph replay, H=64, cap 64k): 5 stages keep more key tiles in flight per program; B=64 at
-        # 4k / 16k / 64k: 24.6 / 56.2 / 171 us vs 24.3 / 62.5 / 204 with 3 (3 and 4 measure the same). One key tile
-        # per program at small B: 2 stages (B=1, 4k: 7.7 vs 8.0 us).
-        num_stages = 1 if interp else (2 if batch <= 4 else 5)
-    if fuse_topk:
-        num_warps = max(num_warps, 8)  # the tail program sorts k <= 2048 keys
+    cfg = choose_logits_config(_info(q_fp8.device), batch, next_n, heads, fuse_topk)
+    cfg = replace(cfg, **{key: v for key, v in overrides.items() if v is not None})
     q_u8 = q_fp8.view(torch.uint8)
     kv_u8 = kv_cache_fp8.view(torch.uint8)
     dummy = out if idx_out is None else idx_out
@@ -516,7 +536,7 @@ def _launch_logits(
         row_small, row_max, stream = _topk_paths(k, max_seq_len, row_tiles or FUSED_ROW_TILES)
     else:  # fixed constexprs: the logits-only kernel compiles once for every max_seq_len
         row_small, row_max, stream = 2 * k, 2 * k, False
-    _indexer_logits_kernel[(batch, num_splits)](
+    _indexer_logits_kernel[(batch, cfg.num_splits)](
         q_u8,
         kv_u8,
         weights,
@@ -540,17 +560,17 @@ def _launch_logits(
         H=heads,
         D=DIM,
         PER_ROW_LENS=per_row,
-        BLOCK_N=block_n,
-        DOT_MODE=_dot_mode(device),
-        SWAP_AB=swap_ab,
+        BLOCK_N=cfg.block_n,
+        DOT_MODE=cfg.dot_mode,
+        SWAP_AB=cfg.swap_ab,
         FUSE_TOPK=fuse_topk,
         K=k,
         TOPK_BLOCK=_topk_block(k),
         TOPK_ROW_SMALL=row_small,
         TOPK_ROW_MAX=row_max,
         TOPK_STREAM=stream,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 

@@ -49,12 +49,16 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         softmax_scale: float or None (then 512 ** -0.5).
         extra_k_cache / extra_indices_in_kvcache / extra_topk_length: a second cache (own page size) appended to the
             candidate list.
+        num_real_heads: int or None (not an sglang argument: the plugin adds it): only q's first heads are real, as
+            when sglang pads q to 64 heads under tensor parallelism; the pad heads get out 0 and lse -inf and cost
+            nothing.
     Semantics: :mod:`sparsemla.kernels.sparse_decode.reference`.
     """
     for name in _IGNORED:
         kwargs.pop(name, None)
     q, k_cache, indices = kwargs["q"], kwargs["k_cache"], kwargs["indices"]
     head_dim_v = int(kwargs.get("head_dim_v", 512))
+    real = kwargs.get("num_real_heads")
     _validate(q, k_cache, indices, head_dim_v)
     args = dict(
         q=q,
@@ -72,10 +76,15 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if backend == "reference":
         from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
-        return sparse_decode_reference(**args)
+        out, lse = sparse_decode_reference(**args)
+        if real is not None and real < q.shape[2]:  # the same pad-head contract as the kernel
+            out[:, :, real:] = 0
+            lse[:, real:] = float("-inf")
+        return out, lse
     from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
 
-    return sparse_decode_fwd(**args, num_splits=flags.SPARSEMLA_SPLIT_K.get(), interpret=backend == "interpreter")
+    num_splits = flags.SPARSEMLA_SPLIT_K.get()
+    return sparse_decode_fwd(**args, num_splits=num_splits, interpret=backend == "interpreter", num_real_heads=real)
 
 
 def select_backend(q: torch.Tensor) -> str:

@@ -1,19 +1,19 @@
-"""Head-batched tensor-core Triton kernels for DeepSeek-V4 sparse-MLA decode (V4 page-split fp8 KV cache).
+"""Head-batched tensor-core Triton kernel for DeepSeek-V4 sparse-MLA decode (V4 page-split fp8 KV cache).
 
 One program = (query row, head block, split). A program walks its share of the concatenated candidate list
 (main cache ++ extra cache) in tiles of ``BLOCK_N`` tokens; each token row is gathered and dequantized ONCE per
-program and shared by all ``BLOCK_H`` heads, with an online softmax in base 2 and fp32 accumulation. Two kernel bodies:
+program and shared by all ``BLOCK_H`` heads, with an online softmax in base 2 and fp32 accumulation. The dequantized
+row is one [BLOCK_N, 512] bf16 tile (7 fp8 NoPE chunks of 64, each times its ue8m0 scale, exact in bf16 because it is
+a power of two, + the bf16 RoPE chunk), so a tile costs two dots: a 512-deep QK^T and a 512-wide PV into one
+[BLOCK_H, 512] accumulator. Both caches share one loop (the cache, page geometry and index row are scalars selected
+per tile); the slot ids of the next tile are loaded one tile ahead. ``dv_split=2`` runs each 256-column half of the
+output in its own program (the scores are computed by both), which doubles the programs of a small grid.
 
-* ``wide`` (default): the dequantized row is ONE [BLOCK_N, 512] bf16 tile (7 fp8 NoPE chunks of 64, each times its
-  ue8m0 scale, exact in bf16 because it is a power of two, + the bf16 RoPE chunk), so a tile costs two dots: a
-  512-deep QK^T and a 512-wide PV into one [BLOCK_H, 512] accumulator. Both caches share one loop (the cache, page
-  geometry and index row are scalars selected per tile); the slot ids of the next tile are loaded one tile ahead. On
-  sm_90 (8 warps, 64 heads x 64 tokens) it compiles to wgmma chains at 255 registers with ~90 bytes of spill per
-  thread; ncu on the H200 (B=64): one 8-warp program per SM, ~8 µs per tile with the gather + dequant (~55 %) and
-  the two dots (~45 %) back to back. ``dv_split=2`` runs each 256-column half of the output in its own program (the
-  scores are computed by both), which doubles the programs of a small grid.
-* ``chunked`` (the first version): 8 chunks of 64 columns, 16 dots per tile and one loop per cache; at 64 heads it
-  spills ~100 values per thread (kept for comparison: ``DecodeConfig(kernel="chunked")``).
+Portability: the fp8 bytes are read as uint8 and dequantized with integer instructions
+(:func:`sparsemla.kernels.dequant.e4m3_bits_to_bf16`), so no e4m3 type is needed (sm_80/86 have none). The tiles come
+from :func:`choose_config` per :class:`~sparsemla.kernels.device.DeviceInfo`: on mma.sync targets (sm_80..sm_89,
+sm_120) both dot operands are staged in shared memory, so the Hopper tiles (196,608 B there) do not fit their
+101,376 B and smaller ones are chosen.
 
 Split-K: the host picks the split count from shapes only (``SPARSEMLA_SPLIT_K`` overrides it) so the grid fills the
 SMs at small batch and is 1 when ``rows x head blocks`` already does; inside the kernel each split takes an equal
@@ -28,13 +28,14 @@ The Triton path never imports the fp32 reference; semantics are those documented
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from sparsemla.kernels import device as dev
+from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_SCALE_BYTES
 
 LOG2E = 1.4426950408889634
@@ -46,73 +47,83 @@ class DecodeConfig:
     """Launch shape of the main kernel.
 
     block_h / block_n: heads per program and tokens per tile; num_warps / num_stages: Triton launch options;
-    kernel: ``"wide"`` (the 512-wide row as one tile, two dots per tile) or ``"chunked"`` (8 chunks of 64, 16 dots);
-    dv_split: 1, or 2 = each program owns one 256-column half of the output (wide kernel only: twice the programs, each
-    with half the accumulator, both halves recompute the scores); partial_bf16: split partials stored as bf16 instead of
-    fp32 (half the partial traffic; measured relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference,
-    where the bf16 output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (``_e4m3_bits_to_bf16``,
-    bit-identical) instead of the fp8 -> f16 -> bf16 conversion instructions (wide kernel only)."""
+    dv_split: 1, or 2 = each program owns one 256-column half of the output (twice the programs, each with half the
+    accumulator, both halves recompute the scores); partial_bf16: split partials stored as bf16 instead of fp32 (half
+    the partial traffic; relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference, where the bf16
+    output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (bit-identical, and the only path on
+    targets without an e4m3 type) instead of the fp8 -> f16 -> bf16 conversion instructions."""
 
     block_h: int
     block_n: int
     num_warps: int
     num_stages: int
-    kernel: str = "wide"
     dv_split: int = 1
     partial_bf16: bool = False
     int_dequant: bool = False
 
     def __post_init__(self) -> None:
-        if self.kernel not in ("wide", "chunked"):
-            raise ValueError(f"unknown decode kernel {self.kernel!r} (wide or chunked)")
-        if self.dv_split not in (1, 2) or (self.dv_split == 2 and self.kernel != "wide"):
-            raise ValueError(f"dv_split must be 1 or 2 (2 only with the wide kernel), got {self.dv_split}")
+        if self.dv_split not in (1, 2):
+            raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
 
 
-def default_config(num_heads: int, rows: int = 1, interpret: bool = False) -> DecodeConfig:
-    """Wide kernel. H <= 16: one 16-head program per row (4 warps, mma.sync: wgmma needs 64 rows per warpgroup);
-    H > 16: 64-head blocks (wgmma; H = 17..63 padded, H > 64 in several blocks).
+def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
+    """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info``.
 
-    Offline sm_90 compile (Triton 3.6): a 32-head block at 4 warps spills 45 values, so 17..32 heads pad to 64.
-    H200 sweeps (2026-11-29, H=64, 128 + 512 indices, CUDA-graph replay; exploratory scripts and their JSON in
-    results/bench/explore/, the reported numbers come from the benchmark): a tile costs a near-fixed latency (~8 µs
-    for 64 tokens at one program per SM: gather, dequant, QK, softmax and PV run back to back), so a busy grid
-    (``rows x head blocks >= 8``) wants 64-token tiles (B=8..128: 27 / 56 / 62 / 79 µs vs 29 / 57 / 69 / 101 with
-    32-token tiles). With splits, the fp32 partials cost as much as the attention at B=32..64 (B=32: 56 -> 44 µs,
-    B=64: 62 -> 50 µs with bf16 partials; B=8: 27 vs 29, kept fp32). Small grids want many short splits: B=1 with
-    16-token tiles in 256-column halves and bf16 partials 14.9 µs (64 heads x 512 columns: 17.4 µs). The integer
-    e4m3 -> bf16 dequant (``int_dequant``) is 2-9 % faster at every B and H measured (B=64: 46.3 vs 50.4 µs; B=128:
-    74.2 vs 79.8). Tried and dropped: ``.cg`` row loads (no change), a split merge fused into the last program of each
-    row (B=64: 56 vs 50 µs with bf16 partials; one program merging 10+ splits is far slower), halves at B >= 8
-    (slower: the duplicated QK)."""
-    if interpret:
+    wgmma targets (sm_90, sm_100; budget 232,448 B): H <= 16 one 16-head program per row (4 warps: wgmma needs 64
+    rows per warpgroup, so this is mma.sync); H > 16 64-head blocks, 64-token tiles once ``rows x head blocks >= 8``
+    (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill), else 16-token tiles in 256-column halves
+    (128 KB / 98 KB of shared memory).
+
+    mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
+    memory, ``(block_h + 2 * block_n) x 1 KB`` here, so a 64-head x 64-token tile needs 196,608 B. Within the budget:
+    H <= 16: 16 heads x 16 tokens (48 KB) for <= 8 rows, x 32 tokens (80 KB) above; H > 16: 32-head blocks, 16-token
+    tiles (64 KB) while ``rows x head blocks <= 2``, 32-token tiles (96 KB) above. One pipeline stage: a second one
+    doubles the gathered tile's staging buffers and does not fit. Measured in the sm_89 code path on the H200
+    (docs/performance.md).
+
+    Interpreter: small tiles (its dots run in fp32 on the CPU)."""
+    if info is dev.INTERPRETER:
         return DecodeConfig(block_h=max(16, min(64, triton.next_power_of_2(num_heads))), block_n=16, num_warps=4,
                             num_stages=1)  # fmt: skip
+    if not info.has_wgmma:
+        if num_heads <= 16:
+            return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
+        busy = rows * triton.cdiv(num_heads, 32)
+        return DecodeConfig(32, 16 if busy <= 2 else 32, 4, 1, partial_bf16=True, int_dequant=True)
     if num_heads <= 16:
         return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, int_dequant=True)
     busy = rows * triton.cdiv(num_heads, 64)
     if busy >= 8:
+        # sm_100 (tcgen05): the 64-token tile spills 304 B per thread there (ahead-of-time compile), 32 tokens 152 B
+        block_n = 32 if info.capability[0] == 10 else 64
         return DecodeConfig(
-            block_h=64, block_n=64, num_warps=8, num_stages=1, partial_bf16=busy >= 16, int_dequant=True
+            block_h=64, block_n=block_n, num_warps=8, num_stages=1, partial_bf16=busy >= 16, int_dequant=True
         )
     return DecodeConfig(
         block_h=64, block_n=16, num_warps=4, num_stages=2, dv_split=2, partial_bf16=True, int_dequant=True
     )
 
 
-@functools.lru_cache(maxsize=16)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
+    """Estimated shared memory of the main kernel with ``cfg`` on ``info`` (it sizes how many programs an SM holds,
+    hence the split count; the ahead-of-time compile reports the exact figure): the bf16 tiles the dots read, q
+    [block_h, 512] and the gathered rows [block_n, 512], the rows twice where both dots stage them (mma.sync, which
+    wgmma targets also use below 64 heads, unless a program owns one half of V), plus ~1.5 KB per token and extra
+    pipeline stage for the raw rows in flight."""
+    wgmma = info.has_wgmma and cfg.block_h >= 64
+    tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
+    return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
 
 
-def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, num_sms: int, override: int | str = "auto") -> int:
-    """Split count from shapes only (CUDA-graph safe): about one wave of programs, never more splits than tiles."""
+def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, slots: int, override: int | str = "auto") -> int:
+    """Split count from shapes only (CUDA-graph safe): about one wave of programs (``slots`` = SMs x programs
+    resident per SM), never more splits than tiles."""
     if max_tiles <= 0:
         return 1
     if override != "auto":
         return max(1, min(int(override), max_tiles))
     base = max(1, rows * head_blocks)
-    want = max(1, min(max_tiles, num_sms // base))
+    want = max(1, min(max_tiles, slots // base))
     per = -(-max_tiles // want)  # tiles per split; then drop the splits that would get no tile
     return -(-max_tiles // per)
 
@@ -120,98 +131,6 @@ def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, num_sms: int,
 # --------------------------------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------------------------------
-@triton.jit
-def _load_q_chunk(p_q, o_h, m_h, stride_qd, C: tl.constexpr, DOT_F32: tl.constexpr):
-    """Query chunk ``C`` (columns C*64 .. C*64+63) of the head block: [BLOCK_H, 64]."""
-    o_d = C * 64 + tl.arange(0, 64)
-    b_q = tl.load(p_q + o_h[:, None] + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64]
-    if DOT_F32:
-        b_q = b_q.to(tl.float32)
-    return b_q
-
-
-@triton.jit
-def _load_k_chunk(p_cache, o_tok, o_scale, m_n, C: tl.constexpr, DOT_F32: tl.constexpr):
-    """Dequantized NoPE chunk ``C`` of the tile's token rows: fp8 * 2^(ue8m0 - 127) -> [BLOCK_N, 64] (exact in bf16)."""
-    o_k = o_tok[:, None] + (C * 64 + tl.arange(0, 64))[None, :]
-    p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-    b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64] fp8
-    b_e = tl.load(p_cache + o_scale + C, mask=m_n, other=127).to(tl.float32)  # [BLOCK_N] ue8m0 byte
-    b_s = tl.math.exp2(b_e - 127.0)
-    if DOT_F32:
-        return b_k8.to(tl.float32) * b_s[:, None]
-    return b_k8.to(tl.bfloat16) * b_s.to(tl.bfloat16)[:, None]
-
-
-@triton.jit
-def _attend_tiles(
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
-    q0, q1, q2, q3, q4, q5, q6, q7,
-    p_cache, p_idx, length, page_size, page_stride, tile_lo, tile_hi, qk_scale,
-    BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Online-softmax attention of the head block over tiles [tile_lo, tile_hi) of one cache.
-
-    acc0..acc7: [BLOCK_H, 64] fp32 unnormalised output chunks; m_i, l_i: [BLOCK_H] running base-2 max and sum."""
-    o_n = tl.arange(0, BLOCK_N)
-    o_d = tl.arange(0, 64)
-    for i_t in range(tile_lo, tile_hi):
-        o_pos = i_t * BLOCK_N + o_n
-        b_idx = tl.load(p_idx + o_pos, mask=o_pos < length, other=-1)  # [BLOCK_N] slot ids
-        m_n = b_idx >= 0
-        b_slot = tl.where(m_n, b_idx, 0)
-        b_page = (b_slot // page_size).to(tl.int64)
-        b_off = (b_slot % page_size).to(tl.int64)
-        o_tok = b_page * page_stride + b_off * 576  # byte offset of the token's 576-byte data row
-        o_rope = b_page * (page_stride // 2) + b_off * 288  # the same row in bf16 units (page_stride is even)
-        o_scale = b_page * page_stride + page_size * 576 + b_off * 8  # its 8 scale bytes
-        if ALIGNED:
-            o_tok = tl.multiple_of(o_tok, 16)
-            o_rope = tl.multiple_of(o_rope, 8)
-        # RoPE chunk: bf16 at bytes 448..575 of the data row.
-        p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-        o_r = o_rope[:, None] + o_d[None, :]
-        k7 = tl.load(p_rope + o_r, mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64] bf16
-        if DOT_F32:
-            k7 = k7.to(tl.float32)
-        k0 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 0, DOT_F32)
-        k1 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 1, DOT_F32)
-        k2 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 2, DOT_F32)
-        k3 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 3, DOT_F32)
-        k4 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 4, DOT_F32)
-        k5 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 5, DOT_F32)
-        k6 = _load_k_chunk(p_cache, o_tok, o_scale, m_n, 6, DOT_F32)
-        # scores [BLOCK_H, BLOCK_N] = q . k over the 8 chunks
-        b_s = tl.dot(q7, tl.trans(k7), input_precision=DOT_PREC)
-        b_s = tl.dot(q0, tl.trans(k0), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q1, tl.trans(k1), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q2, tl.trans(k2), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q3, tl.trans(k3), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q4, tl.trans(k4), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q5, tl.trans(k5), b_s, input_precision=DOT_PREC)
-        b_s = tl.dot(q6, tl.trans(k6), b_s, input_precision=DOT_PREC)
-        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
-        alpha = tl.math.exp2(m_i - m_use)
-        b_p = tl.math.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        m_i = m_new
-        if DOT_F32:
-            b_pd = b_p
-        else:
-            b_pd = b_p.to(tl.bfloat16)
-        acc0 = tl.dot(b_pd, k0, acc0 * alpha[:, None], input_precision=DOT_PREC)
-        acc1 = tl.dot(b_pd, k1, acc1 * alpha[:, None], input_precision=DOT_PREC)
-        acc2 = tl.dot(b_pd, k2, acc2 * alpha[:, None], input_precision=DOT_PREC)
-        acc3 = tl.dot(b_pd, k3, acc3 * alpha[:, None], input_precision=DOT_PREC)
-        acc4 = tl.dot(b_pd, k4, acc4 * alpha[:, None], input_precision=DOT_PREC)
-        acc5 = tl.dot(b_pd, k5, acc5 * alpha[:, None], input_precision=DOT_PREC)
-        acc6 = tl.dot(b_pd, k6, acc6 * alpha[:, None], input_precision=DOT_PREC)
-        acc7 = tl.dot(b_pd, k7, acc7 * alpha[:, None], input_precision=DOT_PREC)
-    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i
-
-
 @triton.jit
 def _sink_scale(scale, lse2, sink, o_h, m_h, valid):
     """``scale`` times exp(lse - logaddexp(lse, sink)) per head (lse2 base 2): sink +inf -> 0, -inf -> unchanged; heads
@@ -245,134 +164,6 @@ def _split_tiles(
 
 
 @triton.jit
-def _store_chunk(p_o, o_h, m_h, acc, scale, C: tl.constexpr, DV: tl.constexpr):
-    """Store output chunk ``C`` scaled per head: [BLOCK_H, 64] -> columns C*64.. (only those < DV)."""
-    if C * 64 < DV:
-        o_d = C * 64 + tl.arange(0, 64)
-        b_o = acc * scale[:, None]
-        m_o = m_h[:, None] & (o_d < DV)[None, :]
-        tl.store(p_o + o_h[:, None] + o_d[None, :], b_o.to(p_o.dtype.element_ty), mask=m_o)
-
-
-@triton.jit
-def _sparse_decode_kernel(
-    q, cache, idx, length, cache_x, idx_x, length_x, sink,
-    out, lse, o_part, lse_part,
-    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_ib, stride_is, stride_xb, stride_xs,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
-    SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """Grid (B * S, cdiv(H, BLOCK_H), num_splits). out [B, S, H, DV] bf16 and lse [B, S, H] (natural log, no sink)
-    when SINGLE; else o_part [B*S, num_splits, H, 512] fp32 (per-split normalised) and lse_part [B*S, num_splits, H]
-    (base 2)."""
-    i_r = tl.program_id(0)
-    i_hb = tl.program_id(1)
-    i_sp = tl.program_id(2)
-    i_b = i_r // S
-    i_s = i_r % S
-
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < H
-    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs
-    o_qh = o_h.to(tl.int64) * stride_qh
-    q0 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 0, DOT_F32)
-    q1 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 1, DOT_F32)
-    q2 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 2, DOT_F32)
-    q3 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 3, DOT_F32)
-    q4 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 4, DOT_F32)
-    q5 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 5, DOT_F32)
-    q6 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 6, DOT_F32)
-    q7 = _load_q_chunk(p_q, o_qh, m_h, stride_qd, 7, DOT_F32)
-
-    # valid lengths (only the leftmost `length` entries count) -> this split's share of the valid tiles
-    n_main, n_x, t_main, t_lo, t_hi = _split_tiles(
-        length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N, HAS_LEN, HAS_LEN_X, HAS_EXTRA
-    )
-
-    acc0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc4 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc5 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc6 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    acc7 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-
-    p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
-    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i = _attend_tiles(
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
-        q0, q1, q2, q3, q4, q5, q6, q7,
-        cache, p_idx, n_main, page_size, page_stride, t_lo, tl.minimum(t_hi, t_main), qk_scale,
-        BLOCK_N, ALIGNED, DOT_F32, DOT_PREC,
-    )  # fmt: skip
-    if HAS_EXTRA:
-        p_idx_x = idx_x + i_b.to(tl.int64) * stride_xb + i_s.to(tl.int64) * stride_xs
-        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i = _attend_tiles(
-            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, m_i, l_i,
-            q0, q1, q2, q3, q4, q5, q6, q7,
-            cache_x, p_idx_x, n_x, page_size_x, page_stride_x,
-            tl.maximum(t_lo, t_main) - t_main, t_hi - t_main, qk_scale,
-            BLOCK_N, ALIGNED, DOT_F32, DOT_PREC,
-        )  # fmt: skip
-
-    lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))  # [BLOCK_H] base-2 LSE of the valid scores
-    inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    if SINGLE:
-        if HAS_SINK:
-            inv_l = _sink_scale(inv_l, lse2, sink, o_h, m_h, l_i > 0.0)
-        p_o = out + i_r.to(tl.int64) * H * DV
-        o_oh = o_h.to(tl.int64) * DV
-        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
-    else:
-        p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512
-        o_oh = o_h.to(tl.int64) * 512
-        tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_h)
-    _store_chunk(p_o, o_oh, m_h, acc0, inv_l, 0, DV)
-    _store_chunk(p_o, o_oh, m_h, acc1, inv_l, 1, DV)
-    _store_chunk(p_o, o_oh, m_h, acc2, inv_l, 2, DV)
-    _store_chunk(p_o, o_oh, m_h, acc3, inv_l, 3, DV)
-    _store_chunk(p_o, o_oh, m_h, acc4, inv_l, 4, DV)
-    _store_chunk(p_o, o_oh, m_h, acc5, inv_l, 5, DV)
-    _store_chunk(p_o, o_oh, m_h, acc6, inv_l, 6, DV)
-    _store_chunk(p_o, o_oh, m_h, acc7, inv_l, 7, DV)
-
-
-@triton.jit
-def _e4m3_bits_to_bf16(x):
-    """uint8 e4m3 bytes -> bf16 equal to the e4m3 value times 2^-120, exactly (subnormals included: both formats put
-    the exponent field right below the sign, so moving the 7 exponent/mantissa bits up by 4 and the sign up by 8
-    rescales every value by 2^(127 - 7)). Integer ops only (PRMT/SHL/AND/OR, full rate), instead of the fp8 -> f16 ->
-    bf16 conversion pair that runs on the 16-per-clock conversion unit. Four bytes per asm block."""
-    return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, m0, m1, s0, s1;
-        prmt.b32 t0, $2, 0, 0x4140;
-        prmt.b32 t1, $2, 0, 0x4342;
-        shl.b32 t0, t0, 4;
-        shl.b32 t1, t1, 4;
-        and.b32 m0, t0, 0x07F007F0;
-        and.b32 m1, t1, 0x07F007F0;
-        and.b32 s0, t0, 0x08000800;
-        and.b32 s1, t1, 0x08000800;
-        shl.b32 s0, s0, 4;
-        shl.b32 s1, s1, 4;
-        or.b32 $0, m0, s0;
-        or.b32 $1, m1, s1;
-        }""",
-        constraints="=r,=r,r",
-        args=[x],
-        dtype=tl.bfloat16,
-        is_pure=True,
-        pack=4,
-    )
-
-
-@triton.jit
 def _load_kv_tile(
     p_cache, o_tok, o_rope, o_scale, m_n,
     BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
@@ -386,13 +177,16 @@ def _load_kv_tile(
     software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
     o_c = C0 + tl.arange(0, NC)
     o_d = tl.arange(0, 64)
-    p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
     o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
     if C0 + NC == 8:
         m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
     else:
         m_nope = m_n[:, None, None] & (o_c >= 0)[None, :, None]
-    b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, NC, 64] fp8
+    if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 (which have none) compile this path
+        b_k8 = tl.load(p_cache + o_k, mask=m_nope, other=0)  # [BLOCK_N, NC, 64] uint8 (e4m3 bits)
+    else:
+        p_k8 = p_cache.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+        b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, NC, 64] fp8
     if ALIGNED:
         p_w = p_cache.to(tl.pointer_type(tl.int64), bitcast=True)
         b_w = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
@@ -402,11 +196,12 @@ def _load_kv_tile(
         m_e = m_n[:, None] & (o_c < 7)[None, :]
         b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, NC]
     b_sc = tl.math.exp2(b_e - 127.0)
+    tl.static_assert(not (DOT_F32 and INT_DEQUANT), "the interpreter runs fp32 dots from fp8 loads, not inline PTX")
     if DOT_F32:
         b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
     elif INT_DEQUANT:
-        b_kb = _e4m3_bits_to_bf16(b_k8.to(tl.uint8, bitcast=True))  # [BLOCK_N, NC, 64] = e4m3 * 2^-120
-        two_120 = tl.full([1, 1, 1], 1.329227995784916e36, tl.bfloat16)  # 2^120, exact in bf16
+        b_kb = e4m3_bits_to_bf16(b_k8)  # [BLOCK_N, NC, 64] = e4m3 * 2^-120
+        two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
         b_k = (b_kb * two_120) * b_sc.to(tl.bfloat16)[:, :, None]  # the e4m3 value, then times its scale
     else:
         b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None]
@@ -432,10 +227,10 @@ def _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t, o_n, BLOCK_N: tl.co
 
 
 @triton.jit
-def _sparse_decode_wide_kernel(
+def _sparse_decode_kernel(
     q, cache, idx, length, cache_x, idx_x, length_x, sink,
     out, lse, o_part, lse_part,
-    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
+    S, H, H_OUT, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_ib, stride_is, stride_xb, stride_xs,
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
@@ -533,8 +328,8 @@ def _sparse_decode_wide_kernel(
     if SINGLE:
         if HAS_SINK:
             inv_l = _sink_scale(inv_l, lse2, sink, o_h, m_h, l_i > 0.0)
-        p_o = out + i_r.to(tl.int64) * H * DV + o_h.to(tl.int64)[:, None] * DV + o_v[None, :]
-        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_lse)
+        p_o = out + i_r.to(tl.int64) * H_OUT * DV + o_h.to(tl.int64)[:, None] * DV + o_v[None, :]
+        tl.store(lse + i_r.to(tl.int64) * H_OUT + o_h, lse2 * 0.6931471805599453, mask=m_lse)
     else:
         p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512 + o_h.to(tl.int64)[:, None] * 512 + o_v[None, :]
         tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_lse)
@@ -544,7 +339,7 @@ def _sparse_decode_wide_kernel(
 
 @triton.jit
 def _sparse_decode_combine_kernel(
-    o_part, lse_part, sink, out, lse, H, num_splits,
+    o_part, lse_part, sink, out, lse, H, H_OUT, num_splits,
     DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
 ):  # fmt: skip
     """LSE-merge of the splits. Grid (B * S, cdiv(H, BLOCK_H), cdiv(DV, BLOCK_D)); sink applied once here.
@@ -575,10 +370,10 @@ def _sparse_decode_combine_kernel(
     b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
     if HAS_SINK:
         b_scale = _sink_scale(b_scale, lse2, sink, o_h, m_h, b_tot > 0.0)
-    p_out = out + i_r.to(tl.int64) * H * DV + o_h[:, None].to(tl.int64) * DV + o_d[None, :]
+    p_out = out + i_r.to(tl.int64) * H_OUT * DV + o_h[:, None].to(tl.int64) * DV + o_d[None, :]
     tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
     if i_db == 0:
-        tl.store(lse + i_r.to(tl.int64) * H + o_h, lse2 * 0.6931471805599453, mask=m_h)
+        tl.store(lse + i_r.to(tl.int64) * H_OUT + o_h, lse2 * 0.6931471805599453, mask=m_h)
 
 
 def combine_blocks(splits: int, heads: int) -> tuple[int, int, int]:
@@ -634,12 +429,16 @@ def sparse_decode_fwd(
     num_splits: int | str = "auto",
     config: DecodeConfig | None = None,
     interpret: bool = False,
+    num_real_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the decode kernel(s): ``(out [B, s_q, H, head_dim_v] bf16, lse [B, H, s_q] fp32)``.
 
     ``lse`` is a permuted view of a [B, s_q, H] buffer (natural log, sink excluded, -inf for rows with no valid
     entry), the orientation sglang's torch path returns. ``num_splits``: "auto" or a positive int (clamped to the
     number of tiles). ``interpret``: the Triton CPU interpreter runs it (dots in fp32, small tiles).
+    ``num_real_heads``: only the first heads are real (sglang pads q and the sink to 64 heads under tensor
+    parallelism and reads back only the real ones): the kernel attends for those, the pad heads' out is 0 and their
+    lse -inf, and the configuration is the real head count's.
     """
     if interpret != _is_interpreted():
         raise RuntimeError(
@@ -672,21 +471,30 @@ def sparse_decode_fwd(
         raise ValueError("indices must be contiguous along topk")
     if softmax_scale is None:
         softmax_scale = dim**-0.5
+    heads_out = heads
+    if num_real_heads is not None:
+        if not 0 < num_real_heads <= heads:
+            raise ValueError(f"num_real_heads must be in 1..{heads} (q's heads), got {num_real_heads}")
+        heads = num_real_heads  # q's first heads; the kernel reads q through its strides, so no copy
 
-    cfg = config or default_config(heads, batch * s_q, interpret)
+    info = dev.device_info(q.device) if not interpret else dev.INTERPRETER
+    cfg = config or choose_config(info, heads, batch * s_q)
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
     max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
-    sms = 132 if interpret or not q.is_cuda else _num_sms(q.device.index or 0)
-    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, sms, num_splits)
+    resident = max(1, info.smem_per_sm // shared_bytes(cfg, info))  # programs one SM holds at once
+    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, info.num_sms * resident, num_splits)
     aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
     aligned = aligned and page_stride_x % 16 == 0
 
     # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
     out_dtype = torch.float32 if interpret else torch.bfloat16
-    out = torch.empty(batch, s_q, heads, head_dim_v, dtype=out_dtype, device=q.device)
-    lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
+    out = torch.empty(batch, s_q, heads_out, head_dim_v, dtype=out_dtype, device=q.device)
+    lse = torch.empty(batch, s_q, heads_out, dtype=torch.float32, device=q.device)
+    if heads_out > heads:
+        out[:, :, heads:].zero_()
+        lse[:, :, heads:].fill_(float("-inf"))
     part_dtype = torch.bfloat16 if cfg.partial_bf16 and not interpret else torch.float32  # fp32 there too, likewise
     if splits > 1:
         o_part = torch.empty(rows, splits, heads, V4_DIM, dtype=part_dtype, device=q.device)
@@ -696,18 +504,17 @@ def sparse_decode_fwd(
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
     grid = (rows, head_blocks * cfg.dv_split, splits)
     # the interpreter cannot run the integer dequant's inline PTX
-    wide = {"DV_SPLIT": cfg.dv_split, "INT_DEQUANT": cfg.int_dequant and not interpret} if cfg.kernel == "wide" else {}
-    kernel = _sparse_decode_wide_kernel if cfg.kernel == "wide" else _sparse_decode_kernel
-    kernel[grid](
+    _sparse_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
         out, lse, o_part, lse_part,
-        s_q, heads, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
+        s_q, heads, heads_out, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
         float(softmax_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
-        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, **wide,
+        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV_SPLIT=cfg.dv_split,
+        INT_DEQUANT=cfg.int_dequant and not interpret,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32",
@@ -717,7 +524,7 @@ def sparse_decode_fwd(
         block_s, block_hc, block_d = combine_blocks(splits, heads)
         cgrid = (rows, triton.cdiv(heads, block_hc), triton.cdiv(head_dim_v, block_d))
         _sparse_decode_combine_kernel[cgrid](
-            o_part, lse_part, attn_sink if attn_sink is not None else dummy, out, lse, heads, splits,
+            o_part, lse_part, attn_sink if attn_sink is not None else dummy, out, lse, heads, heads_out, splits,
             DV=head_dim_v, BLOCK_S=block_s, BLOCK_H=block_hc, BLOCK_D=block_d, HAS_SINK=attn_sink is not None,
             num_warps=4,
         )  # fmt: skip
@@ -732,4 +539,4 @@ def flops_and_bytes(batch: int, heads: int, topk_total: int) -> tuple[float, flo
     return flops, float(nbytes)
 
 
-__all__ = ["DecodeConfig", "choose_num_splits", "default_config", "flops_and_bytes", "sparse_decode_fwd"]
+__all__ = ["DecodeConfig", "choose_config", "choose_num_splits", "flops_and_bytes", "shared_bytes", "sparse_decode_fwd"]

@@ -1,0 +1,307 @@
+"""Ahead-of-time compile of every Triton kernel of the project for GPUs this machine does not have.
+
+Triton compiles for a target it does not run on: :class:`_TargetDriver` makes the active driver report the target
+(``GPUTarget("cuda", arch, 32)``), and while :func:`compile_only` is active every ``kernel[grid](...)`` launch compiles
+(through the kernel's own launcher, so the launcher chooses the configuration that target gets from its
+:class:`~sparsemla.kernels.device.DeviceInfo`) and returns without running. For each compiled kernel the record holds
+``metadata.shared`` (the shared memory a block needs) and, from ``cuobjdump -res-usage`` (shipped in the Triton wheel)
+on the cubin, registers per thread and spilled bytes per thread (stack frame + local memory).
+
+Must run in a process without ``TRITON_INTERPRET`` (the interpreter never compiles); ``python -m
+sparsemla.kernels.aot`` is that process. The cases are the shapes sglang passes (see :func:`cases`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+
+from sparsemla.kernels import device as dev
+
+SPILL_LIMIT = 256  # bytes per thread: more than this counts as a failure (local memory traffic on every tile)
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """One compiled kernel of one case on one target."""
+
+    target: str
+    case: str
+    kernel: str
+    shared: int  # bytes per block (metadata.shared)
+    budget: int  # the target's opt-in limit per block
+    registers: int
+    spilled: int  # bytes per thread: stack frame + local memory
+    num_warps: int
+    num_stages: int
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.shared <= self.budget and self.spilled <= SPILL_LIMIT
+
+    def problem(self) -> str:
+        if self.error:
+            return self.error
+        if self.shared > self.budget:
+            return f"shared memory {self.shared} B > {self.budget} B"
+        if self.spilled > SPILL_LIMIT:
+            return f"spills {self.spilled} B per thread > {SPILL_LIMIT}"
+        return ""
+
+
+class _TargetDriver(DriverBase):
+    """A driver that reports ``arch`` as the current target and never launches."""
+
+    def __init__(self, arch: int) -> None:
+        self.arch = arch
+
+    @staticmethod
+    def is_active() -> bool:
+        return True
+
+    def get_current_target(self) -> GPUTarget:
+        return GPUTarget("cuda", self.arch, 32)
+
+    def get_current_device(self) -> int:
+        return 1000 + self.arch  # a key of its own in each kernel's per-device cache
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_device_interface(self):  # noqa: ANN201 - torch.cuda-like module; unused without a GPU
+        return torch.cuda
+
+    def get_benchmarker(self):  # noqa: ANN201
+        raise RuntimeError("a compile-only target cannot benchmark")
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        raise RuntimeError("a compile-only target has no launcher")
+
+
+def _cuobjdump() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def cubin_resources(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, spilled bytes per thread = STACK + LOCAL) of a cubin, from ``cuobjdump -res-usage``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(_cuobjdump()), "-res-usage", f.name], capture_output=True, text=True, check=True)
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out.stdout)
+    if not m:
+        raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out.stdout[-400:]}")
+    reg, stack, _, local = (int(g) for g in m.groups())
+    return reg, stack + local
+
+
+@contextlib.contextmanager
+def compile_only(name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources]) -> Iterator[None]:
+    """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running."""
+    real_run = triton.JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
+        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        reg, spilled = cubin_resources(kernel.asm["cubin"])
+        md = kernel.metadata
+        sink.append(
+            KernelResources(
+                name, case, self.fn.__name__, md.shared, info.smem_per_block, reg, spilled, md.num_warps, md.num_stages
+            )
+        )
+        return kernel
+
+    drivers = triton.runtime.driver
+    previous = drivers._active  # None on a machine without a GPU: reset_active() would try to create one
+    drivers.set_active(_TargetDriver(info.arch))
+    triton.JITFunction.run = run
+    try:
+        with dev.assume(info):
+            yield
+    finally:
+        triton.JITFunction.run = real_run
+        drivers._active = previous
+
+
+# -- the cases: the shapes sglang passes ------------------------------------------------------------------------------
+DECODE_BATCHES = (1, 8, 64, 128)
+DECODE_HEADS = (8, 16, 64, 128)
+DECODE_EXTRA_TOPK = (512, 2048)
+INDEXER_BATCHES = (1, 64)
+INDEXER_CONTEXTS = (4096, 65536)
+
+
+def _decode_case(batch: int, heads: int, extra_topk: int) -> Callable[[], object]:
+    from sparsemla.kernels.layouts import random_slots, random_v4_cache
+    from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
+
+    def call() -> object:
+        g = torch.Generator().manual_seed(0)
+        main = random_v4_cache(1, 256, generator=g)  # one page: the compile needs shapes and strides, not volume
+        extra = random_v4_cache(extra_topk // 64, 64, generator=g)
+        q = torch.randn(batch, 1, heads, 512, generator=g).to(torch.bfloat16)
+        idx = random_slots(batch, 128, main.num_slots, generator=g)
+        idx_x = random_slots(batch, extra_topk, extra.num_slots, generator=g)
+        lens = torch.full((batch,), extra_topk, dtype=torch.int32)
+        return sparse_decode_fwd(
+            q, main.k_cache, idx, topk_length=torch.full((batch,), 128, dtype=torch.int32),
+            attn_sink=torch.randn(heads), extra_k_cache=extra.k_cache, extra_indices_in_kvcache=idx_x,
+            extra_topk_length=lens,
+        )  # fmt: skip
+
+    return call
+
+
+def _indexer_case(batch: int, ctx: int, fused: bool) -> Callable[[], object]:
+    from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
+    from sparsemla.kernels.layouts import IDX_PAGE, random_indexer_cache
+
+    def call() -> object:
+        g = torch.Generator().manual_seed(0)
+        pages = ctx // IDX_PAGE
+        cache = random_indexer_cache(2, generator=g)
+        q = torch.randn(batch, 1, 64, 128, generator=g).to(torch.float8_e4m3fn)
+        w = torch.rand(batch, 64, generator=g)
+        lens = torch.full((batch,), ctx, dtype=torch.int32)
+        table = torch.zeros(batch, pages, dtype=torch.int32)
+        if fused:
+            return indexer_logits_topk_fwd(q, cache, w, lens, table, 512, ctx)
+        return indexer_logits_fwd(q, cache, w, lens, table, ctx)
+
+    return call
+
+
+def _topk_case(rows: int, cols: int, k: int) -> Callable[[], object]:
+    from sparsemla.kernels.indexer.triton import indexer_topk_fwd
+
+    def call() -> object:
+        logits = torch.randn(rows, cols)
+        return indexer_topk_fwd(logits, torch.full((rows,), cols, dtype=torch.int32), k)
+
+    return call
+
+
+def cases() -> dict[str, Callable[[], object]]:
+    """Case name -> a call of the public launcher at that shape (CPU tensors; only shapes and strides matter)."""
+    out: dict[str, Callable[[], object]] = {}
+    for b in DECODE_BATCHES:
+        for h in DECODE_HEADS:
+            for k in DECODE_EXTRA_TOPK:
+                out[f"decode B{b} H{h} topk128+{k}"] = _decode_case(b, h, k)
+    for b in INDEXER_BATCHES:
+        for ctx in INDEXER_CONTEXTS:
+            out[f"indexer_logits B{b} ctx{ctx // 1024}k"] = _indexer_case(b, ctx, fused=False)
+            out[f"indexer_fused_top512 B{b} ctx{ctx // 1024}k"] = _indexer_case(b, ctx, fused=True)
+    for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
+        for k in (512, 2048):
+            out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
+    return out
+
+
+def compile_target(name: str, selected: list[str] | None = None) -> list[KernelResources]:
+    """Compile every case (or the ``selected`` ones) for target ``name``; a case that fails to compile is a record
+    with its error, never an exception."""
+    info = dev.target(name)
+    records: list[KernelResources] = []
+    for case, call in cases().items():
+        if selected and case not in selected:
+            continue
+        before = len(records)
+        try:
+            with compile_only(name, info, case, records):
+                call()
+        except Exception as exc:  # noqa: BLE001 - the record carries the compiler's reason
+            msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
+            reason = next((line for line in reversed(msg) if line.strip()), "compile failed")[:300]
+            records.append(KernelResources(name, case, "?", 0, info.smem_per_block, 0, 0, 0, 0, reason))
+        if len(records) == before:
+            records.append(KernelResources(name, case, "?", 0, info.smem_per_block, 0, 0, 0, 0, "no kernel launched"))
+    return records
+
+
+def markdown(records: list[KernelResources], triton_version: str) -> str:
+    """docs/portability.md: per case and kernel, each target's shared bytes / registers / spilled bytes."""
+    targets = list(dict.fromkeys(r.target for r in records))
+    cell: dict[tuple[str, str], dict[str, KernelResources]] = {}
+    for r in records:
+        cell.setdefault((r.case, r.kernel), {})[r.target] = r
+    budgets = " / ".join(f"{t} {dev.target(t).smem_per_block:,} B" for t in targets)
+    lines = [
+        "# Portability: every kernel compiled for every target",
+        "",
+        f"Generated by `sparsemla aot --markdown docs/portability.md` (Triton {triton_version}, ahead of time, no GPU:",
+        '`GPUTarget("cuda", arch, 32)`; shared memory is `metadata.shared`, registers and spilled bytes per thread',
+        "(stack frame + local memory) come from `cuobjdump -res-usage` on the cubin). `make test` recompiles all of",
+        f"it and fails on a kernel that does not compile, exceeds its target's budget or spills over {SPILL_LIMIT} B.",
+        f"Budgets per block: {budgets}.",
+        "",
+        "Cell: shared bytes / registers / spilled bytes. Decode shapes: B requests x H heads, 128 SWA + 512 or 2048",
+        "extra indices; each launcher chose its configuration from the target's `DeviceInfo`.",
+        "",
+        "| case | kernel | " + " | ".join(targets) + " |",
+        "|---|---|" + "---|" * len(targets),
+    ]
+    for (case, kernel), per in cell.items():
+        cells = []
+        for t in targets:
+            r = per.get(t)
+            if r is None:
+                cells.append("-")
+            elif r.error:
+                cells.append("does not compile")
+            else:
+                mark = "" if r.ok else " **over**"
+                cells.append(f"{r.shared:,} / {r.registers} / {r.spilled}{mark}")
+        lines.append(f"| {case} | `{kernel}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sparsemla.kernels.aot [--arch sm_120 ...] [--json PATH]``: compile, print, optionally write JSON.
+    Exit 1 when any kernel fails to compile, exceeds its shared-memory budget or spills more than SPILL_LIMIT."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--arch", action="append", help="target (sm_80 ... sm_120); repeatable; default: all six")
+    parser.add_argument("--case", action="append", help="only these cases (names as printed)")
+    parser.add_argument("--json", type=Path, help="write the records here")
+    parser.add_argument("--markdown", type=Path, help="write the docs/portability.md table here")
+    args = parser.parse_args(argv)
+    names = [next(n for n, i in dev.TARGETS.items() if i is dev.target(a)) for a in args.arch or list(dev.TARGETS)]
+    records: list[KernelResources] = []
+    for name in names:
+        t0 = time.time()
+        records += compile_target(name, args.case)
+        print(f"[aot] {name}: {time.time() - t0:.0f} s", file=sys.stderr)
+    for r in records:
+        status = "ok" if r.ok else f"FAIL {r.problem()}"
+        print(
+            f"{r.target:7} {r.case:36} {r.kernel:34} smem {r.shared:7} reg {r.registers:3} spill {r.spilled:4} {status}"
+        )
+    if args.json:
+        payload = {"triton": triton.__version__, "spill_limit": SPILL_LIMIT, "records": [asdict(r) for r in records]}
+        args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(records, triton.__version__))
+    return 0 if all(r.ok for r in records) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

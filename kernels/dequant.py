@@ -1,0 +1,51 @@
+"""Integer e4m3 -> bf16 conversion shared by the decode and indexer kernels (a Triton device function).
+
+Triton has no e4m3 type on sm_80/86 (``tl.float8e4nv`` does not compile there), and where it has one the conversion
+runs on the 16-per-clock conversion unit. This path reads the raw bytes as uint8 and builds the bf16 bits with
+full-rate integer instructions, so it compiles on every target and is bit-identical to the fp8 -> bf16 conversion.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# e4m3_bits_to_bf16 returns the value times 2^-120; multiply by this (exact in bf16) to get the value itself.
+TWO_POW_120 = tl.constexpr(1.329227995784916e36)
+
+
+@triton.jit
+def e4m3_bits_to_bf16(x):
+    """uint8 e4m3 bytes -> bf16 equal to the e4m3 value times 2^-120, exactly (subnormals included: both formats put
+    the exponent field right below the sign, so moving the 7 exponent/mantissa bits up by 4 and the sign up by 8
+    rescales every value by 2^(127 - 7)). Integer ops only (PRMT/SHL/AND/OR, full rate; PTX ISA 7.0, every target
+    from sm_80). Four bytes per asm block."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, m0, m1, s0, s1;
+        prmt.b32 t0, $2, 0, 0x4140;
+        prmt.b32 t1, $2, 0, 0x4342;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 m0, t0, 0x07F007F0;
+        and.b32 m1, t1, 0x07F007F0;
+        and.b32 s0, t0, 0x08000800;
+        and.b32 s1, t1, 0x08000800;
+        shl.b32 s0, s0, 4;
+        shl.b32 s1, s1, 4;
+        or.b32 $0, m0, s0;
+        or.b32 $1, m1, s1;
+        }""",
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def e4m3_bits_to_bf16_value(x):
+    """uint8 e4m3 bytes -> their bf16 value (exact: every e4m3 value is a bf16 value)."""
+    two_120 = tl.full([1], TWO_POW_120, tl.bfloat16)
+    return e4m3_bits_to_bf16(x) * two_120

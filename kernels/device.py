@@ -1,0 +1,156 @@
+"""Device facts the kernels' launch configurations depend on, in one frozen record per GPU.
+
+Every launcher's configuration is a pure function of a :class:`DeviceInfo` and the call's shapes: nothing else is read
+at launch time, so a launch stays CUDA-graph safe, and a test (or the ahead-of-time compile check in
+:mod:`sparsemla.kernels.aot`) can hand it another GPU's facts with :func:`assume`.
+
+What the targets allow (CUDA programming guide, compute-capability tables):
+
+    target   GPUs                                   shared memory per block (opt-in)   MMA Triton emits   e4m3 type
+    sm_80    A100, A800                             166,912 B                          mma.sync           no
+    sm_86    A10, A40, RTX 3090                     101,376 B                          mma.sync           no
+    sm_89    L40S, L20, L4, RTX 4090                101,376 B                          mma.sync           yes
+    sm_90    H100, H200, H800                       232,448 B                          wgmma              yes
+    sm_100   B200, GB200                            232,448 B                          tcgen05            yes
+    sm_120   RTX PRO 6000 Blackwell, RTX 5090       101,376 B                          mma.sync           yes
+
+``TRITON_OVERRIDE_ARCH`` (e.g. ``sm89`` on an H200) makes Triton emit another architecture's code; the record then
+describes that architecture (its capability and shared-memory budget, capped by the real GPU's) with the real GPU's SM
+count, so the configurations chosen are the ones that target gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from sparsemla import flags
+
+MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands: Ampere and newer
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """capability: (major, minor) the kernels are compiled for; smem_per_block: opt-in shared memory a block may use
+    (bytes); num_sms: streaming multiprocessors; smem_per_sm: shared memory of one SM (how many blocks can be
+    resident at once); name: for messages and result files."""
+
+    capability: tuple[int, int]
+    smem_per_block: int
+    num_sms: int
+    smem_per_sm: int
+    name: str = ""
+
+    @property
+    def arch(self) -> int:
+        """The capability as Triton writes it: (12, 0) -> 120."""
+        return self.capability[0] * 10 + self.capability[1]
+
+    @property
+    def has_fp8(self) -> bool:
+        """Triton has an e4m3 type (``tl.float8e4nv``) on this target: sm_89 and newer."""
+        return self.capability >= (8, 9)
+
+    @property
+    def has_wgmma(self) -> bool:
+        """``tl.dot`` lowers to warpgroup MMAs that read the A operand from registers (sm_90 and sm_100 class);
+        sm_80..sm_89 and sm_120 get mma.sync, which stages both operands in shared memory."""
+        return self.capability[0] in (9, 10)
+
+    @property
+    def supported(self) -> bool:
+        return self.capability >= MIN_CAPABILITY
+
+
+# The six targets the project compiles for, with a typical part's SM count (the SM count only sizes grids).
+TARGETS: dict[str, DeviceInfo] = {
+    "sm_80": DeviceInfo((8, 0), 166_912, 108, 167_936, "A100"),
+    "sm_86": DeviceInfo((8, 6), 101_376, 84, 102_400, "A40"),
+    "sm_89": DeviceInfo((8, 9), 101_376, 142, 102_400, "L40S"),
+    "sm_90": DeviceInfo((9, 0), 232_448, 132, 233_472, "H200"),
+    "sm_100": DeviceInfo((10, 0), 232_448, 148, 233_472, "B200"),
+    "sm_120": DeviceInfo((12, 0), 101_376, 188, 102_400, "RTX PRO 6000 Blackwell"),
+}
+
+
+class UnsupportedDevice(RuntimeError):
+    """No configuration of the project's kernels runs on this GPU (the message says why)."""
+
+
+def target(name: str) -> DeviceInfo:
+    """A target by name: ``sm_120``, ``sm120`` or ``120``."""
+    key = "sm_" + re.sub(r"^sm_?", "", name.strip().lower())
+    if key not in TARGETS:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+    return TARGETS[key]
+
+
+def _override_arch() -> tuple[int, int] | None:
+    raw = flags.TRITON_OVERRIDE_ARCH.get()
+    if not raw:
+        return None
+    match = re.fullmatch(r"sm_?(\d+)", raw.strip().lower())
+    if not match:
+        raise flags.FlagError(f"TRITON_OVERRIDE_ARCH={raw!r} is not of the form smNN (e.g. sm89)")
+    arch = int(match.group(1))
+    return arch // 10, arch % 10
+
+
+def _target_of(capability: tuple[int, int]) -> DeviceInfo | None:
+    return next((info for info in TARGETS.values() if info.capability == capability), None)
+
+
+_ASSUMED: list[DeviceInfo] = []
+_CACHE: dict[int, DeviceInfo] = {}
+
+
+def _from_torch(index: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    capability = (props.major, props.minor)
+    known = _target_of(capability)
+    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or (known.smem_per_block if known else 49_152))
+    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or smem)
+    info = DeviceInfo(capability, smem, props.multi_processor_count, per_sm, props.name)
+    override = _override_arch()
+    if override is not None and override != capability:
+        # Configure as the target would be configured (its budget per block), on this GPU's SMs. Blocks per SM stay
+        # this GPU's: that is what runs here (an H200 fits two 98 KB blocks per SM where an sm_120 fits one).
+        as_target = _target_of(override)
+        budget = min(smem, as_target.smem_per_block) if as_target else smem
+        name = f"{props.name} as sm_{override[0]}{override[1]}"
+        info = replace(info, capability=override, smem_per_block=budget, name=name)
+    return info
+
+
+def device_info(device: torch.device | int | None = None) -> DeviceInfo:
+    """Facts of ``device`` (read from torch once per device), or the innermost :func:`assume`'d record."""
+    if _ASSUMED:
+        return _ASSUMED[-1]
+    if isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise UnsupportedDevice(f"the Triton kernels run on CUDA GPUs, got a {device.type} tensor")
+        device = device.index
+    index = torch.cuda.current_device() if device is None else int(device)
+    if index not in _CACHE:
+        _CACHE[index] = _from_torch(index)
+    return _CACHE[index]
+
+
+@contextlib.contextmanager
+def assume(info: DeviceInfo) -> Iterator[DeviceInfo]:
+    """Within the block every launcher configures itself for ``info`` (another GPU's facts, or the interpreter's)."""
+    _ASSUMED.append(info)
+    try:
+        yield info
+    finally:
+        _ASSUMED.pop()
+
+
+# What the CPU interpreter pretends to be: an sm_90-sized part (only grid sizes and tile choices depend on it).
+INTERPRETER = DeviceInfo((9, 0), 232_448, 4, 233_472, "Triton interpreter")
+
+__all__ = ["DeviceInfo", "INTERPRETER", "TARGETS", "UnsupportedDevice", "assume", "device_info", "target"]

@@ -1,0 +1,96 @@
+"""Ahead-of-time compile of every Triton kernel for sm_80, 86, 89, 90, 100 and 120 with the installed Triton (the
+production one, 3.8): each launcher picks the configuration that target gets, and every kernel must compile, fit the
+target's shared memory per block and spill at most 256 B per thread. docs/portability.md is generated from the same
+records. No GPU: Triton compiles for a target it does not run on (see sparsemla.kernels.aot)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sparsemla import flags
+from sparsemla.kernels import device as dev
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> dict:
+    """The AOT records of every case on every target (two child processes: this machine has two cores)."""
+    tmp = tmp_path_factory.mktemp("aot")
+    groups = [["sm_80", "sm_86", "sm_89"], ["sm_90", "sm_100", "sm_120"]]
+
+    def compile_group(i: int) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "sparsemla.kernels.aot", "--json", str(tmp / f"{i}.json")]
+        for arch in groups[i]:
+            cmd += ["--arch", arch]
+        env = flags.child_env({"TRITON_INTERPRET": None})  # the interpreter never compiles
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(compile_group, range(2)))
+    docs = [json.loads((tmp / f"{i}.json").read_text()) for i in range(2) if (tmp / f"{i}.json").exists()]
+    assert len(docs) == 2, "\n".join(r.stderr[-2000:] for r in runs)
+    return {"triton": docs[0]["triton"], "records": docs[0]["records"] + docs[1]["records"], "runs": runs}
+
+
+def test_every_kernel_compiles_and_fits_on_every_target(records):
+    bad = [r for r in records["records"] if r["error"] or r["shared"] > r["budget"] or r["spilled"] > 256]
+    assert not bad, "\n".join(f"{r['target']} {r['case']} {r['kernel']}: {r['error'] or r}" for r in bad)
+    assert all(run.returncode == 0 for run in records["runs"])
+    assert {r["target"] for r in records["records"]} == set(dev.TARGETS)
+
+
+def test_the_cases_cover_sglangs_shapes_and_every_kernel(records):
+    by_target: dict[str, set[str]] = {}
+    for r in records["records"]:
+        by_target.setdefault(r["target"], set()).add(r["kernel"])
+    want = {"_sparse_decode_kernel", "_sparse_decode_combine_kernel", "_indexer_logits_kernel", "_indexer_topk_kernel"}
+    for target, kernels in by_target.items():
+        assert want <= kernels, (target, want - kernels)
+    cases = {r["case"] for r in records["records"]}
+    assert len([c for c in cases if c.startswith("decode ")]) == 32  # B {1,8,64,128} x H {8,16,64,128} x 2 top-k
+    assert len([c for c in cases if c.startswith("indexer_")]) == 8
+
+
+def test_small_budget_targets_get_their_own_tiles(records):
+    """On sm_86/89/120 (101,376 B) the decode kernel never needs the Hopper tile's 196,608 B; on sm_80 it compiles
+    at all (no e4m3 type there: the integer dequant)."""
+    decode = [r for r in records["records"] if r["kernel"] == "_sparse_decode_kernel"]
+    for target in ("sm_80", "sm_86", "sm_89", "sm_120"):
+        worst = max(r["shared"] for r in decode if r["target"] == target)
+        assert worst <= 101_376, (target, worst)
+
+
+def test_indexer_needs_at_most_what_the_startup_check_assumes(records):
+    from sparsemla.kernels.support import INDEXER_SHARED_MAX
+
+    idx = [r for r in records["records"] if r["kernel"].startswith("_indexer")]
+    assert max(r["shared"] for r in idx) <= INDEXER_SHARED_MAX
+
+
+def test_decode_shared_estimate_matches_the_compiler(records):
+    """shared_bytes() sizes how many programs an SM holds (the split count): it must not under-count."""
+    from sparsemla.kernels.sparse_decode.triton import choose_config, shared_bytes
+
+    for r in records["records"]:
+        if r["kernel"] != "_sparse_decode_kernel":
+            continue
+        b, h = (int(part[1:]) for part in r["case"].split()[1:3])
+        est = shared_bytes(choose_config(dev.target(r["target"]), h, b), dev.target(r["target"]))
+        assert r["shared"] <= est + 1024, (r["target"], r["case"], r["shared"], est)
+
+
+def test_docs_table_is_generated_from_these_records(records):
+    from sparsemla.kernels.aot import KernelResources, markdown
+
+    recs = [KernelResources(**r) for r in records["records"]]
+    want = markdown(recs, records["triton"])
+    got = (ROOT / "docs" / "portability.md").read_text()
+    assert got == want, "docs/portability.md is stale: run `sparsemla aot --markdown docs/portability.md`"
