@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 wheels=()
 [ -d .gpu/wheels ] && wheels=(.gpu/wheels/*.whl)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . "${wheels[@]}" 2>&1 \
+python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . "${wheels[@]}" 2>&1 \
     | grep -v -e 'is ignored' -e 'BuildBackendWarning' -e '^ *!!' -e '^ *\*\*\*' || true
 PYTHONPATH=/tmp/site python3 -P -c 'import sparsemla.kernels, torch, triton; print("[gpu-setup]", torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)'
