@@ -69,29 +69,29 @@ class DecodeConfig:
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info``.
 
-    wgmma targets (sm_90, sm_100; budget 232,448 B): H <= 16 one 16-head program per row (4 warps: wgmma needs 64
-    rows per warpgroup, so this is mma.sync); H > 16 64-head blocks, 64-token tiles once ``rows x head blocks >= 8``
-    (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill), else 16-token tiles in 256-column halves
-    (128 KB / 98 KB of shared memory).
+    H <= 16 on every target: one 16-head program per row, mma.sync (wgmma needs 64 rows per warpgroup), 16-token
+    tiles (48 KB) for <= 8 rows, 32 (80 KB) above, one stage (H=8, sm_89 path on the H200: 47 vs 51 µs at B=64 with
+    the two-stage 131 KB tile).
+
+    wgmma targets (sm_90, sm_100; budget 232,448 B), H > 16: 64-head blocks, 64-token tiles once ``rows x head
+    blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill), else 16-token tiles in 256-column
+    halves (128 KB / 98 KB of shared memory).
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
-    memory, ``(block_h + 2 * block_n) x 1 KB`` here, so a 64-head x 64-token tile needs 196,608 B. Within the budget:
-    H <= 16: 16 heads x 16 tokens (48 KB) for <= 8 rows, x 32 tokens (80 KB) above; H > 16: 32-head blocks, 16-token
-    tiles (64 KB) while ``rows x head blocks <= 2``, 32-token tiles (96 KB) above. One pipeline stage: a second one
-    doubles the gathered tile's staging buffers and does not fit. Measured in the sm_89 code path on the H200
-    (docs/performance.md).
+    memory, ``(block_h + 2 * block_n) x 1 KB`` here, so a 64-head x 64-token tile needs 196,608 B. Within the budget,
+    H > 16: 32-head blocks, 16-token tiles (64 KB) while ``rows x head blocks <= 2``, 32-token tiles (96 KB) above.
+    One pipeline stage: a second one doubles the gathered tile's staging buffers and does not fit. Measured in the
+    sm_89 code path on the H200 (docs/performance.md).
 
     Interpreter: small tiles (its dots run in fp32 on the CPU)."""
     if info is dev.INTERPRETER:
         return DecodeConfig(block_h=max(16, min(64, triton.next_power_of_2(num_heads))), block_n=16, num_warps=4,
                             num_stages=1)  # fmt: skip
+    if num_heads <= 16:  # 16-row blocks are mma.sync on every target (wgmma needs 64 rows)
+        return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
     if not info.has_wgmma:
-        if num_heads <= 16:
-            return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
         busy = rows * triton.cdiv(num_heads, 32)
         return DecodeConfig(32, 16 if busy <= 2 else 32, 4, 1, partial_bf16=True, int_dequant=True)
-    if num_heads <= 16:
-        return DecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, int_dequant=True)
     busy = rows * triton.cdiv(num_heads, 64)
     if busy >= 8:
         # sm_100 (tcgen05): the 64-token tile spills 304 B per thread there (ahead-of-time compile), 32 tokens 152 B
