@@ -382,7 +382,12 @@ def _write(out_dir: Path, rows: list[dict], bw: float, k: int, git_sha: str, pat
         "rows": rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"indexer-{gpu_slug(name)}-{result['date']}.json"
+    # A run of the full provider list is the indexer's report; a reduced one (some providers left out) is a code-path
+    # comparison and must not replace it in docs/performance.md.
+    full = set(PROVIDERS) <= {r["provider"] for r in rows}
+    stem = "indexer" if full else "indexer_paths"
+    result["op"] = stem
+    path = out_dir / f"{stem}-{gpu_slug(name)}-{result['date']}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; wrote {path}")
 

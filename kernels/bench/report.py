@@ -11,6 +11,7 @@ from pathlib import Path
 SECTIONS = {
     "decode": "sparsemla.kernels.bench.report_decode:decode_section",
     "indexer": "sparsemla.kernels.bench.report_indexer:indexer_section",
+    "indexer_paths": "sparsemla.kernels.bench.report_indexer:code_paths_section",
     "step": "sparsemla.kernels.bench.step_report:step_section",
 }
 HEADER = """# Performance

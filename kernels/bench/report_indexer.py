@@ -63,7 +63,6 @@ def indexer_section(data: dict) -> str:
                 f"| B={b} ctx={ctx} logits + top-k | {limit:.0f} | {fmt_us(fused)} | {fmt_us(graph)} | "
                 f"{gap / limit:.2f}x |"
             )
-    out += _code_path_lines(cells)
     out += ["", "**Cap independence** (same B and ctx, `sparsemla_graph` at the largest cap over the smallest):", ""]
     spreads = []
     for b, ctx in sorted({(b, c) for b, c, _ in cells}):
@@ -79,6 +78,40 @@ def indexer_section(data: dict) -> str:
             f"over {len(spreads)} (B, ctx) pairs."
         )
     out += ["", NOTES]
+    return "\n".join(out) + "\n"
+
+
+def code_paths_section(data: dict) -> str:
+    """Markdown of a code-path run (``make bench-indexer`` with both paths, a reduced grid): logits and fused
+    logits + top-k graph replay in the native and the sm_89 path, one run."""
+    cells = cells_by(data["rows"], ("B", "ctx", "cap"))
+    out = [
+        "## Lightning indexer in both code paths",
+        "",
+        f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, commit `{data['git_sha'][:10]}`, "
+        f"{data.get('date', '')}; {data.get('timing', '')}. Native = wgmma; sm_89 path = `TRITON_OVERRIDE_ARCH=sm89` "
+        "(mma.sync with fp8 MMAs, the code sm_89 and sm_120 get).",
+    ]
+    out += _code_path_lines(cells)
+    topk = [(k, v) for k, v in sorted(cells.items()) if "sparsemla_topk_graph" in v]
+    if topk:
+        out += [
+            "",
+            "Fused logits + top-k (graph replay), µs:",
+            "",
+            "| B | ctx | native | sm_89 path | sglang torch top-k (eager) |",
+        ]
+        out += ["|---|---|---|---|---|"]
+        for (b, ctx, _), v in topk:
+            out.append(
+                f"| {b} | {ctx} | {fmt_us(v['sparsemla_topk_graph'])} | "
+                f"{fmt_us(v.get('sparsemla_sm89path_topk_graph'))} | {fmt_us(v.get('torch_topk'))} |"
+            )
+    note = (
+        "In the sm_89 path the logits tie the native ones at B=1 and fall behind at B=64: the same 128-token tiles "
+        "and 5 stages, fp8 mma.sync instead of wgmma; the launch parameters were tuned on the wgmma path."
+    )
+    out += ["", note]
     return "\n".join(out) + "\n"
 
 
@@ -114,10 +147,7 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   kernel) is the faster one, and it is the one the plugin's top-k hook uses.
 - fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
   fp32 reference by ~1e-4 relative; the bf16 path (sm_80/86: integer-dequantized keys, no e4m3 type there) matches
-  to 1e-5.
-- In the sm_89 code path the logits tie the native one at B=1 and fall behind at B=64 (1.4x at 4k to 1.9x at 64k):
-  the same 128-token tiles and 5 stages, fp8 mma.sync instead of wgmma; the launch parameters were tuned on the
-  wgmma path only."""
+  to 1e-5."""
 
 
 def main(argv: list[str]) -> int:
