@@ -113,30 +113,43 @@ def cubin_resources(cubin: bytes) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def compile_only(name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources]) -> Iterator[None]:
-    """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running."""
+def watch_launches(on_kernel: Callable[[str, object], None], compile_only: bool = False) -> Iterator[None]:
+    """Within the block every ``kernel[grid](...)`` calls ``on_kernel(kernel name, compiled kernel)`` after its
+    compile; with ``compile_only`` the launch stops there (Triton's warm-up path) instead of running."""
     real_run = triton.JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
-        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        kernel = real_run(self, *args, grid=grid, warmup=warmup or compile_only, **kwargs)
+        if hasattr(kernel, "metadata"):
+            on_kernel(self.fn.__name__, kernel)
+        return kernel
+
+    triton.JITFunction.run = run
+    try:
+        yield
+    finally:
+        triton.JITFunction.run = real_run
+
+
+@contextlib.contextmanager
+def compile_only(name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources]) -> Iterator[None]:
+    """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running."""
+
+    def record(kernel_name: str, kernel) -> None:  # noqa: ANN001 - a CompiledKernel
         reg, spilled = cubin_resources(kernel.asm["cubin"])
         md = kernel.metadata
         sink.append(
-            KernelResources(
-                name, case, self.fn.__name__, md.shared, info.smem_per_block, reg, spilled, md.num_warps, md.num_stages
-            )
-        )
-        return kernel
+            KernelResources(name, case, kernel_name, md.shared, info.smem_per_block, reg, spilled, md.num_warps,
+                            md.num_stages)
+        )  # fmt: skip
 
     drivers = triton.runtime.driver
     previous = drivers._active  # None on a machine without a GPU: reset_active() would try to create one
     drivers.set_active(_TargetDriver(info.arch))
-    triton.JITFunction.run = run
     try:
-        with dev.assume(info):
+        with dev.assume(info), watch_launches(record, compile_only=True):
             yield
     finally:
-        triton.JITFunction.run = real_run
         drivers._active = previous
 
 
@@ -284,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the records here")
     parser.add_argument("--markdown", type=Path, help="write the docs/portability.md table here")
     args = parser.parse_args(argv)
-    names = [next(n for n, i in dev.TARGETS.items() if i is dev.target(a)) for a in args.arch or list(dev.TARGETS)]
+    names = [dev.target_name(a) for a in args.arch or list(dev.TARGETS)]
     records: list[KernelResources] = []
     for name in names:
         t0 = time.time()

@@ -81,12 +81,17 @@ class UnsupportedDevice(RuntimeError):
     """No configuration of the project's kernels runs on this GPU (the message says why)."""
 
 
-def target(name: str) -> DeviceInfo:
-    """A target by name: ``sm_120``, ``sm120`` or ``120``."""
+def target_name(name: str) -> str:
+    """The canonical key of a target written ``sm_120``, ``sm120`` or ``120``."""
     key = "sm_" + re.sub(r"^sm_?", "", name.strip().lower())
     if key not in TARGETS:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
-    return TARGETS[key]
+    return key
+
+
+def target(name: str) -> DeviceInfo:
+    """A target by name: ``sm_120``, ``sm120`` or ``120``."""
+    return TARGETS[target_name(name)]
 
 
 def _override_arch() -> tuple[int, int] | None:
@@ -153,4 +158,13 @@ def assume(info: DeviceInfo) -> Iterator[DeviceInfo]:
 # What the CPU interpreter pretends to be: an sm_90-sized part (only grid sizes and tile choices depend on it).
 INTERPRETER = DeviceInfo((9, 0), 232_448, 4, 233_472, "Triton interpreter")
 
-__all__ = ["DeviceInfo", "INTERPRETER", "TARGETS", "UnsupportedDevice", "assume", "device_info", "target"]
+__all__ = [
+    "DeviceInfo",
+    "INTERPRETER",
+    "TARGETS",
+    "UnsupportedDevice",
+    "assume",
+    "device_info",
+    "target",
+    "target_name",
+]

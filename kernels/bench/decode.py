@@ -266,20 +266,6 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 SHARED: dict[str, int] = {}  # kernel name -> metadata.shared of its last launch (recorded next to the timings)
 
 
-def _record_shared() -> None:
-    import triton
-
-    real_run = triton.JITFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's signature
-        kernel = real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if hasattr(kernel, "metadata"):
-            SHARED[self.fn.__name__] = kernel.metadata.shared
-        return kernel
-
-    triton.JITFunction.run = run
-
-
 @app.command()
 def main(
     out_dir: Path = typer.Option(Path("results/bench"), help="Where decode-<gpu>-<date>.json is written."),
@@ -339,7 +325,8 @@ def main(
         return
 
     code_path = path_list[0]
-    _record_shared()
+    from sparsemla.kernels.aot import watch_launches
+
     provs = [p.strip() for p in providers.split(",") if p.strip()]
     if code_path != "native":
         provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
@@ -357,12 +344,13 @@ def main(
     ]
     shapes += [Shape(int(b), 64, swa_topk, 512) for b in prefill_rows.split(",") if b.strip()]
     rows, checks = [], []
-    for shape in shapes:
-        r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path)
-        rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
-        checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
-        print(json.dumps(r), flush=True)
-        child_out.write_text(json.dumps({"rows": rows, "checks": checks}))  # a cut-short run keeps what it measured
+    with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
+        for shape in shapes:
+            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path)
+            rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
+            checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
+            print(json.dumps(r), flush=True)
+            child_out.write_text(json.dumps({"rows": rows, "checks": checks}))  # a cut-short run keeps what it measured
 
 
 def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
