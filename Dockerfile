@@ -23,12 +23,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SPARSEMLA_RESULTS_DIR=/data
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY sparsemla ./sparsemla
-COPY kernels ./kernels
-COPY deploy ./deploy
-COPY loadtest ./loadtest
-COPY dashboards ./dashboards
-# Non-editable install; /app keeps the sources for `locust -f /app/loadtest/locustfile.py`.
+COPY src ./src
+# Non-editable install of the whole package with the ops and loadtest extras; /app keeps the sources for
+# `locust -f /app/src/sparsemla/loadtest/locustfile.py`.
 RUN pip install --no-cache-dir "/app[ops,loadtest]" \
     && useradd --create-home --uid 10001 sparsemla \
     && mkdir -p /profiles /data /prom \
@@ -48,11 +45,13 @@ ENV SGLANG_TORCH_PROFILER_DIR=/profiles \
     SPARSEMLA_STEP_METRICS=0
 WORKDIR /opt/sparsemla
 COPY pyproject.toml README.md ./
-COPY sparsemla ./sparsemla
-COPY kernels ./kernels
-COPY deploy ./deploy
-COPY loadtest ./loadtest
-COPY dashboards ./dashboards
+# The runtime only: what sglang's processes import (kernels, plugin, flags and the few modules they use). The ops
+# tools (simulator, exporter, loadtest, dashboards) live in the sim image; tests/test_packaging.py builds the wheel
+# from exactly these COPY lines and checks it.
+COPY src/sparsemla/__init__.py src/sparsemla/cli.py src/sparsemla/console.py src/sparsemla/flags.py \
+     src/sparsemla/metric_names.py src/sparsemla/variant.py ./src/sparsemla/
+COPY src/sparsemla/kernels ./src/sparsemla/kernels
+COPY src/sparsemla/plugin ./src/sparsemla/plugin
 # Base dependencies only (typer, rich, prometheus-client); torch, triton and sglang come from the base image and must
 # not be touched, which the check below proves: it fails the build if sglang cannot see the plugin.
 RUN pip install --no-cache-dir . \

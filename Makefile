@@ -29,8 +29,8 @@ TO ?= now
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract.txt deploy/install-tools.sh
-	bash deploy/install-tools.sh "$(PYTHON)" "$(VENV)" && touch $(STAMP)
+$(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract.txt scripts/install-tools.sh
+	bash scripts/install-tools.sh "$(PYTHON)" "$(VENV)" && touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install everything the targets need (torch CPU, sglang 0.5.23 contract tier, tools)
 
@@ -76,7 +76,7 @@ profile: $(STAMP) ## take one kernel-share snapshot from the server (through the
 exporter: $(STAMP) ## run the kernel-share exporter in the foreground
 	$(CLI) exporter --target $(TARGET)
 
-dashboards: $(STAMP) ## regenerate the committed Grafana JSON from dashboards/build.py
+dashboards: $(STAMP) ## regenerate the committed Grafana JSON from src/sparsemla/dashboards/build.py
 	$(CLI) dashboards
 
 snapshot: $(STAMP) ## render every panel to PNG from Prometheus: make snapshot FROM=now-15m TO=now
@@ -86,14 +86,14 @@ aot: $(STAMP) ## compile every kernel for sm_80..sm_120 without a GPU: make aot 
 	$(CLI) aot $(foreach a,$(ARCH),--arch $(a))
 
 bench-decode: ## GPU: decode benchmark, native + sm89 code paths -> results/bench/decode-<gpu>-<date>.json
-	$(PYTHON) -P -m sparsemla.kernels.bench.decode
+	$(PYTHON) -P -m benchmarks.decode
 
 bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/bench/indexer-<gpu>-<date>.json
-	$(PYTHON) -P -m sparsemla.kernels.bench.indexer
+	$(PYTHON) -P -m benchmarks.indexer
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
-	$(PYTHON) -P -m sparsemla.kernels.bench.step --step-hook sparsemla.deploy.step_metrics:time_forward_step
-	$(PYTHON) -m sparsemla.deploy.sim.calibrate_from_step
+	$(PYTHON) -P -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step
+	$(PYTHON) -m sparsemla.ops.sim.calibrate_from_step
 
 clean: ## remove the venv and run state
 	rm -rf $(VENV) .run

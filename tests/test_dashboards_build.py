@@ -18,7 +18,7 @@ from sparsemla.dashboards.cli import app
 from sparsemla.dashboards.panels import iter_panels
 
 ROOT = Path(__file__).resolve().parents[1]
-PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
+PROVISIONING = ROOT / "src" / "sparsemla" / "ops" / "grafana" / "provisioning"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_foundation_sdk_is_the_pinned_build() -> None:
 
 
 def test_committed_json_is_not_stale() -> None:
-    assert build.stale() == [], "run `make dashboards` and commit dashboards/generated/"
+    assert build.stale() == [], "run `make dashboards` and commit src/sparsemla/dashboards/generated/"
 
 
 def test_stale_detects_edits_missing_and_unexpected_files(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_profile_gpu_panels_are_exactly_the_dcgm_ones(serving: dict) -> None:
 
 def test_slo_choices_are_bucket_boundaries_of_server_and_client(serving: dict) -> None:
     """Attainment = bucket{le=SLO}/count is exact only on a boundary, and the `le` text must match exactly."""
-    from sparsemla.deploy.sim import metrics as sim_metrics  # sglang 0.5.23's default buckets
+    from sparsemla.ops.sim import metrics as sim_metrics  # sglang 0.5.23's default buckets
 
     def les(buckets: tuple[float, ...]) -> set[str]:
         return {floatToGoString(b) for b in buckets}
@@ -150,7 +150,7 @@ def test_every_server_panel_joins_the_variant_the_same_way(serving: dict) -> Non
 def test_provisioning_matches_dashboards_and_prometheus() -> None:
     ds = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())["datasources"][0]
     assert ds["uid"] == build.DATASOURCE_UID and ds["type"] == "prometheus"
-    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    prom = yaml.safe_load((ROOT / "src" / "sparsemla" / "ops" / "prometheus" / "prometheus.yml").read_text())
     assert ds["jsonData"]["timeInterval"] == prom["global"]["scrape_interval"] == "5s"
     provider = yaml.safe_load((PROVISIONING / "dashboards" / "sparsemla.yaml").read_text())["providers"][0]
     assert provider["allowUiUpdates"] is False and provider["type"] == "file"

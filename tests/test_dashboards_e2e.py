@@ -20,7 +20,7 @@ import pytest
 from sparsemla import flags, procs
 from sparsemla.dashboards import build, grafana_eval
 from sparsemla.dashboards.panels import iter_panels
-from sparsemla.deploy import stack
+from sparsemla.ops import stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_short_demo_matches_the_calibrated_ratio(tmp_path: Path) -> None:
     results, run_dir = tmp_path / "results", tmp_path / "run"
-    argv = [sys.executable, "-c", "from sparsemla.demo import app; app()", "--point-seconds", "4",
+    argv = [sys.executable, "-c", "from sparsemla.ops.demo import app; app()", "--point-seconds", "4",
             "--concurrency", "1 8", "--no-prometheus", "--port", "0", "--run-dir", str(run_dir)]  # fmt: skip
     env = flags.child_env({"SPARSEMLA_RESULTS_DIR": str(results), "SPARSEMLA_MMA_DECODE": None})
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)

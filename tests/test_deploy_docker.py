@@ -13,7 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
-OVERLAY = ROOT / "deploy" / "compose.localhost.yaml"
+OVERLAY = ROOT / "compose.localhost.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
 PROFILES = ("gpu", "sim")
 
@@ -140,11 +140,11 @@ def test_env_example_documents_every_variable() -> None:
 
 def test_grafana_mounts_match_the_provisioning() -> None:
     services = _services()
-    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/sparsemla.yaml").read_text())
+    provider = yaml.safe_load((ROOT / "src/sparsemla/ops/grafana/provisioning/dashboards/sparsemla.yaml").read_text())
     path = provider["providers"][0]["options"]["path"]
     for name in ("grafana", "grafana-sim"):
         mounts = services[name]["volumes"]
-        assert f"./dashboards/generated:{path}:ro" in mounts
-        assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
+        assert f"./src/sparsemla/dashboards/generated:{path}:ro" in mounts
+        assert "./src/sparsemla/ops/grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
         home = services[name]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
-        assert (ROOT / "dashboards/generated" / Path(home).name).exists()
+        assert (ROOT / "src/sparsemla/dashboards/generated" / Path(home).name).exists()

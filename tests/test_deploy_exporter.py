@@ -17,15 +17,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparsemla import flags, procs
-from sparsemla.deploy.exporter import (
+from sparsemla.metric_names import KERNEL_CATEGORIES
+from sparsemla.ops.exporter import (
     ExporterConfig,
     KernelShareExporter,
     SnapshotBusy,
     _http,
     parse_variant,
 )
-from sparsemla.deploy.stack import _sparsemla_argv
-from sparsemla.metric_names import KERNEL_CATEGORIES
+from sparsemla.ops.stack import _sparsemla_argv
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sparsemla import metric_names
-from sparsemla.deploy.stack import PROMETHEUS_DIR, render_local_config
+from sparsemla.ops.stack import PROMETHEUS_DIR, render_local_config
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
@@ -98,7 +98,7 @@ def test_rules_use_only_declared_sparsemla_metrics() -> None:
     for f in RULE_FILES:
         for name in set(re.findall(r"(?<![:\w])sparsemla_[a-z_]+", f.read_text())):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
-            assert name in declared or base in declared, f"{f.name}: {name} is not in sparsemla/metric_names.py"
+            assert name in declared or base in declared, f"{f.name}: {name} is not in src/sparsemla/metric_names.py"
 
 
 def test_compose_scrape_interval_matches_grafana_datasource() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from sparsemla import procs
 from sparsemla.console import UsageError
-from sparsemla.deploy import stack
-from sparsemla.deploy.exporter import _http
+from sparsemla.ops import stack
+from sparsemla.ops.exporter import _http
 
 
 def _ports() -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Per-step latency hook (deploy/step_metrics.py) on CPU: fake timer with controllable completion, real histograms."""
+"""Per-step latency hook (plugin/step_metrics.py) on CPU: fake timer with controllable completion, real histograms."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from sparsemla import flags
-from sparsemla.deploy import step_metrics
 from sparsemla.metric_names import DECODE_STEP_BUCKETS, DECODE_STEP_LABELS, DECODE_STEP_SECONDS, batch_bucket
+from sparsemla.plugin import step_metrics
 
 
 class ForwardMode(enum.IntEnum):  # the shape of sglang's enum: members named like sglang's
@@ -227,7 +227,7 @@ def test_multiprocess_mode_values_reach_the_multiprocess_collector(tmp_path: Pat
     worker = textwrap.dedent(
         """
         import sys
-        from sparsemla.deploy import step_metrics
+        from sparsemla.plugin import step_metrics
         class Done:
             def __init__(self, s): self.s = s
             def ready(self): return True

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsemla.kernels.bench import report
+from benchmarks import report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ def test_performance_md_is_generated_from_the_committed_results(monkeypatch):
     monkeypatch.chdir(ROOT)  # the page cites its sources by repo-relative path
     committed = Path("docs/performance.md").read_text()
     assert committed == report.render(Path("results/bench")), (
-        "docs/performance.md is stale: run `python -m sparsemla.kernels.bench.report`"
+        "docs/performance.md is stale: run `python -m benchmarks.report`"
     )
 
 

@@ -118,7 +118,7 @@ def test_only_flags_py_reads_the_environment():
         rel = path.relative_to(ROOT)
         if rel.parts[0] in {".venv", "build", "results", ".git", ".gpu", ".whl"} or "egg-info" in str(rel):
             continue
-        if rel in (Path("sparsemla/flags.py"), Path("tests/test_flags.py")):
+        if rel in (Path("src/sparsemla/flags.py"), Path("tests/test_flags.py")):
             continue
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#", 1)[0]

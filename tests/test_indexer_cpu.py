@@ -241,7 +241,7 @@ def test_report_section_renders_committed_json():
     import json
     from pathlib import Path
 
-    from sparsemla.kernels.bench.report_indexer import indexer_section
+    from benchmarks.report_indexer import indexer_section
 
     files = sorted(Path("results/bench").glob("indexer-*.json"))
     if not files:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.indexer import torch_fallback_logits, torch_topk_transform
 from sparsemla.kernels import layouts
-from sparsemla.kernels.bench.indexer import torch_fallback_logits, torch_topk_transform
 from sparsemla.kernels.indexer import sglang_compat
 
 

@@ -1,88 +1,106 @@
-"""One distribution, one import namespace: the mapped folders install under `sparsemla.`, never as top-level names."""
+"""The wheel holds what each image needs, under `sparsemla/` only; the GPU image's runtime wheel holds nothing else.
+
+Both wheels are really built: the full one (the sim/ops image installs it with the ``ops,loadtest`` extras) from the
+checkout, the runtime one from exactly the files the Dockerfile's ``gpu`` stage copies.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-import tomllib
-
 ROOT = Path(__file__).resolve().parents[1]
 
+# Files each image reads at run time (package data and the modules behind its commands).
+OPS_IMAGE_NEEDS = (
+    "sparsemla/cli.py",
+    "sparsemla/ops/sim/server.py",
+    "sparsemla/ops/sim/calibration/default.json",
+    "sparsemla/ops/sim/calibration/provisional.json",
+    "sparsemla/ops/exporter.py",
+    "sparsemla/ops/prometheus/prometheus.yml",
+    "sparsemla/ops/prometheus/recording.rules.yml",
+    "sparsemla/ops/prometheus/alerts.rules.yml",
+    "sparsemla/ops/grafana/provisioning/datasources/prometheus.yaml",
+    "sparsemla/loadtest/locustfile.py",
+    "sparsemla/dashboards/generated/sparsemla-serving.json",
+)
+RUNTIME_NEEDS = (
+    "sparsemla/__init__.py",
+    "sparsemla/flags.py",
+    "sparsemla/variant.py",
+    "sparsemla/kernels/sparse_decode/triton.py",
+    "sparsemla/kernels/indexer/triton.py",
+    "sparsemla/plugin/sglang.py",
+    "sparsemla/plugin/selfcheck.py",
+    "sparsemla/plugin/step_metrics.py",
+)
+FORBIDDEN_TOP_LEVEL = {"kernels", "deploy", "loadtest", "dashboards", "benchmarks", "tests", "plugin", "ops"}
 
-def test_top_level_folders_are_mapped_under_sparsemla():
-    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert conf["package-dir"] == {
-        "sparsemla": "sparsemla",
-        "sparsemla.kernels": "kernels",
-        "sparsemla.deploy": "deploy",
-        "sparsemla.loadtest": "loadtest",
-        "sparsemla.dashboards": "dashboards",
-    }
-    for pkg in conf["packages"]:
-        assert pkg == "sparsemla" or pkg.startswith("sparsemla."), pkg
 
-
-def test_every_python_package_folder_is_listed():
-    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    mapping = {v: k for k, v in conf["package-dir"].items()}
-    found = set()
-    for init in ROOT.glob("*/**/__init__.py"):
-        rel = init.parent.relative_to(ROOT)
-        if rel.parts[0] not in mapping or rel.parts[0] == "tests":
-            continue
-        found.add(".".join([mapping[rel.parts[0]], *rel.parts[1:]]))
-    assert found == set(conf["packages"]), f"pyproject packages differ: {found ^ set(conf['packages'])}"
-
-
-def test_the_wheel_installs_nothing_top_level_but_sparsemla(tmp_path):
-    """Build the real wheel and look at its top-level names: `kernels` etc. must only exist under `sparsemla/`."""
+def _wheel(src: Path, out: Path) -> list[str]:
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = tmp_path.glob("sparsemla-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+    (wheel,) = out.glob("sparsemla-*.whl")
+    return zipfile.ZipFile(wheel).namelist()
+
+
+def _gpu_stage_tree(dest: Path) -> None:
+    """Copy what the Dockerfile's gpu stage COPYs (its COPY lines, continuation lines joined) into ``dest``."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    stage = text.split("AS gpu", 1)[1]
+    copies = [line.split()[1:] for line in stage.splitlines() if line.startswith("COPY ")]
+    assert copies, "no COPY line in the gpu stage"
+    for args in copies:
+        *sources, target = args
+        for source in sources:
+            src = ROOT / source
+            if src.is_dir():
+                shutil.copytree(src, dest / target.removeprefix("./"), ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                where = dest / target.removeprefix("./")
+                where.mkdir(parents=True, exist_ok=True) if target.endswith("/") else where.parent.mkdir(parents=True)
+                shutil.copy(src, where / src.name if target.endswith("/") else where)
+
+
+def test_each_image_gets_what_it_needs_and_no_top_level_module_but_sparsemla(tmp_path):
+    names = _wheel(ROOT, tmp_path / "full")
     top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
-    assert top == {"sparsemla"}, top
-    for sub in ("kernels", "deploy", "loadtest", "dashboards"):
-        assert f"sparsemla/{sub}/__init__.py" in names
-    entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert (
-        "[sglang.srt.plugins]" in entry_points and "sparsemla = sparsemla.deploy.sglang_plugin:register" in entry_points
+    assert top == {"sparsemla"}, f"top-level names besides sparsemla: {top - {'sparsemla'}}"
+    missing = [n for n in (*OPS_IMAGE_NEEDS, *RUNTIME_NEEDS) if n not in names]
+    assert not missing, f"the wheel lacks {missing}"
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    with zipfile.ZipFile(next((tmp_path / "full").glob("*.whl"))) as whl:
+        text = whl.read(entry_points).decode()
+    assert re.search(r"\[sglang\.srt\.plugins\]\s*sparsemla = sparsemla\.plugin\.sglang:register", text), text
+
+    # The GPU image: the runtime only, and it imports and registers with nothing else installed from this repo.
+    tree = tmp_path / "gpu-context"
+    _gpu_stage_tree(tree)
+    runtime = _wheel(tree, tmp_path / "gpu")
+    assert not [n for n in RUNTIME_NEEDS if n not in runtime], "the gpu stage misses runtime modules"
+    shipped = {n.split("/")[1] for n in runtime if n.startswith("sparsemla/") and n.count("/") >= 2}
+    assert shipped == {"kernels", "plugin"}, f"the gpu image ships {shipped}"
+    site = tmp_path / "site"
+    with zipfile.ZipFile(next((tmp_path / "gpu").glob("*.whl"))) as whl:
+        whl.extractall(site)
+    probe = (
+        "import sys, importlib.util\n"
+        f"sys.path.insert(0, {str(site)!r})\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__]\n"
+        "import sparsemla.plugin.sglang as p, sparsemla.cli as cli\n"
+        f"assert p.__file__.startswith({str(site)!r}), p.__file__\n"
+        "assert importlib.util.find_spec('sparsemla.ops') is None\n"
+        "print(sorted(c.name for c in cli.app.registered_commands))\n"
     )
-
-
-def test_public_ops_import_from_the_namespace():
-    from sparsemla.kernels import indexer_logits, indexer_topk, sparse_decode
-
-    assert callable(sparse_decode) and callable(indexer_logits) and callable(indexer_topk)
-
-
-def test_kernels_import_nothing_from_the_ops_side():
-    for path in (ROOT / "kernels").rglob("*.py"):
-        text = path.read_text()
-        for other in ("sparsemla.deploy", "sparsemla.loadtest", "sparsemla.dashboards"):
-            assert other not in text, f"{path.relative_to(ROOT)} imports {other}"
-
-
-def test_triton_paths_never_import_their_reference():
-    for path in (ROOT / "kernels").glob("*/triton.py"):
-        assert "reference" not in "\n".join(
-            line for line in path.read_text().splitlines() if line.lstrip().startswith(("import", "from"))
-        ), path
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "'aot'" in out.stdout and "'flags'" in out.stdout and "'sim'" not in out.stdout, out.stdout

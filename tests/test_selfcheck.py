@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparsemla.deploy import selfcheck
-from sparsemla.deploy.sglang_plugin import HOOKS, _SelfCheck
+from sparsemla.plugin import selfcheck
+from sparsemla.plugin.sglang import HOOKS, _SelfCheck
 
 OPS = sorted({spec.op for spec in HOOKS if spec.op in selfcheck._CHECKS})
 

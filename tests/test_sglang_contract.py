@@ -55,13 +55,13 @@ def test_sglang_version_is_the_tested_one():
 def test_entry_point_is_discovered():
     eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
     assert "sparsemla" in eps.names
-    assert eps["sparsemla"].value == "sparsemla.deploy.sglang_plugin:register"
+    assert eps["sparsemla"].value == "sparsemla.plugin.sglang:register"
 
 
 def test_load_plugins_applies_our_hooks(sgl):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from sparsemla.deploy.sglang_plugin import HOOKS
+    from sparsemla.plugin.sglang import HOOKS
 
     flash_mla_sm120, indexer = sgl
     assert flash_mla_sm120.flash_mla_with_kvcache_sm120 is not ORIGINALS["decode"]
@@ -279,7 +279,7 @@ def _target_file(target: str) -> tuple[str, str]:
 
 
 def test_every_hook_target_exists_with_the_parameters_we_rely_on():
-    from sparsemla.deploy.sglang_plugin import HOOKS
+    from sparsemla.plugin.sglang import HOOKS
 
     for spec in HOOKS:
         if spec.target.startswith("deep_gemm."):
@@ -332,7 +332,7 @@ def test_real_heads_reach_the_decode_op_through_sglangs_backend_method(sgl):
     pad rows hold garbage in sglang; NaN here) and equals sglang's torch path on those 8."""
     from sglang.srt.layers.attention import deepseek_v4_backend
 
-    from sparsemla.deploy.real_heads import track_real_heads
+    from sparsemla.plugin.real_heads import track_real_heads
 
     flash_mla_sm120, _ = sgl
     kw = _decode_kwargs(2, 8, 128, (4, 64, 128), True, 0.1, "short", seed=11)
@@ -360,8 +360,8 @@ def test_a_gpu_no_configuration_fits_stops_sglang_at_startup(monkeypatch):
     """An explicitly enabled kernel on a GPU older than sm_80 stops register() (sglang's startup) with the reason."""
     import torch as t
 
-    from sparsemla.deploy import sglang_plugin as sp
     from sparsemla.kernels import device as dev
+    from sparsemla.plugin import sglang as sp
 
     monkeypatch.setattr(t.cuda, "is_available", lambda: True)
     monkeypatch.setattr(t.cuda, "device_count", lambda: 1)
@@ -401,7 +401,7 @@ def test_untested_sglang_version_warns_once_and_hooks_nothing():
     code = """
 import json, logging
 logging.basicConfig(level=logging.WARNING)
-from sparsemla.deploy import sglang_plugin as sp
+from sparsemla.plugin import sglang as sp
 sp._sglang_version = lambda: "0.4.0"
 print(json.dumps(sp.register()))
 """

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparsemla import flags
-from sparsemla.deploy.sim import calibration as cal_mod
-from sparsemla.deploy.sim.calibration import (
+from sparsemla.ops.sim import calibration as cal_mod
+from sparsemla.ops.sim.calibration import (
     PROVISIONAL_PATH,
     VARIANTS,
     CalibrationError,
@@ -19,7 +19,7 @@ from sparsemla.deploy.sim.calibration import (
     load_calibration,
     write_calibration,
 )
-from sparsemla.deploy.sim.provisional import provisional_calibration
+from sparsemla.ops.sim.provisional import provisional_calibration
 
 
 def test_shipped_provisional_file_is_current_and_labelled() -> None:
@@ -28,7 +28,7 @@ def test_shipped_provisional_file_is_current_and_labelled() -> None:
     assert "h200-baselines" in shipped.provenance.notes
     assert set(shipped.states) == set(VARIANTS)
     rebuilt = json.loads(json.dumps(provisional_calibration().to_dict()))
-    assert json.loads(PROVISIONAL_PATH.read_text()) == rebuilt, "run `python -m sparsemla.deploy.sim.provisional`"
+    assert json.loads(PROVISIONAL_PATH.read_text()) == rebuilt, "run `python -m sparsemla.ops.sim.provisional`"
 
 
 def test_provisional_orders_states_like_the_kernels() -> None:

@@ -8,10 +8,10 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from sparsemla.deploy.sim import tokens
-from sparsemla.deploy.sim.calibration import PROVISIONAL_PATH, load_calibration
-from sparsemla.deploy.sim.engine import Engine, EngineRequest, StepErrorStats, StepOutput
-from sparsemla.deploy.sim.metrics import ITL_BUCKETS, observe_many
+from sparsemla.ops.sim import tokens
+from sparsemla.ops.sim.calibration import PROVISIONAL_PATH, load_calibration
+from sparsemla.ops.sim.engine import Engine, EngineRequest, StepErrorStats, StepOutput
+from sparsemla.ops.sim.metrics import ITL_BUCKETS, observe_many
 
 
 def _engine(outputs: queue.Queue, **kw) -> Engine:

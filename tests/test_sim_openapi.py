@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparsemla.deploy.sim.calibration import PROVISIONAL_PATH
-from sparsemla.deploy.sim.testing import run_sim
+from sparsemla.ops.sim.calibration import PROVISIONAL_PATH
+from sparsemla.ops.sim.testing import run_sim
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -33,7 +33,7 @@ ROUTES = {"/v1/chat/completions", "/v1/completions", "/generate", "/v1/models", 
 
 def test_openapi_export_lists_every_route(tmp_path: Path) -> None:
     out = tmp_path / "openapi.json"
-    cmd = [sys.executable, "-c", "from sparsemla.deploy.sim.cli import app; app()", "--openapi", str(out)]
+    cmd = [sys.executable, "-c", "from sparsemla.ops.sim.cli import app; app()", "--openapi", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=60)
     doc = json.loads(out.read_text())
     assert doc["openapi"].startswith("3.")

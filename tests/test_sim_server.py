@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparsemla import flags
 from sparsemla import metric_names as mn
-from sparsemla.deploy.sim import tokens
-from sparsemla.deploy.sim.calibration import PROVISIONAL_PATH, load_calibration
-from sparsemla.deploy.sim.testing import run_sim, stream_completions
+from sparsemla.ops.sim import tokens
+from sparsemla.ops.sim.calibration import PROVISIONAL_PATH, load_calibration
+from sparsemla.ops.sim.testing import run_sim, stream_completions
 from sparsemla.sglang_metrics import METRICS
 
 pytestmark = pytest.mark.slow
@@ -252,7 +252,7 @@ def _histogram(text: str, family: str, **labels: str) -> tuple[float, float]:
 def test_512_streams_with_small_step_error(env: dict, variant: str, n_tokens: int) -> None:
     """512 concurrent streams on this machine (the client shares its cores): every stream gets exactly its tokens,
     and the engine's realised decode steps at full batch keep within 5% of the calibrated durations (mean absolute
-    relative error, deadlines anchored; definition in deploy/sim/engine.py). The metrics carry the engine's times:
+    relative error, deadlines anchored; definition in ops/sim/engine.py). The metrics carry the engine's times:
     the step histogram's sum is the realised decode time, and the inter-token-latency mean is the step duration."""
     bodies = [{"prompt": f"stream {i} {random.random()}", "max_tokens": n_tokens, "ignore_eos": True}
               for i in range(512)]  # fmt: skip

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import step, step_model, step_run
 from sparsemla import flags, traces
-from sparsemla.deploy.sim.calibrate_from_step import StepResultError, calibrate, calibration_args
-from sparsemla.deploy.sim.calibration import load_calibration
-from sparsemla.kernels.bench import step, step_model, step_run
 from sparsemla.metric_names import KERNEL_CATEGORIES
+from sparsemla.ops.sim.calibrate_from_step import StepResultError, calibrate, calibration_args
+from sparsemla.ops.sim.calibration import load_calibration
 
 KERNEL_NAMES = [
     "_sparse_decode_kernel",

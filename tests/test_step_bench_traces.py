@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import step_run
 from sparsemla import traces
-from sparsemla.kernels.bench import step_run
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "traces"

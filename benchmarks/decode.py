@@ -1,0 +1,388 @@
+"""GPU benchmark of DeepSeek-V4 sparse-MLA decode: ``python -m benchmarks.decode``.
+
+Providers, all measured in the same run on the same inputs:
+
+* ``sparsemla``      this project's Triton kernel (:func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`);
+  ``sparsemla_graph`` the same calls replayed from a CUDA graph (every shape); ``sparsemla_sm89path`` /
+  ``sparsemla_sm89path_graph`` the same in the sm_89 code path (``TRITON_OVERRIDE_ARCH=sm89`` in a child process:
+  mma.sync with the configurations sm_80..sm_120 get, within their 101,376 B budget);
+* ``sglang_triton``  sglang 0.5.23's per-head kernel ``flash_mla_sparse_decode_triton`` (loaded by file path; it imports
+  only torch and triton), measured on the target shapes (H=64, extra 512) only: it is ~1000x slower elsewhere;
+* ``flashmla``       sgl-flash-mla 1.0.0's SM90 kernel (``use_legacy=True``); it only takes 64 or 128 heads, so H < 64
+  is padded to 64 heads as sglang does (the padded call is what is timed);
+* ``reference``      the fp32 torch spec (target shapes only);
+* ``floor``          max(bytes / measured copy bandwidth, FLOPs / measured bf16 matmul rate), both measured in the run.
+
+Inputs are random (never zeros): fp8 NoPE ~ N(0, 4), ue8m0 scales 2^-5..2^0, bf16 RoPE, random pads; each request's SWA
+indices lie in its own 256-token page, extra indices are distinct random slots of a compressed cache (page 64).
+Timings are ``triton.testing.do_bench`` medians of eager calls (do_bench flushes L2 before each repetition) over
+``ROTATE`` input sets used in turn, the method of the baselines in notes/h200-baselines.md; ``sparsemla_graph`` times
+one CUDA-graph replay of the same call per repetition. Prefill-sized calls (``--prefill-rows``: extend chunks reach the
+same entry as q [num_tokens, 1, H, 512]) are measured at H=64, 128 + 512 indices.
+Writes ``results/bench/decode-<gpu>-<date>.json``:
+``{"op": "decode", "gpu", "git_sha", "torch", "triton", "rows": [{"B", "H", "swa_topk", "extra_topk", "provider",
+"us"}], ...}`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import typer
+
+from benchmarks import paths as code_paths
+from sparsemla import artifacts
+from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_NOPE_DIM, V4_NUM_SCALES, V4_SCALE_BYTES, v4_page_bytes
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+SWA_PAGE = 256
+EXTRA_PAGE = 64
+ROTATE = 2
+TARGET = {"H": 64, "swa_topk": 128, "extra_topk": 512}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark point: batch, query heads, SWA indices, extra (compressed-cache) indices."""
+
+    B: int
+    H: int
+    swa_topk: int
+    extra_topk: int
+
+    @property
+    def is_target(self) -> bool:
+        return (self.H, self.swa_topk, self.extra_topk) == tuple(TARGET.values())
+
+
+def random_v4_cache_gpu(num_pages: int, page_size: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """A random V4 ``k_cache`` view built on the GPU (the CPU builder in layouts.py is too slow for GBs)."""
+    page_bytes = v4_page_bytes(page_size)
+    buf = torch.randint(0, 256, (num_pages, page_bytes), dtype=torch.uint8, device=device, generator=gen)
+    tokens = num_pages * page_size
+    nope = (torch.randn(tokens, V4_NOPE_DIM, device=device, generator=gen) * 2.0).to(torch.float8_e4m3fn)
+    rope = torch.randn(tokens, 64, device=device, generator=gen).to(torch.bfloat16)
+    data = torch.cat([nope.view(torch.uint8), rope.view(torch.uint8)], dim=1)
+    buf[:, : page_size * V4_DATA_BYTES] = data.view(num_pages, page_size * V4_DATA_BYTES)
+    scales = torch.randint(122, 128, (tokens, V4_NUM_SCALES), dtype=torch.uint8, device=device, generator=gen)
+    rows = buf[:, page_size * V4_DATA_BYTES : page_size * (V4_DATA_BYTES + V4_SCALE_BYTES)]
+    rows.view(num_pages, page_size, V4_SCALE_BYTES)[:, :, :V4_NUM_SCALES] = scales.view(num_pages, page_size, -1)
+    return buf[:, : page_size * 584].view(num_pages, page_size, 1, 584)
+
+
+def make_inputs(shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+    """sglang-contract kwargs for one shape (full lengths, sink on, softmax scale 512^-0.5)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    B, H = shape.B, shape.H
+    k_cache = random_v4_cache_gpu(B, SWA_PAGE, gen, device)
+    own = torch.stack([torch.randperm(SWA_PAGE, device=device, generator=gen)[: shape.swa_topk] for _ in range(B)])
+    indices = (own + torch.arange(B, device=device)[:, None] * SWA_PAGE).to(torch.int32).view(B, 1, -1)
+    x_pages = -(-2 * B * shape.extra_topk // EXTRA_PAGE)
+    extra = random_v4_cache_gpu(x_pages, EXTRA_PAGE, gen, device)
+    perm = torch.randperm(x_pages * EXTRA_PAGE, device=device, generator=gen)[: B * shape.extra_topk]
+    extra_idx = perm.to(torch.int32).view(B, 1, shape.extra_topk)
+    return dict(
+        q=torch.randn(B, 1, H, 512, device=device, generator=gen).to(torch.bfloat16),
+        k_cache=k_cache,
+        indices=indices,
+        topk_length=torch.full((B,), shape.swa_topk, dtype=torch.int32, device=device),
+        attn_sink=torch.randn(H, device=device, generator=gen),
+        head_dim_v=512,
+        softmax_scale=512**-0.5,
+        extra_k_cache=extra,
+        extra_indices_in_kvcache=extra_idx,
+        extra_topk_length=torch.full((B,), shape.extra_topk, dtype=torch.int32, device=device),
+    )
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Device copy bandwidth (bytes read + written per second) and bf16 8192^3 matmul rate, medians of do_bench."""
+    from triton.testing import do_bench
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    bw = 2 * src.numel() / (ms * 1e-3)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * 8192**3 / (ms * 1e-3)}
+
+
+def floor_us(shape: Shape, ceilings: dict[str, float]) -> tuple[float, float, float]:
+    """(floor, bytes term, FLOP term) in µs: KV rows read once (584 B + 4 B index), q and out once; 2*H*T*1024 FLOPs."""
+    from sparsemla.kernels.sparse_decode.triton import flops_and_bytes
+
+    flops, nbytes = flops_and_bytes(shape.B, shape.H, shape.swa_topk + shape.extra_topk)
+    t_mem = nbytes / ceilings["copy_bytes_per_s"] * 1e6
+    t_mma = flops / ceilings["bf16_flops_per_s"] * 1e6
+    return max(t_mem, t_mma), t_mem, t_mma
+
+
+def load_sglang_triton(path: Path):
+    """sglang 0.5.23's ``flash_mla_sparse_decode_triton`` from its source file (imports only torch and triton)."""
+    spec = importlib.util.spec_from_file_location("sglang_flash_mla_sm120_triton", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.flash_mla_sparse_decode_triton
+
+
+def flashmla_call(flash_mla, kw: dict[str, Any], pad_heads: int) -> Any:
+    """A FlashMLA (legacy SM90) call on the same inputs; q and sink padded to ``pad_heads`` when H is smaller."""
+    q, sink = kw["q"], kw["attn_sink"]
+    H = q.shape[2]
+    if pad_heads > H:
+        q = torch.cat([q, q.new_zeros(*q.shape[:2], pad_heads - H, q.shape[3])], dim=2)
+        sink = torch.cat([sink, sink.new_full((pad_heads - H,), float("-inf"))])
+    meta = flash_mla.get_mla_metadata()[0]
+
+    def run():
+        return flash_mla.flash_mla_with_kvcache(
+            q, kw["k_cache"], None, None, head_dim_v=512, tile_scheduler_metadata=meta,
+            softmax_scale=kw["softmax_scale"], is_fp8_kvcache=True, indices=kw["indices"], attn_sink=sink,
+            extra_k_cache=kw["extra_k_cache"], extra_indices_in_kvcache=kw["extra_indices_in_kvcache"],
+            topk_length=kw["topk_length"], extra_topk_length=kw["extra_topk_length"], use_legacy=True,
+        )  # fmt: skip
+
+    return run
+
+
+def graphed(call):
+    """``call`` captured in a CUDA graph (after a warm-up on a side stream); returns its replay function.
+
+    Decode runs under CUDA graphs in sglang, so the graph replay is what a decode step pays; do_bench then times one
+    replay per repetition with L2 flushed before it. Falls back to the eager call when capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            call()
+    except RuntimeError as exc:
+        print(f"capture failed, timing eagerly: {str(exc)[:120]}")
+        return call
+    return graph.replay
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def bench_shape(
+    shape: Shape,
+    providers: list[str],
+    ceilings: dict[str, float],
+    sglang_fn,
+    flash_mla,
+    splits: int | str,
+    code_path: str = "native",
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output."""
+    from triton.testing import do_bench
+
+    from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+    from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
+
+    sets = [make_inputs(shape, seed=1000 * shape.B + 10 * shape.H + i) for i in range(ROTATE)]
+    fns: dict[str, list] = {}
+    if "sparsemla" in providers:
+        fns["sparsemla"] = [lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits) for kw in sets]
+    if "sglang_triton" in providers and sglang_fn is not None and shape.is_target and shape.B <= 128:
+        fns["sglang_triton"] = [
+            lambda kw=kw: sglang_fn(
+                kw["q"],
+                kw["k_cache"],
+                kw["indices"],
+                kw["topk_length"],
+                kw["attn_sink"],
+                512,
+                kw["softmax_scale"],
+                kw["extra_k_cache"],
+                kw["extra_indices_in_kvcache"],
+                kw["extra_topk_length"],
+            )  # fmt: skip
+            for kw in sets
+        ]
+    if "flashmla" in providers and flash_mla is not None:
+        pad = 64 if shape.H <= 64 else 128
+        fns["flashmla"] = [flashmla_call(flash_mla, kw, pad) for kw in sets]
+    if "reference" in providers and shape.is_target and shape.B <= 128:
+        fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
+
+    if "sparsemla" in fns:
+        fns["sparsemla_graph"] = fns["sparsemla"]  # same calls, one CUDA-graph replay per repetition
+    errs: dict[str, float] = {}
+    ours = fns["sparsemla"][0]()[0] if "sparsemla" in fns else None
+    rows = []
+    for name, calls in fns.items():
+        out = calls[0]()[0][:, :, : shape.H]
+        if ours is not None and name != "sparsemla_graph":
+            errs[name] = rel_err(out, ours)
+        runs = [graphed(c) for c in calls] if name.endswith("_graph") else calls
+        state = {"i": 0}
+
+        def step(runs=runs, state=state):
+            state["i"] += 1
+            return runs[state["i"] % len(runs)]()
+
+        us = do_bench(step, warmup=10, rep=60, return_mode="median") * 1e3
+        row = {**shape.__dict__, "provider": code_paths.provider(name, code_path), "us": round(us, 3)}
+        if name.startswith("sparsemla"):
+            row["shared_bytes"] = SHARED.get("_sparse_decode_kernel")
+        rows.append(row)
+    if ceilings:  # a code-path child has none: its parent adds the floors
+        fl, _, _ = floor_us(shape, ceilings)
+        rows.append({**shape.__dict__, "provider": "floor", "us": round(fl, 3)})
+    del sets, fns
+    torch.cuda.empty_cache()
+    return rows, errs
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    provs = list(dict.fromkeys(r["provider"] for r in rows))
+    keys = list(dict.fromkeys((r["B"], r["H"], r["swa_topk"], r["extra_topk"]) for r in rows))
+    cell = {(r["B"], r["H"], r["swa_topk"], r["extra_topk"], r["provider"]): r["us"] for r in rows}
+    table = Table(title="sparse-MLA decode (µs, do_bench median)")
+    for col in ("B", "H", "swa", "extra", *provs):
+        table.add_column(col, justify="right")
+    for k in keys:
+        table.add_row(*map(str, k), *[f"{cell[(*k, p)]:.2f}" if (*k, p) in cell else "-" for p in provs])
+    Console(width=160).print(table)
+
+
+SHARED: dict[str, int] = {}  # kernel name -> metadata.shared of its last launch (recorded next to the timings)
+
+
+@app.command()
+def main(
+    out_dir: Path = typer.Option(Path("results/bench"), help="Where decode-<gpu>-<date>.json is written."),
+    batches: str = typer.Option("1,8,32,64,128", help="Comma-separated batch sizes."),
+    heads: str = typer.Option("8,16,64,128", help="Comma-separated query head counts."),
+    extra_topks: str = typer.Option("512,2048,8192", help="Comma-separated extra-cache top-k sizes."),
+    prefill_rows: str = typer.Option("1024,8192", help="Extend-chunk rows (H=64, 128 + 512) measured as well."),
+    swa_topk: int = typer.Option(128, help="SWA (main cache) top-k."),
+    providers: str = typer.Option("sparsemla,sglang_triton,flashmla,reference", help="Providers to time."),
+    paths: str = typer.Option(
+        "native,sm89",
+        help="Code paths: native (wgmma on Hopper) and/or sm89 (TRITON_OVERRIDE_ARCH=sm89: the "
+        "mma.sync code and configurations of sm_80..sm_120), each in its own process.",
+    ),
+    child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
+    sglang_src: Path = typer.Option(
+        Path(".gpu/sglang_src/flash_mla_sm120_triton.py"), help="sglang 0.5.23's flash_mla_sm120_triton.py."
+    ),
+    splits: str = typer.Option("auto", help="Split count for sparsemla (auto or an int)."),
+    git_sha: str = typer.Option("", help="Commit the numbers belong to (default: `git rev-parse HEAD` here)."),
+) -> None:
+    """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
+    import sys
+    import tempfile
+
+    from sparsemla.console import fail
+
+    if not torch.cuda.is_available():
+        fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
+    try:
+        path_list = code_paths.parse(paths)
+    except ValueError as exc:
+        fail(str(exc), "e.g. --paths native,sm89")
+    gpu = torch.cuda.get_device_name()
+    ceilings = measure_ceilings() if child_out is None else {}
+    if child_out is None:
+        rows: list[dict[str, Any]] = []
+        checks: list[dict[str, Any]] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in path_list:
+                doc = code_paths.run_child("benchmarks.decode", sys.argv[1:], path, Path(tmp) / f"{path}.json")
+                rows += doc["rows"]
+                checks += [{**x, "code_path": path} for x in doc["checks"]]
+        floors = []
+        for key in dict.fromkeys((r["B"], r["H"], r["swa_topk"], r["extra_topk"]) for r in rows):
+            fl, _, _ = floor_us(Shape(*key), ceilings)
+            floors.append({**Shape(*key).__dict__, "provider": "floor", "us": round(fl, 3)})
+        rows += floors
+        out_dir.mkdir(parents=True, exist_ok=True)
+        slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+        path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
+        _write(path, gpu, git_sha, ceilings, rows, checks, path_list)
+        _print_table(rows)
+        print(f"wrote {path}")
+        return
+
+    code_path = path_list[0]
+    from sparsemla.kernels.aot import watch_launches
+
+    provs = [p.strip() for p in providers.split(",") if p.strip()]
+    if code_path != "native":
+        provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
+    sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
+    try:
+        import flash_mla  # type: ignore[import-not-found]
+    except ImportError:
+        flash_mla = None
+    split_arg: int | str = "auto" if splits == "auto" else int(splits)
+    shapes = [
+        Shape(int(b), int(h), swa_topk, int(x))
+        for x in extra_topks.split(",")
+        for h in heads.split(",")
+        for b in batches.split(",")
+    ]
+    shapes += [Shape(int(b), 64, swa_topk, 512) for b in prefill_rows.split(",") if b.strip()]
+    rows, checks = [], []
+    with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
+        for shape in shapes:
+            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path)
+            rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
+            checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
+            print(json.dumps(r), flush=True)
+            child_out.write_text(json.dumps({"rows": rows, "checks": checks}))  # a cut-short run keeps what it measured
+
+
+def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
+    import triton
+
+    from sparsemla.kernels import device as dev
+
+    doc = {
+        "op": "decode",
+        "gpu": gpu,
+        "device": dev.device_info().__dict__,
+        "code_paths": {
+            p: (
+                "wgmma (this GPU's own)"
+                if p == "native"
+                else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, the configurations chosen for sm_{p[2:]}"
+            )
+            for p in paths
+        },  # fmt: skip
+        "git_sha": git_sha or artifacts.git_sha() or "unknown",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "ceilings": ceilings,
+        "method": (
+            f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
+            "sets (the method of notes/h200-baselines.md); `*_graph` = one CUDA-graph replay per rep; each code path "
+            "in its own process; `shared_bytes` = metadata.shared of the decode kernel as launched"
+        ),
+        "rows": rows,
+        "checks": checks,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,162 @@
+"""The indexer section of ``docs/performance.md``, rendered from one ``results/bench/indexer-*.json``.
+
+``indexer_section(data)`` is the per-op function ``benchmarks/report.py`` calls; ``python -m
+benchmarks.report_indexer results/bench/indexer-h200-<date>.json`` prints the section on its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.indexer import PROVIDERS
+from benchmarks.report import cells_by, fmt_us
+
+# (B, ctx) -> logits-only target in us; (B, ctx, "topk") for the logits + top-k target (issue 4)
+TARGETS: dict[tuple, float] = {(64, 4096): 14.0, (64, 16384): 45.0, (64, 65536): 160.0, (1, 4096): 8.0}
+TOPK_TARGETS: dict[tuple, float] = {(1, 4096): 15.0}
+COLUMNS = ("floor", *(p for p in PROVIDERS if p != "floor"))  # the benchmark's providers, the floor first
+
+
+def _median(vals: list[float]) -> float:
+    vals = sorted(vals)
+    return vals[len(vals) // 2]
+
+
+def indexer_section(data: dict) -> str:
+    """Markdown: the measured table, the targets with their gaps, and the cap-independence check."""
+    cells = cells_by(data["rows"], ("B", "ctx", "cap"))
+    seen = list(dict.fromkeys(r["provider"] for r in data["rows"]))
+    cols = [c for c in COLUMNS if c in seen] + [c for c in seen if c not in COLUMNS]  # code-path variants last
+    out = [
+        "## Lightning indexer (DeepSeek-V4, 64 heads x 128, fp8 keys, page 64)",
+        "",
+        f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, commit `{data['git_sha'][:10]}`, "
+        f"{data.get('date', '')}; copy bandwidth {data.get('copy_bandwidth_tb_s', '?')} TB/s. "
+        f"{data.get('timing', '')}. Top-k providers use k = {data.get('k', 512)}. "
+        "`ctx` is the real (compressed) length, `cap` the page-table width sglang passes under decode CUDA graphs.",
+        "",
+        "| B | ctx | cap | " + " | ".join(cols) + " |",
+        "|---|---|---|" + "---|" * len(cols),
+    ]
+    for (b, ctx, cap), vals in sorted(cells.items()):
+        out.append(f"| {b} | {ctx} | {cap} | " + " | ".join(fmt_us(vals.get(c)) for c in cols) + " |")
+    out += ["", "Providers: " + "; ".join(f"`{k}`: {v}" for k, v in data.get("providers", {}).items()) + ".", ""]
+    out += ["**Targets** (median over caps; `sparsemla` = with Python dispatch, `graph` = CUDA-graph replay):", ""]
+    out += ["| target | limit (us) | sparsemla | graph | gap (graph / limit) |", "|---|---|---|---|---|"]
+    for (b, ctx), limit in TARGETS.items():
+        per_cap = [v for (bb, cc, _), v in cells.items() if (bb, cc) == (b, ctx)]
+        if not per_cap:
+            continue
+        eager = _median([v.get("sparsemla", float("nan")) for v in per_cap])
+        graph = _median([v.get("sparsemla_graph", float("nan")) for v in per_cap])
+        out.append(
+            f"| B={b} ctx={ctx} logits | {limit:.0f} | {fmt_us(eager)} | {fmt_us(graph)} | {graph / limit:.2f}x |"
+        )
+    for (b, ctx), limit in TOPK_TARGETS.items():
+        per_cap = [v for (bb, cc, _), v in cells.items() if (bb, cc) == (b, ctx)]
+        if per_cap:
+            fused = _median([v.get("sparsemla_topk", float("nan")) for v in per_cap])
+            graph = _median([v.get("sparsemla_topk_graph", float("nan")) for v in per_cap])
+            gap = graph if graph == graph else fused  # older results have no graph replay of the fused path
+            out.append(
+                f"| B={b} ctx={ctx} logits + top-k | {limit:.0f} | {fmt_us(fused)} | {fmt_us(graph)} | "
+                f"{gap / limit:.2f}x |"
+            )
+    out += ["", "**Cap independence** (same B and ctx, `sparsemla_graph` at the largest cap over the smallest):", ""]
+    spreads = []
+    for b, ctx in sorted({(b, c) for b, c, _ in cells}):
+        caps = sorted(cap for bb, cc, cap in cells if (bb, cc) == (b, ctx))
+        lo = cells[(b, ctx, caps[0])].get("sparsemla_graph")
+        hi = cells[(b, ctx, caps[-1])].get("sparsemla_graph")
+        if lo and hi:
+            spreads.append((abs(hi / lo - 1), b, ctx, caps[0], caps[-1]))
+    if spreads:
+        worst = max(spreads)
+        out.append(
+            f"largest change {100 * worst[0]:.1f}% (B={worst[1]}, ctx={worst[2]}, cap {worst[3]} -> {worst[4]}) "
+            f"over {len(spreads)} (B, ctx) pairs."
+        )
+    out += ["", NOTES]
+    return "\n".join(out) + "\n"
+
+
+def code_paths_section(data: dict) -> str:
+    """Markdown of a code-path run (``make bench-indexer`` with both paths, a reduced grid): logits and fused
+    logits + top-k graph replay in the native and the sm_89 path, one run."""
+    cells = cells_by(data["rows"], ("B", "ctx", "cap"))
+    out = [
+        "## Lightning indexer in both code paths",
+        "",
+        f"{data['gpu']}, torch {data['torch']}, Triton {data['triton']}, commit `{data['git_sha'][:10]}`, "
+        f"{data.get('date', '')}; {data.get('timing', '')}. Native = wgmma; sm_89 path = `TRITON_OVERRIDE_ARCH=sm89` "
+        "(mma.sync with fp8 MMAs, the code sm_89 and sm_120 get).",
+    ]
+    out += _code_path_lines(cells)
+    topk = [(k, v) for k, v in sorted(cells.items()) if "sparsemla_topk_graph" in v]
+    if topk:
+        out += [
+            "",
+            "Fused logits + top-k (graph replay), µs:",
+            "",
+            "| B | ctx | native | sm_89 path | sglang torch top-k (eager) |",
+        ]
+        out += ["|---|---|---|---|---|"]
+        for (b, ctx, _), v in topk:
+            out.append(
+                f"| {b} | {ctx} | {fmt_us(v['sparsemla_topk_graph'])} | "
+                f"{fmt_us(v.get('sparsemla_sm89path_topk_graph'))} | {fmt_us(v.get('torch_topk'))} |"
+            )
+    note = (
+        "In the sm_89 path the logits tie the native ones at B=1 and fall behind at B=64: the same 128-token tiles "
+        "and 5 stages, fp8 mma.sync instead of wgmma; the launch parameters were tuned on the wgmma path."
+    )
+    out += ["", note]
+    return "\n".join(out) + "\n"
+
+
+def _code_path_lines(cells: dict) -> list[str]:
+    """Logits graph replay in the sm_89 code path (mma.sync, fp8 MMAs as on sm_89/sm_120) over the native path."""
+    pairs = [(k, v["sparsemla_graph"], v["sparsemla_sm89path_graph"]) for k, v in sorted(cells.items())
+             if "sparsemla_graph" in v and "sparsemla_sm89path_graph" in v]  # fmt: skip
+    if not pairs:
+        return []
+    out = ["", "**Code paths** (logits, CUDA-graph replay; target: the sm_89 path within 1.2x of the native one):", ""]
+    out += ["| B | ctx | cap | native (wgmma) | sm_89 path | ratio |", "|---|---|---|---|---|---|"]
+    for (b, ctx, cap), nat, s89 in pairs:
+        out.append(f"| {b} | {ctx} | {cap} | {fmt_us(nat)} | {fmt_us(s89)} | {s89 / nat:.2f}x |")
+    return out
+
+
+NOTES = """**Notes on the gaps** (bounds from the `floor` column; the graph column is the kernel, the eager column adds
+the Python launcher's host time, which is noisy on the GPU machine -- sglang decodes under CUDA graphs):
+
+- Logits at B=64 are memory-bound; the kernel reaches ~35% (4k), ~60% (16k) and ~78% (64k) of the copy-bandwidth
+  floor. The per-(request, split) programs walk 128-token tiles with a page-id gather, an fp8 `[128 tokens x 128] x
+  [128 x 64 heads]` dot (swap-AB: the head sum stays in a thread quad) and a masked store, 5 cp.async stages deep at
+  B > 4 (re-swept on the H200: 3 -> 5 stages took 64k from 204 to 171 us; results/bench/explore/). ncu at B=64: 3
+  programs of 4 warps per SM (137 registers), ~40% of the warp samples waiting on the key tiles; the remaining gap is
+  load latency per program at short lengths (a 4k row is 32 tiles over 17 programs) -- DeepGEMM's persistent TMA
+  kernel is the reference point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
+- The top-k is exact and deterministic and runs one CTA per row: rows up to 4096 are loaded once and selected in
+  registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, one compaction scan, a
+  bitonic sort of the k winners: ~19 us for a 4k row, CUDA-graph replay), longer rows stream from L2 once per pass
+  (~87 us at 16k, ~340 us at 64k; a 16384-key register tile measured slower, 128 us). The fused B=1 logits + top-512
+  replays in ~24 us against its 15 us target: the gap is the single-CTA select's chain of dependent passes. A
+  multi-CTA radix select is the next step. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k
+  kernel) is the faster one, and it is the one the plugin's top-k hook uses.
+- fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
+  fp32 reference by ~1e-4 relative; the bf16 path (sm_80/86: integer-dequantized keys, no e4m3 type there) matches
+  to 1e-5."""
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m benchmarks.report_indexer results/bench/indexer-<gpu>-<date>.json")
+        return 2
+    print(indexer_section(json.loads(Path(argv[0]).read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

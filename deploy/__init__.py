@@ -1,1 +1,0 @@
-"""sparsemla.deploy: the sglang plugin (hook table), metrics, the kernel-share exporter and the simulator."""

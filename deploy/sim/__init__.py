@@ -1,1 +1,0 @@
-"""sparsemla.deploy.sim: a simulated sglang server whose step times come from measured kernels."""

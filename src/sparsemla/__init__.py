@@ -1,0 +1,8 @@
+"""sparsemla: portable Triton kernels for DeepSeek sparse attention, an sglang plugin, and the ops loop around them.
+
+The runtime (in sglang's processes): ``sparsemla.kernels`` (ops), ``sparsemla.plugin`` (hook table, self-check, step
+metrics), ``sparsemla.flags``. Out of process: ``sparsemla.ops`` (simulator, exporter, stack, demo),
+``sparsemla.loadtest`` (Locust), ``sparsemla.dashboards`` (Grafana as code). Nothing heavy is imported here.
+"""
+
+__version__ = "0.1.0"

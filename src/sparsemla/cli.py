@@ -1,0 +1,82 @@
+"""The `sparsemla` command line: one typer app whose commands live beside the code they drive.
+
+Each area keeps a light ``cli.py`` with its own ``typer.Typer`` (heavy imports happen inside the commands); this module
+merges their commands into one flat namespace (`sparsemla sim`, `sparsemla loadtest`, ...). The Makefile only calls
+these commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from sparsemla import flags
+from sparsemla.console import UsageError, console, err_console, fail
+
+# Areas whose commands are merged into the top-level app, in help order.
+COMMAND_MODULES = (
+    "sparsemla.ops.sim.cli",
+    "sparsemla.loadtest.cli",
+    "sparsemla.ops.cli",
+    "sparsemla.dashboards.cli",
+    "sparsemla.kernels.cli",
+    "sparsemla.ops.demo",
+)
+
+app = typer.Typer(
+    name="sparsemla",
+    help="Triton sparse-MLA kernels for sglang, and the loop that proves every flag flip.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command("flags")
+def flags_cmd(
+    markdown: bool = typer.Option(False, "--markdown", help="Print docs/flags.md instead of the current values."),
+    check: bool = typer.Option(False, "--check", help="Exit 2 if any flag in the environment has a bad value."),
+) -> None:
+    """Show every flag, its current value and where it came from."""
+    if markdown:
+        print(flags.markdown_table(), end="")
+        return
+    try:
+        flags.validate_all()
+    except flags.FlagError as exc:
+        fail(str(exc), "fix or unset the variable; `sparsemla flags --markdown` lists the allowed values")
+    if check:
+        return
+    for flag in flags.REGISTRY.values():
+        source = flag.source() or "default"
+        console.print(f"{flag.name:28} = {flag.as_label()!s:10} [dim]({source}; {flag.group})[/]")
+
+
+def _merge(module_name: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:  # that area has no commands yet
+            return
+        raise
+    sub = getattr(module, "app", None)
+    if sub is not None:
+        app.registered_commands.extend(sub.registered_commands)
+
+
+for _name in COMMAND_MODULES:
+    _merge(_name)
+
+
+def main() -> None:
+    """Entry point: run the app; user mistakes (UsageError, FlagError) exit 2 with a message, not a traceback."""
+    try:
+        app()
+    except (UsageError, flags.FlagError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}")
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

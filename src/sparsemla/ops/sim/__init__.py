@@ -1,0 +1,1 @@
+"""sparsemla.ops.sim: a simulated sglang server whose step times come from measured kernels."""

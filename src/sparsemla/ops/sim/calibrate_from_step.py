@@ -1,0 +1,215 @@
+"""Simulator calibration from a decode-step benchmark result: ``python -m sparsemla.ops.sim.calibrate_from_step``.
+
+Reads ``results/bench/step-<gpu>-<date>.json`` (written by ``python -m benchmarks.step`` on a GPU) and
+writes ``ops/sim/calibration/default.json`` through :func:`sparsemla.ops.sim.calibration.write_calibration`
+(which validates the document before writing). This adapter lives on the deploy side so that ``sparsemla.kernels``
+never imports the simulator.
+
+Mapping (schema in :mod:`sparsemla.ops.sim.calibration`):
+
+* ``model``: the benchmark's model (43 layers, 21 with an indexer) and ``context_length`` = the benchmark's cap (the
+  server's ``--context-length``, the width the torch indexer scans).
+* per state (``variant``), over the contexts at which every measured batch size was timed and profiled (a context with
+  a hole is left out and the notes say so; a state with no complete context is left out): ``step_us`` = the median
+  CUDA-graph replay time; ``kernel_us[name]`` = that kernel group's GPU time in the profiled replay of the same point
+  (0 where it did not run); ``calls_per_step`` = its most launches in one step. Kernel names are the trace parser's
+  short names (``name [category]`` when one short name falls in two categories). Where a profiled replay's kernels
+  add up to more than the median replay (run-to-run noise), ``step_us`` is raised to that sum (a step cannot be shorter
+  than its serial kernels); ``provenance.notes`` counts such points.
+* ``prefill``: the step benchmark measures decode only; the prefill model is carried over from the shipped provisional
+  calibration and the notes say so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from sparsemla.ops.sim.calibration import (
+    DEFAULT_PATH,
+    PROVISIONAL_PATH,
+    VARIANTS,
+    KernelSpec,
+    ModelSpec,
+    Provenance,
+    StateCalibration,
+    load_calibration,
+    write_calibration,
+)
+
+app = typer.Typer(add_completion=False, help=__doc__)
+RESULTS_DIR = Path("results/bench")
+
+
+class StepResultError(ValueError):
+    """The step JSON is not a usable decode-step benchmark result; the message says what is missing."""
+
+
+def _flags(variant: str) -> dict[str, str]:
+    parts = set(variant.split("+"))
+    return {
+        "sparsemla_mma_decode": "on" if "mma_decode" in parts else "off",
+        "sparsemla_triton_indexer": "on" if "triton_indexer" in parts else "off",
+    }
+
+
+def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | None, int, str]:
+    """(state or None when its grid is incomplete, points whose step time was raised to the kernel sum, reason)."""
+    rows = {(r["B"], r["ctx"]): float(r["us"]) for r in doc["variant_rows"] if r["variant"] == variant}
+    if not rows:
+        return None, 0, "not measured"
+    batch = sorted({b for b, _ in rows})
+    shares = doc.get("kernel_share", {}).get(variant, {})
+
+    def complete(c: int) -> bool:
+        return all((b, c) in rows and str(b) in shares.get(str(c), {}) for b in batch)
+
+    measured = sorted({c for _, c in rows})
+    context = [c for c in measured if complete(c)]
+    if not context:
+        return None, 0, f"no context with every batch size {batch} timed and profiled"
+    dropped = [c for c in measured if c not in context]
+    note = f"contexts {dropped} left out (incomplete; the simulator clamps context to {context})" if dropped else ""
+    # kernel groups over the grid; a short name in two categories gets its category appended
+    cats: dict[str, set[str]] = {}
+    for c in context:
+        for b in batch:
+            for k in shares[str(c)][str(b)]["kernels"]:
+                cats.setdefault(k["name"], set()).add(k["category"])
+
+    def key(name: str, category: str) -> str:
+        return name if len(cats[name]) == 1 else f"{name} [{category}]"
+
+    times: dict[str, list[list[float]]] = {}
+    calls: dict[str, int] = {}
+    category: dict[str, str] = {}
+    for k_name, k_cats in sorted(cats.items()):
+        for cat in sorted(k_cats):
+            n = key(k_name, cat)
+            times[n] = [[0.0] * len(context) for _ in batch]
+            calls[n] = 1
+            category[n] = cat
+    step = [[rows[(b, c)] for c in context] for b in batch]
+    raised = 0
+    for i, b in enumerate(batch):
+        for j, c in enumerate(context):
+            for k in shares[str(c)][str(b)]["kernels"]:
+                n = key(k["name"], k["category"])
+                times[n][i][j] += float(k["time_us"])
+                calls[n] = max(calls[n], int(k["calls"]))
+            total = sum(times[n][i][j] for n in times)
+            if total > step[i][j]:
+                step[i][j] = total
+                raised += 1
+    order = sorted(times, key=lambda n: -sum(map(sum, times[n])))
+    state = StateCalibration(
+        variant=variant,
+        flags=_flags(variant),
+        batch=tuple(batch),
+        context=tuple(context),
+        step_us=tuple(tuple(r) for r in step),
+        kernels=tuple(KernelSpec(n, category[n], calls[n]) for n in order),
+        kernel_us={n: tuple(tuple(r) for r in times[n]) for n in order},
+    )
+    return state, raised, note
+
+
+def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Keyword arguments of :func:`write_calibration` from a step-benchmark document."""
+    for key in ("op", "gpu", "git_sha", "date", "torch", "triton", "cuda", "cap", "model", "variant_rows"):
+        if key not in doc:
+            raise StepResultError(f"{source}: missing {key!r} (is this a step-benchmark result?)")
+    if doc["op"] != "step":
+        raise StepResultError(f"{source}: op is {doc['op']!r}, expected 'step'")
+    states: dict[str, StateCalibration] = {}
+    notes: list[str] = []
+    raised_total = 0
+    for variant in VARIANTS:
+        state, raised, reason = _state(doc, variant)
+        if state is None:
+            notes.append(f"state {variant} left out: {reason}.")
+            continue
+        if reason:
+            notes.append(f"state {variant}: {reason}.")
+        states[variant] = state
+        raised_total += raised
+    if not states:
+        raise StepResultError(f"{source}: no flag state has a complete batch grid of step times and kernel shares")
+    model = doc["model"]
+    prefill = load_calibration(PROVISIONAL_PATH).prefill
+    notes.insert(
+        0,
+        f"Measured by benchmarks/step.py ({model.get('deployment', '')}; {doc.get('method', '')}). "
+        f"step_us: median CUDA-graph replay of the whole {model['num_layers']}-layer decode step; kernel_us: the "
+        f"profiled replay of the same point. Prefill is not measured by the step benchmark: carried over from "
+        f"the provisional calibration (derived). Points whose step time was raised to the profiled kernel sum: "
+        f"{raised_total}.",
+    )
+    return {
+        "model": ModelSpec(
+            name=str(model["name"]),
+            num_layers=int(model["num_layers"]),
+            indexer_layers=int(model["indexer_layers"]),
+            context_length=int(doc["cap"]),
+        ),
+        "prefill": prefill,
+        "provenance": Provenance(
+            gpu=str(doc["gpu"]),
+            date=str(doc["date"])[:10],
+            torch=str(doc["torch"]),
+            triton=str(doc["triton"]),
+            cuda=str(doc["cuda"]),
+            git_sha=str(doc["git_sha"]),
+            source=f"decode-step benchmark ({Path(source).name})",
+            provisional=False,
+            notes=" ".join(notes),
+        ),
+        "states": states,
+    }
+
+
+def latest_result(directory: Path = RESULTS_DIR) -> Path | None:
+    """The newest ``step-*.json`` in ``directory`` by name (names end in the date), None when there is none."""
+    found = sorted(directory.glob("step-*.json"))
+    return found[-1] if found else None
+
+
+def calibrate(step_json: Path, out: Path = DEFAULT_PATH) -> Path:
+    """Read a step result and write the calibration; StepResultError / CalibrationError on bad input."""
+    try:
+        doc = json.loads(step_json.read_text())
+    except OSError as exc:
+        raise StepResultError(f"cannot read {step_json}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise StepResultError(f"{step_json}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise StepResultError(f"{step_json}: expected a JSON object")
+    return write_calibration(out, **calibration_args(doc, str(step_json)))
+
+
+@app.command()
+def main(
+    step_json: Path = typer.Argument(None, help="Step result (default: newest results/bench/step-*.json)."),
+    out: Path = typer.Option(DEFAULT_PATH, help="Calibration file to write."),
+) -> None:
+    """Write the simulator calibration from a decode-step benchmark result."""
+    from sparsemla.console import fail
+    from sparsemla.ops.sim.calibration import CalibrationError
+
+    path = step_json or latest_result()
+    if path is None:
+        fail(f"no step-*.json in {RESULTS_DIR}", "run `make bench-step` on a GPU first, or pass the file")
+    try:
+        written = calibrate(path, out)
+    except (StepResultError, CalibrationError) as exc:
+        fail(str(exc), "pass the JSON written by `python -m benchmarks.step`")
+    cal = load_calibration(written)
+    print(f"wrote {written}: states {', '.join(cal.states)}; {cal.provenance.gpu}, {cal.provenance.date}")
+
+
+if __name__ == "__main__":
+    app()

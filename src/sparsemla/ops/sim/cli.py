@@ -1,0 +1,55 @@
+"""`sparsemla sim`: run the simulated sglang server in the foreground (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import typer
+
+from sparsemla.console import console, fail
+from sparsemla.metric_names import PORT_SERVER
+
+app = typer.Typer()
+
+
+@app.command("sim")
+def sim(
+    port: int = typer.Option(PORT_SERVER, "--port", help="HTTP port (sglang's default is 30000)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 to serve other machines)."),
+    model_name: str = typer.Option("deepseek-ai/DeepSeek-V4-Flash", "--model-name", help="served_model_name label."),
+    calibration: str = typer.Option(
+        None, "--calibration", help="Calibration JSON (default: SPARSEMLA_SIM_CALIBRATION, default.json, provisional)."
+    ),
+    max_running_requests: int = typer.Option(256, "--max-running-requests", min=1, help="Max decode batch size."),
+    max_total_tokens: int = typer.Option(1_048_576, "--max-total-tokens", min=1, help="KV pool size in tokens."),
+    context_length: int = typer.Option(None, "--context-length", min=2, help="Default: the calibration's."),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    openapi: str = typer.Option(None, "--openapi", help="Write the OpenAPI schema (JSON) to this path and exit."),
+) -> None:
+    """Simulated sglang server: sglang's HTTP API and metrics, step times from the kernel calibration."""
+    import uvicorn
+
+    from sparsemla import flags
+    from sparsemla.ops.sim.calibration import CalibrationError, load_calibration
+    from sparsemla.ops.sim.server import SimConfig, create_app
+
+    try:
+        flags.validate_all()
+        cal = load_calibration(calibration)
+        config = SimConfig(model_name, max_running_requests, max_total_tokens, context_length)
+        application = create_app(cal, config)
+    except (CalibrationError, flags.FlagError) as exc:
+        fail(str(exc), "check SPARSEMLA_SIM_CALIBRATION / the flags (`sparsemla flags`)")
+    if openapi:
+        import json
+        from pathlib import Path
+
+        Path(openapi).write_text(json.dumps(application.openapi(), indent=1) + "\n")
+        console.print(f"wrote {openapi}")
+        return
+    prov = cal.provenance
+    label = "[bold yellow]PROVISIONAL[/] " if prov.provisional else ""
+    console.print(
+        f"sim: {model_name} variant=[bold]{application.state.variant}[/] on http://{host}:{port}  "
+        f"calibration {label}{cal.path} ({prov.gpu}, {prov.date}, {prov.git_sha[:12]})"
+    )
+    uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=120,
+                backlog=4096)  # fmt: skip

@@ -1,0 +1,330 @@
+"""sglang plugin: swaps DeepSeek-V4 sparse-attention calls to sparsemla's kernels behind flags, in every sglang process.
+
+sglang discovers :func:`register` through the entry-point group ``sglang.srt.plugins`` (see pyproject.toml), calls it
+early in every process (server, tokenizer, schedulers/TP workers, detokenizer) and then applies the hooks registered
+with ``sglang.srt.plugins.hook_registry.HookRegistry``. The hooks are described by :data:`HOOKS`, a table of data:
+sglang target (dotted path) -> our op -> the flag that enables it -> the sglang versions it was tested on.
+
+Each kernel hook is AROUND: it decides at call time (a dictionary lookup) whether to run sglang's original or our op,
+so a flag that is off gives sglang's own behaviour bit for bit. With the flag on, our op's errors propagate: there is
+no silent fallback to the original. An explicitly enabled kernel that cannot run (bad flag value, no Triton, GPU
+mismatch in the self-check) stops the process loudly. On a sglang version not in the table: one warning, no hooks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sparsemla import __version__, flags
+from sparsemla.metric_names import KERNEL_FLAGS_INFO
+from sparsemla.plugin import real_heads
+
+log = logging.getLogger("sparsemla.plugin")
+
+SGLANG_VERSIONS = ("0.5.23",)
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One row of the hook table.
+
+    ``call`` says how the original's arguments reach our op: ``kwargs`` binds them to the original's signature and
+    passes them all by name (sglang's decode entries take keywords); ``positional`` passes them in the original's
+    parameter order (the indexer logits functions share one positional contract); ``timer`` always runs the original
+    and ``op`` wraps it (``op(original, *args, **kwargs)``). ``params`` are the original's parameter names our op
+    relies on (the contract tests check them against the installed sglang). ``requires`` names a module that must be
+    importable for the target to exist (the hook is skipped, with a debug line, when it is not)."""
+
+    name: str
+    target: str
+    op: str
+    flag: flags.Flag[Any]
+    call: Literal["kwargs", "positional", "timer"]
+    params: tuple[str, ...]
+    requires: str | None = None
+    versions: tuple[str, ...] = SGLANG_VERSIONS
+    note: str = ""
+
+
+_DECODE_PARAMS = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale",
+                  "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")  # fmt: skip
+_INDEXER_PARAMS = ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata", "max_seq_len",
+                   "clean_logits")  # fmt: skip
+
+HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(
+        name="decode_sm120",
+        target="sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120",
+        op="sparsemla.kernels.sparse_decode.api:sparse_decode",
+        flag=flags.SPARSEMLA_MMA_DECODE,
+        call="kwargs",
+        params=(),  # the original takes **kwargs; the keyword names are checked at its call site instead
+        note="DeepSeek-V4 decode on SM120 (deepseek_v4_backend.py imports it at call time)",
+    ),
+    HookSpec(
+        name="decode_flashmla",
+        target="sglang.kernels.ops.attention.flash_mla_interface.flash_mla_with_kvcache",
+        op="sparsemla.kernels.sparse_decode.api:sparse_decode",
+        flag=flags.SPARSEMLA_MMA_DECODE,
+        call="kwargs",
+        params=_DECODE_PARAMS,
+        requires="flash_mla",
+        note="DeepSeek-V4 decode on Hopper/Blackwell datacenter GPUs (bound into a partial at backend init)",
+    ),
+    HookSpec(
+        name="indexer_sm120_torch",
+        target="sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch_sm120",
+        op="sparsemla.kernels.indexer.api:indexer_logits",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=_INDEXER_PARAMS,
+        note="indexer logits fallback on SM120 (SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1); O(max context) in sglang",
+    ),
+    HookSpec(
+        name="indexer_torch",
+        target="sglang.srt.layers.attention.dsv4.indexer.fp8_paged_mqa_logits_torch",
+        op="sparsemla.kernels.indexer.api:indexer_logits",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=_INDEXER_PARAMS,
+        note="indexer logits torch path on non-SM120 GPUs (SGLANG_FP8_PAGED_MQA_LOGITS_TORCH=1), O(page-table width)",
+    ),
+    HookSpec(
+        name="indexer_topk_torch",
+        target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_pytorch_vectorized",
+        op="sparsemla.kernels.indexer.sglang_compat:topk_transform_paged",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices"),
+        note="top-k + page transform of the torch top-k backend: torch.topk over the whole width -> real lengths",
+    ),
+    HookSpec(
+        name="indexer_deepgemm",
+        target="deep_gemm.fp8_paged_mqa_logits",
+        op="sparsemla.kernels.indexer.api:indexer_logits",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=(),  # a compiled function: no Python signature to check
+        requires="deep_gemm",
+        note="indexer logits through DeepGEMM (imported at call time by dsv4/indexer.py)",
+    ),
+    HookSpec(
+        name="decode_real_heads",
+        target="sglang.srt.layers.attention.deepseek_v4_backend.DeepseekV4AttnBackend._forward_attention",
+        op="sparsemla.plugin.real_heads:track_real_heads",
+        flag=flags.SPARSEMLA_MMA_DECODE,
+        call="timer",
+        params=("self", "q", "k", "v", "layer"),
+        note="records layer.tp_q_head_num so the decode op skips the heads sglang pads q to (TP > 1)",
+    ),
+    HookSpec(
+        name="step_metrics",
+        target="sglang.srt.model_executor.model_runner.ModelRunner.forward",
+        op="sparsemla.plugin.step_metrics:time_forward_step",
+        flag=flags.SPARSEMLA_STEP_METRICS,
+        call="timer",
+        params=("self", "forward_batch"),
+        note="one model forward per scheduler step; CUDA events read lazily",
+    ),
+)
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def kernel_enabled(spec: HookSpec) -> bool:
+    """True when ``spec``'s flag asks for our op (and the master switch does not forbid it)."""
+    return spec.flag.get() and not flags.SPARSEMLA_DISABLE.get()
+
+
+def _flatten_kwargs(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+    if signature is None:
+        return dict(kwargs)
+    bound = signature.bind(*args, **kwargs)
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        param = signature.parameters[name]
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif param.kind is not inspect.Parameter.VAR_POSITIONAL:
+            out[name] = value
+    return out
+
+
+class _SelfCheck:
+    """Runs each enabled kernel against its reference once per process, on the device of the first eager call."""
+
+    def __init__(self) -> None:
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def maybe_run(self, spec: HookSpec, device: Any) -> None:
+        if spec.name in self._done or not flags.SPARSEMLA_SELF_CHECK.get():
+            return
+        import torch
+
+        if getattr(device, "type", "cpu") != "cuda" or torch.cuda.is_current_stream_capturing():
+            return  # CPU calls are the reference's job; under graph capture a check cannot synchronise
+        with self._lock:
+            if spec.name in self._done:
+                return
+            from sparsemla.plugin.selfcheck import run_self_check
+
+            run_self_check(spec.op, device)
+            self._done.add(spec.name)
+
+
+_self_check = _SelfCheck()
+
+
+def make_around(spec: HookSpec) -> Callable[..., Any]:
+    """The AROUND hook for ``spec``: original when the flag is off, our op when it is on (errors propagate).
+
+    A ``timer`` op is itself an AROUND hook that honours its flag, so it is registered as it is."""
+    if spec.call == "timer":
+        return _resolve(spec.op)
+    # Resolved on first use (importing the kernels pulls Triton), then reused: the hook sits on the decode path.
+    cache: dict[str, Any] = {}
+
+    def op() -> Callable[..., Any]:
+        if "op" not in cache:
+            cache["op"] = _resolve(spec.op)
+        return cache["op"]
+
+    def signature_of(original: Callable[..., Any]) -> inspect.Signature | None:
+        if "signature" not in cache:
+            try:
+                cache["signature"] = inspect.signature(original)
+            except (TypeError, ValueError):  # compiled functions
+                cache["signature"] = None
+        return cache["signature"]
+
+    def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not kernel_enabled(spec):
+            return original(*args, **kwargs)
+        if spec.call == "kwargs":
+            call_kwargs = _flatten_kwargs(signature_of(original), args, kwargs)
+            _self_check.maybe_run(spec, getattr(call_kwargs.get("q"), "device", None))
+            real = real_heads.current()
+            if real is not None and real < call_kwargs["q"].shape[2]:
+                call_kwargs["num_real_heads"] = real  # sglang padded q to more heads than the layer has
+            return op()(**call_kwargs)
+        if args:
+            _self_check.maybe_run(spec, getattr(args[0], "device", None))
+        return op()(*args, **kwargs)
+
+    return around
+
+
+def _sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _target_available(spec: HookSpec) -> bool:
+    if spec.requires is None:
+        return True
+    try:
+        return importlib.util.find_spec(spec.requires) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_OPS_OF_FLAG = {flags.SPARSEMLA_MMA_DECODE.name: "decode", flags.SPARSEMLA_TRITON_INDEXER.name: "indexer"}
+
+
+def _check_kernels_runnable() -> None:
+    """Explicitly enabled kernels must be able to run here: Triton importable, and every visible GPU one that a
+    configuration of each enabled kernel fits (sm_80+, enough shared memory per block). Raises SystemExit otherwise,
+    so sglang stops at startup with the reason instead of failing at CUDA-graph capture."""
+    wanted = sorted({s.flag.name for s in HOOKS if s.call != "timer" and kernel_enabled(s)})
+    if not wanted or flags.SPARSEMLA_FORCE_REFERENCE.get():
+        return
+    if importlib.util.find_spec("triton") is None:
+        raise SystemExit(f"sparsemla: {', '.join(wanted)} set but Triton is not installed")
+    import torch
+
+    if not torch.cuda.is_available():
+        return  # CPU-only process (the tokenizer/detokenizer of a GPU server see the GPUs; tests do not)
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.support import check_device
+
+    ops = tuple(_OPS_OF_FLAG[name] for name in wanted if name in _OPS_OF_FLAG)
+    for index in range(torch.cuda.device_count()):
+        try:
+            check_device(dev.device_info(index), ops)
+        except (dev.UnsupportedDevice, flags.FlagError) as exc:
+            raise SystemExit(f"sparsemla: GPU {index}: {exc}") from None
+
+
+def publish_flags_metric() -> None:
+    """Export ``sparsemla_kernel_flags_info{<flag>=..., version, variant} 1`` on sglang's /metrics.
+
+    sglang serves /metrics from every process through prometheus_client's multiprocess collector; a gauge created in a
+    process where PROMETHEUS_MULTIPROC_DIR is set lands in that directory (mode ``max``: one series, value 1)."""
+    from prometheus_client import Gauge
+
+    labels = {**flags.snapshot(), "version": __version__, "variant": flags.variant_name()}
+    kwargs = {}
+    if flags.PROMETHEUS_MULTIPROC_DIR.get():
+        kwargs["multiprocess_mode"] = "max"
+    try:
+        gauge = Gauge(KERNEL_FLAGS_INFO, "Active sparsemla kernel flags (value 1).", list(labels), **kwargs)
+    except ValueError:  # already registered in this process (register() called twice)
+        return
+    gauge.labels(**labels).set(1)
+
+
+_registered: list[str] = []
+
+
+def register() -> list[str]:
+    """Entry point called by sglang's ``load_plugins()`` in every process. Returns the hooked targets.
+
+    Registers the AROUND hooks of :data:`HOOKS` for this sglang version, publishes the flag-info metric and logs the
+    active kernel set once. Idempotent within a process."""
+    if _registered:
+        return list(_registered)
+    try:
+        flags.validate_all()
+    except flags.FlagError as exc:
+        raise SystemExit(f"sparsemla: {exc}") from None
+    version = _sglang_version()
+    specs = [s for s in HOOKS if version in s.versions]
+    if version is None or not specs:
+        log.warning(
+            "sparsemla %s: sglang %s is not a tested version %s; no hooks", __version__, version, SGLANG_VERSIONS
+        )
+        return []
+    _check_kernels_runnable()
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for spec in specs:
+        if not _target_available(spec):
+            log.debug("sparsemla: skip %s (%s not installed)", spec.target, spec.requires)
+            continue
+        HookRegistry.register(spec.target, make_around(spec), HookType.AROUND)
+        _registered.append(spec.target)
+    try:
+        publish_flags_metric()
+    except Exception:  # metrics are informative; never stop sglang for them
+        log.exception("sparsemla: could not publish %s", KERNEL_FLAGS_INFO)
+    active = ", ".join(f"{k}={v}" for k, v in flags.snapshot().items())
+    log.info(
+        "sparsemla %s plugin loaded on sglang %s: variant=%s; %s; %d hooks",
+        __version__, version, flags.variant_name(), active, len(_registered),
+    )  # fmt: skip
+    return list(_registered)
