@@ -12,7 +12,7 @@ STAMP := $(VENV)/.sparsemla-setup
 C ?= 64
 DURATION ?= 60s
 TARGET ?= http://127.0.0.1:30000
-WORKLOAD ?= random:512:32
+WORKLOAD ?=# empty: the CLI's default (sparsemla.loadtest.workload.DEFAULT_WORKLOAD)
 RUN_ID ?=
 REPEAT ?= 1
 FLAG ?= SPARSEMLA_MMA_DECODE
@@ -37,11 +37,10 @@ setup: $(STAMP) ## create .venv and install everything the targets need (torch C
 test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpreter kernels, ops loop end to end)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu"
 
-# On a GPU machine install the package first (`pip install -e ".[test]"` or `pip install --target`); `-P` keeps the
-# repo's own sparsemla/ folder from shadowing the installed, mapped namespace.
+# On a GPU machine install the package first (`pip install -e ".[test]"`, or benchmarks/gpu-setup.sh).
 test-gpu: ## GPU tests in both code paths: native, then TRITON_OVERRIDE_ARCH=sm89 (the mma.sync code of sm_80..sm_120)
-	$(PYTHON) -P -m pytest -m gpu --import-mode=importlib
-	TRITON_OVERRIDE_ARCH=sm89 $(PYTHON) -P -m pytest -m gpu --import-mode=importlib
+	$(PYTHON) -m pytest -m gpu
+	TRITON_OVERRIDE_ARCH=sm89 $(PYTHON) -m pytest -m gpu
 
 lint: $(STAMP) ## ruff check + format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -59,16 +58,16 @@ down: $(STAMP) ## stop everything `make up` started
 	$(CLI) down
 
 loadtest: $(STAMP) ## one Locust run at fixed concurrency: make loadtest C=64 DURATION=60s TARGET=...
-	$(CLI) loadtest --concurrency $(C) --duration $(DURATION) --target $(TARGET) --workload $(WORKLOAD) $(if $(RUN_ID),--run-id $(RUN_ID))
+	$(CLI) loadtest --concurrency $(C) --duration $(DURATION) --target $(TARGET) $(if $(WORKLOAD),--workload $(WORKLOAD)) $(if $(RUN_ID),--run-id $(RUN_ID))
 
 sweep: $(STAMP) ## concurrency sweep with repeats: make sweep C="1 16 32 64" REPEAT=3
-	$(CLI) sweep --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET) --workload $(WORKLOAD) $(if $(RUN_ID),--run-id $(RUN_ID))
+	$(CLI) sweep --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET) $(if $(WORKLOAD),--workload $(WORKLOAD)) $(if $(RUN_ID),--run-id $(RUN_ID))
 
 compare: $(STAMP) ## A/B report of two runs: make compare A=<run> B=<run>
 	$(CLI) compare $(A) $(B)
 
 ab: $(STAMP) ## flag off vs on: make ab FLAG=SPARSEMLA_MMA_DECODE C="1 16 64"
-	$(CLI) ab --flag $(FLAG) --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET)
+	$(CLI) ab --flag $(FLAG) --concurrency "$(C)" --repeat $(REPEAT) --duration $(DURATION) --target $(TARGET) $(if $(WORKLOAD),--workload $(WORKLOAD)) $(if $(RUN_ID),--run-id $(RUN_ID))
 
 profile: $(STAMP) ## take one kernel-share snapshot from the server (through the exporter)
 	$(CLI) profile --target $(TARGET)
@@ -86,13 +85,13 @@ aot: $(STAMP) ## compile every kernel for sm_80..sm_120 without a GPU: make aot 
 	$(CLI) aot $(foreach a,$(ARCH),--arch $(a))
 
 bench-decode: ## GPU: decode benchmark, native + sm89 code paths -> results/bench/decode-<gpu>-<date>.json
-	$(PYTHON) -P -m benchmarks.decode
+	$(PYTHON) -m benchmarks.decode
 
 bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/bench/indexer-<gpu>-<date>.json
-	$(PYTHON) -P -m benchmarks.indexer
+	$(PYTHON) -m benchmarks.indexer
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
-	$(PYTHON) -P -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step
+	$(PYTHON) -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step
 	$(PYTHON) -m sparsemla.ops.sim.calibrate_from_step
 
 clean: ## remove the venv and run state

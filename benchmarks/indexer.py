@@ -179,7 +179,8 @@ def gpu_slug(name: str) -> str:
 
 
 def run_case(case: Case, k: int, providers: list[str], bw: float) -> list[dict]:
-    from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd, indexer_topk_fwd
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
+    from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
 
     rows: list[dict] = []
     args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, case.cap)

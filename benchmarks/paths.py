@@ -29,7 +29,7 @@ def provider(name: str, path: str) -> str:
 
 
 def run_child(module: str, argv: list[str], path: str, out: Path) -> dict:
-    """Run ``python -P -m module argv --paths path --child-out out`` with the path's environment; its JSON."""
+    """Run ``python -m module argv --paths path --child-out out`` with the path's environment; its JSON."""
     cleaned, skip = [], False
     for a in argv:  # drop the parent's own --paths / --child-out
         if skip:
@@ -42,6 +42,6 @@ def run_child(module: str, argv: list[str], path: str, out: Path) -> dict:
             continue
         cleaned.append(a)
     env = flags.child_env({"TRITON_OVERRIDE_ARCH": None if path == "native" else path})
-    cmd = [sys.executable, "-P", "-m", module, *cleaned, "--paths", path, "--child-out", str(out)]
+    cmd = [sys.executable, "-m", module, *cleaned, "--paths", path, "--child-out", str(out)]
     subprocess.run(cmd, env=env, check=True)
     return json.loads(out.read_text())

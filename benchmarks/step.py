@@ -2,9 +2,9 @@
 
 The step (43 layers shaped as sglang 0.5.23 configures DeepSeek-V4-Flash, random weights and caches) is described
 in :mod:`benchmarks.step_model`; how a point is captured, timed and profiled in
-:mod:`benchmarks.step_run`. Flag states (``variant`` labels): ``baseline`` (sglang's SM120 per-head
-Triton decode + the torch indexer over the page-table width), ``mma_decode``, ``triton_indexer`` and
-``mma_decode+triton_indexer`` (= provider ``sparsemla``: our decode and indexer kernels). Grid: B in {1, 16, 32, 64}
+:mod:`benchmarks.step_run`. Flag states: :data:`sparsemla.variant.VARIANTS`, from ``baseline`` (sglang's SM120 per-head
+Triton decode + the torch indexer over the page-table width) to :data:`sparsemla.variant.ALL_ON` (= provider
+``sparsemla``: our decode and indexer kernels). Grid: B in {1, 16, 32, 64}
 x real context {4k, 64k}, server context length (the cap the torch indexer scans) 1M.
 
 Writes ``<out-dir>/step-<gpu>-<date>.json``::
@@ -56,6 +56,7 @@ from benchmarks.step_run import (
     time_step,
 )
 from sparsemla import artifacts, flags
+from sparsemla import variant as kernel_variant
 from sparsemla.artifacts import write_json_atomic
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -63,7 +64,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 CAP = 1 << 20
 BATCHES = (1, 16, 32, 64)
 CONTEXTS = (4096, 65536)
-SPARSEMLA = "mma_decode+triton_indexer"
+SPARSEMLA = kernel_variant.ALL_ON
 
 
 def point_order(batches: tuple[int, ...], contexts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -154,7 +155,7 @@ def derived_tables(variant_rows: list[dict[str, Any]]) -> tuple[list[dict], dict
     cell = {(r["variant"], r["ctx"], r["B"]): r["us"] for r in variant_rows}
     speedup: dict[str, dict[str, float]] = {}
     for (variant, ctx, b), us in cell.items():
-        if variant == "baseline" and (SPARSEMLA, ctx, b) in cell:
+        if variant == kernel_variant.BASELINE and (SPARSEMLA, ctx, b) in cell:
             speedup.setdefault(str(ctx), {})[str(b)] = us / cell[(SPARSEMLA, ctx, b)]
     marginal: dict[str, dict[str, float | None]] = {}
     for variant, ctx in sorted({(v, c) for v, c, _ in cell}):

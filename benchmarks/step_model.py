@@ -56,19 +56,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sparsemla import flags
+from sparsemla import variant as kernel_variant
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, V4_DATA_BYTES
 
-VARIANTS = ("baseline", "mma_decode", "triton_indexer", "mma_decode+triton_indexer")
-# The two states the issue compares: every flag off, every flag on.
-MAIN_VARIANTS = {"baseline": "baseline", "mma_decode+triton_indexer": "sparsemla"}
+VARIANTS = kernel_variant.VARIANTS
+# The two states the issue compares, with their bench provider names: every flag off, every flag on.
+MAIN_VARIANTS = {kernel_variant.BASELINE: "baseline", kernel_variant.ALL_ON: "sparsemla"}
 
 
-def variant_flags(variant: str) -> tuple[bool, bool]:
-    """(mma_decode, triton_indexer) of a ``variant`` label."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    parts = set(variant.split("+"))
-    return "mma_decode" in parts, "triton_indexer" in parts
+def variant_flags(name: str) -> tuple[bool, bool]:
+    """(decode kernel on, indexer kernels on) of a variant name; ValueError (VariantError) outside the closed set."""
+    state = kernel_variant.parse(name)
+    return state.is_on(flags.SPARSEMLA_MMA_DECODE), state.is_on(flags.SPARSEMLA_TRITON_INDEXER)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparsemla import variant as kernel_variant
+
 STATE_NAMES = {
-    "baseline": "flags off (`baseline`)",
-    "mma_decode+triton_indexer": "flags on (`mma_decode+triton_indexer`)",
+    kernel_variant.BASELINE: f"flags off (`{kernel_variant.BASELINE}`)",
+    kernel_variant.ALL_ON: f"flags on (`{kernel_variant.ALL_ON}`)",
 }
 TARGETS = {1: 3.0, 64: 20.0}  # issue 5: per-step speedup at B=1 and B=64 (4k context, 1M cap)
 
@@ -18,12 +20,11 @@ def _ms(us: float | None) -> str:
 
 def _step_table(doc: dict[str, Any]) -> list[str]:
     cell = {(r["variant"], r["ctx"], r["B"]): r for r in doc["variant_rows"]}
-    variants = [v for v in ("baseline", "mma_decode", "triton_indexer", "mma_decode+triton_indexer")
-                if any(k[0] == v for k in cell)]  # fmt: skip
+    variants = [v for v in kernel_variant.VARIANTS if any(k[0] == v for k in cell)]
     head = ["ctx", "B", *[f"`{v}` ms" for v in variants], "speedup off/on", "tok/s off", "tok/s on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ctx, b in sorted({(k[1], k[2]) for k in cell}):
-        off, on = cell.get(("baseline", ctx, b)), cell.get(("mma_decode+triton_indexer", ctx, b))
+        off, on = cell.get((kernel_variant.BASELINE, ctx, b)), cell.get((kernel_variant.ALL_ON, ctx, b))
         sp = doc["speedup"].get(str(ctx), {}).get(str(b))
         vals = [_ms(cell[(v, ctx, b)]["us"]) if (v, ctx, b) in cell else "-" for v in variants]
         row = [f"{ctx // 1024}k", str(b), *vals, f"**{sp:.1f}x**" if sp else "-"]
@@ -128,7 +129,7 @@ def step_section(doc: dict[str, Any]) -> str:
         "of ~4,400 short kernels), so the shares come from the hand parser.",
         "",
     ]
-    for variant in ("baseline", "mma_decode+triton_indexer"):
+    for variant in STATE_NAMES:
         for b in ("1", "64"):
             entry = doc["kernel_share"].get(variant, {}).get(ctx0, {}).get(b)
             if entry is None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sparsemla import flags, procs
+from sparsemla import variant as kernel_variant
 from sparsemla.dashboards import build, grafana_eval
 from sparsemla.dashboards.panels import iter_panels
 from sparsemla.ops import stack
@@ -93,7 +94,7 @@ def test_every_panel_returns_data_except_the_gpu_profile(run_window) -> None:  #
     try:
         resolved = grafana_eval.resolve_variables(dashboard, api, start, end)
         assert RUN_ID in resolved.selected["run_id"]
-        assert flags.variant_name() in resolved.selected["variant"]  # the simulator runs with default flags
+        assert kernel_variant.current() in resolved.selected["variant"]  # the simulator runs with default flags
         empty_targets, empty_panels, checked = [], set(), 0
         for ref in iter_panels(dashboard):
             for panel_ref, extra in grafana_eval.expand_repeats(ref, resolved):
@@ -158,7 +159,7 @@ def test_compare_report_embeds_the_compare_panels(run_window) -> None:  # noqa: 
     assert panels["error"] is None and len(panels["windows"]) == 1
     window = panels["windows"][0]
     assert start - 30 < window["start"] < window["end"] <= end + 30  # the run's own time (summary.json)
-    variant = flags.variant_name()
+    variant = kernel_variant.current()
     assert panels["variables"] == {"variant_a": variant, "variant_b": variant, "variant": [variant],
                                    "run_id": [RUN_ID]}  # fmt: skip
     assert {p["title"].split(" — ")[0] for p in window["panels"]} == set(build.COMPARE_PANELS)

@@ -1,4 +1,5 @@
-"""Snapshot renderer and Grafana emulation without a Prometheus: variables, legends, units, times, one PNG per kind."""
+"""Panel renderer (`sparsemla snapshot`) and Grafana emulation without a Prometheus: variables, legends, units,
+times, one PNG per kind."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from sparsemla.dashboards import build, grafana_eval, snapshot
+from sparsemla.dashboards import build, grafana_eval, render
 from sparsemla.dashboards.cli import app
 from sparsemla.dashboards.grafana_eval import Series, TargetResult
 from sparsemla.dashboards.panels import iter_panels
@@ -96,7 +97,7 @@ def test_parse_time() -> None:
     ],
 )
 def test_format_value(value: float, unit: str, text: str) -> None:
-    assert snapshot.format_value(value, unit) == text
+    assert render.format_value(value, unit) == text
 
 
 def _synthetic(ref, rng: random.Random, start: float, end: float) -> list[TargetResult]:  # noqa: ANN001
@@ -128,7 +129,7 @@ def test_every_committed_panel_renders_from_random_data(serving: dict, tmp_path:
     kinds = set()
     for i, ref in enumerate(iter_panels(serving)):
         path = tmp_path / f"{i}.png"
-        snapshot.render_panel(ref, _synthetic(ref, rng, start, end), path, start, end)
+        render.render_panel(ref, _synthetic(ref, rng, start, end), path, start, end)
         with Image.open(path) as img:
             assert img.format == "PNG"
             w, h = img.size
@@ -136,13 +137,13 @@ def test_every_committed_panel_renders_from_random_data(serving: dict, tmp_path:
             gray = img.convert("L")
             assert sum(gray.histogram()[:240]) / (w * h) > 0.005, ref.title
         kinds.add(ref.kind)
-    assert kinds == set(snapshot.DRAW)
+    assert kinds == set(render.DRAW)
 
 
 def test_no_data_panels_still_render(serving: dict, tmp_path: Path) -> None:
     for ref in iter_panels(serving):
         empty = [TargetResult(t["refId"], t["expr"], bool(t.get("instant")), []) for t in ref.targets]
-        snapshot.render_panel(ref, empty, tmp_path / "p.png", 0, 60)
+        render.render_panel(ref, empty, tmp_path / "p.png", 0, 60)
         assert (tmp_path / "p.png").stat().st_size > 0
         assert not any(grafana_eval.has_data(r) for r in empty)
 
@@ -169,6 +170,6 @@ def test_snapshot_cli_rejects_bad_input(tmp_path: Path) -> None:
 
 def test_snapshot_rejects_unknown_titles_before_querying(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no panel titled 'Nope'"):
-        snapshot.snapshot("http://127.0.0.1:9", 0, 60, tmp_path, titles=["Nope", *build.COMPARE_PANELS])
+        render.render_panels("http://127.0.0.1:9", 0, 60, tmp_path, titles=["Nope", *build.COMPARE_PANELS])
     with pytest.raises(ValueError, match="empty time range"):
-        snapshot.snapshot("http://127.0.0.1:9", 60, 60, tmp_path)
+        render.render_panels("http://127.0.0.1:9", 60, 60, tmp_path)

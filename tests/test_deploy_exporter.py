@@ -23,7 +23,6 @@ from sparsemla.ops.exporter import (
     KernelShareExporter,
     SnapshotBusy,
     _http,
-    parse_variant,
 )
 from sparsemla.ops.stack import _sparsemla_argv
 
@@ -326,17 +325,6 @@ def test_take_snapshot_refuses_concurrent_calls(fake: FakeServer, tmp_path: Path
             exp.take_snapshot()
     finally:
         exp._lock.release()
-
-
-def test_parse_variant() -> None:
-    page = (
-        "# TYPE sparsemla_kernel_flags_info gauge\n"
-        'sparsemla_kernel_flags_info{sparsemla_mma_decode="on",variant="mma_decode",version="0.1.0"} 1.0\n'
-        "sglang:num_running_reqs 3\n"
-    )
-    assert parse_variant(page) == "mma_decode"
-    assert parse_variant("sglang:num_running_reqs 3\n") == "unknown"
-    assert parse_variant("garbage {{{ not metrics") == "unknown"
 
 
 def test_config_rejects_bad_values(tmp_path: Path) -> None:

@@ -76,25 +76,6 @@ def test_alias_and_canonical_precedence(monkeypatch):
     assert flags.SPARSEMLA_MMA_DECODE.get() is False
 
 
-@pytest.mark.parametrize(
-    "env,variant",
-    [
-        ({}, "baseline"),
-        ({"SPARSEMLA_MMA_DECODE": "1"}, "mma_decode"),
-        ({"SPARSEMLA_MMA_DECODE": "1", "SPARSEMLA_TRITON_INDEXER": "1"}, "mma_decode+triton_indexer"),
-        ({"SPARSEMLA_TRITON_INDEXER": "1", "SPARSEMLA_FORCE_REFERENCE": "1"}, "triton_indexer+reference"),
-        ({"SPARSEMLA_MMA_DECODE": "1", "SPARSEMLA_DISABLE": "1"}, "baseline"),
-    ],
-    ids=["none", "decode", "both", "reference", "disabled"],
-)
-def test_variant_name(monkeypatch, env, variant):
-    for name in ("SPARSEMLA_MMA_DECODE", "SPARSEMLA_TRITON_INDEXER", "SPARSEMLA_FORCE_REFERENCE", "SPARSEMLA_DISABLE"):
-        monkeypatch.delenv(name, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    assert flags.variant_name() == variant
-
-
 def test_child_env_applies_and_removes():
     env = flags.child_env({"SPARSEMLA_MMA_DECODE": "1", "SGLANG_SM120_MMA_FLASHMLA": None}, base={"A": "b"})
     assert env == {"A": "b", "SPARSEMLA_MMA_DECODE": "1"}

@@ -1,7 +1,7 @@
 """Lightning-indexer Triton kernels on Triton's CPU interpreter (tiny shapes), plus dispatch and input checks.
 
-The interpreter is chosen when ``@triton.jit`` runs, so a fixture reloads ``sparsemla.kernels.indexer.triton`` with
-``TRITON_INTERPRET=1`` and reloads it back afterwards."""
+The interpreter is chosen when ``@triton.jit`` runs, so a fixture reloads ``sparsemla.kernels.indexer.topk`` and
+``.triton`` with ``TRITON_INTERPRET=1`` and reloads them back afterwards."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from sparsemla import flags
 from sparsemla.kernels import layouts
-from sparsemla.kernels.indexer import api
+from sparsemla.kernels.indexer import api, topk
 from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
 
 
@@ -22,8 +22,10 @@ def tri():
     mp.setenv("TRITON_INTERPRET", "1")
     import sparsemla.kernels.indexer.triton as module
 
+    importlib.reload(topk)  # first: the logits kernel's fused tail calls topk's device functions
     yield importlib.reload(module)
     mp.undo()
+    importlib.reload(topk)
     importlib.reload(module)
 
 
@@ -82,7 +84,7 @@ def test_topk_exact_with_ties(tri):
     logits[1, 200:400] = -0.0
     lengths = torch.tensor([1400, 700, 300, 0], dtype=torch.int32)
     out = torch.full((4, 512), -7, dtype=torch.int32)
-    tri.indexer_topk_fwd(logits, lengths, 512, out=out)
+    topk.indexer_topk_fwd(logits, lengths, 512, out=out)
     assert torch.equal(out, indexer_topk_reference(logits, lengths, 512))
     assert (out[2, 300:] == -1).all() and (out[3] == -1).all()
 
@@ -95,7 +97,7 @@ def test_topk_page_transform(tri):
     table = torch.randperm(64, generator=g)[:30].view(2, 15).to(torch.int32)
     pos = torch.empty(2, 512, dtype=torch.int32)
     slots = torch.full((2, 512), -7, dtype=torch.int32)
-    tri.indexer_topk_fwd(logits, lengths, 512, out=pos, page_table=table, page_size=64, out_slots=slots)
+    topk.indexer_topk_fwd(logits, lengths, 512, out=pos, page_table=table, page_size=64, out_slots=slots)
     ref = indexer_topk_reference(logits, lengths, 512)
     assert torch.equal(pos, ref)
     p = ref.clamp(min=0).long()
@@ -147,16 +149,16 @@ def test_topk_paths_from_shapes_only(tri):
     """Tile sizes depend on k, the row capacity and the row count only; a tile never exceeds the capacity's power of
     two, stays above k, rows past the larger tile stream, and more rows than SMs drop the large tile."""
     tiles = (4096, 16384)
-    assert tri._topk_paths(512, 65536, tiles) == (4096, 16384, True)
-    assert tri._topk_paths(512, 16384, tiles) == (4096, 16384, False)
-    assert tri._topk_paths(512, 3000, tiles) == (4096, 4096, False)
-    assert tri._topk_paths(512, 600, tiles) == (1024, 1024, False)
-    assert tri._topk_paths(2048, 1000, tiles) == (4096, 4096, False)
-    assert tri._topk_paths(2048, 10000, tiles) == (4096, 16384, False)
-    assert tri._topk_paths(512, 5000, (1024, 2048)) == (1024, 2048, True)
-    sms = tri._num_sms(torch.device("cpu"))
-    assert tri._topk_row_tiles(sms, torch.device("cpu")) == tri.TOPK_ROW_TILES
-    assert tri._topk_row_tiles(sms + 1, torch.device("cpu")) == (tri.TOPK_ROW_TILES[0],) * 2
+    assert topk._topk_paths(512, 65536, tiles) == (4096, 16384, True)
+    assert topk._topk_paths(512, 16384, tiles) == (4096, 16384, False)
+    assert topk._topk_paths(512, 3000, tiles) == (4096, 4096, False)
+    assert topk._topk_paths(512, 600, tiles) == (1024, 1024, False)
+    assert topk._topk_paths(2048, 1000, tiles) == (4096, 4096, False)
+    assert topk._topk_paths(2048, 10000, tiles) == (4096, 16384, False)
+    assert topk._topk_paths(512, 5000, (1024, 2048)) == (1024, 2048, True)
+    sms = topk._num_sms(torch.device("cpu"))
+    assert topk._topk_row_tiles(sms, torch.device("cpu")) == topk.TOPK_ROW_TILES
+    assert topk._topk_row_tiles(sms + 1, torch.device("cpu")) == (topk.TOPK_ROW_TILES[0],) * 2
 
 
 def test_topk_every_path_at_tile_edges(tri):
@@ -167,7 +169,7 @@ def test_topk_every_path_at_tile_edges(tri):
     logits = _hard_rows(lengths, 2600, k, seed=23)  # rows settle after 1, 2, 3 and 4 radix passes
     lens = torch.tensor(lengths, dtype=torch.int32)
     out = torch.full((len(lengths), k), -7, dtype=torch.int32)
-    tri.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 2048))
+    topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 2048))
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
 
 
@@ -181,7 +183,7 @@ def test_topk_register_path_k1024_slots(tri):
     table = torch.randperm(400, generator=g)[: 3 * 71].view(3, 71).to(torch.int32)
     pos = torch.empty(3, k, dtype=torch.int32)
     slots = torch.full((3, k), -7, dtype=torch.int32)
-    tri.indexer_topk_fwd(logits, lengths, k, out=pos, page_table=table, out_slots=slots, row_tiles=(2048, 4096))
+    topk.indexer_topk_fwd(logits, lengths, k, out=pos, page_table=table, out_slots=slots, row_tiles=(2048, 4096))
     ref = indexer_topk_reference(logits, lengths, k)
     assert torch.equal(pos, ref)
     p = ref.clamp(min=0).long()
@@ -204,11 +206,11 @@ def test_dispatch(monkeypatch):
     """Plain CPU -> reference; TRITON_INTERPRET -> Triton; SPARSEMLA_FORCE_REFERENCE wins."""
     t = torch.zeros(1)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not api.use_triton(t)
+    assert api.select_backend(t) == "reference"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert api.use_triton(t)
+    assert api.select_backend(t) == "interpreter"
     with flags.SPARSEMLA_FORCE_REFERENCE.override(True):
-        assert not api.use_triton(t)
+        assert api.select_backend(t) == "reference"
 
 
 def test_plain_cpu_api_uses_reference(monkeypatch):
@@ -225,7 +227,7 @@ def test_bad_inputs(tri):
     """Clear errors for an unsupported k, next_n, cache shape or dtype."""
     q, kv, w, seq_lens, pt = _inputs([64], 1, max_pages=1, seed=1)
     with pytest.raises(ValueError, match="k must be one of"):
-        tri.indexer_topk_fwd(torch.zeros(1, 64), seq_lens, 100)
+        topk.indexer_topk_fwd(torch.zeros(1, 64), seq_lens, 100)
     with pytest.raises(ValueError, match="next_n"):
         tri.indexer_logits_fwd(q.expand(1, 3, 64, 128), kv, w, seq_lens, pt)
     with pytest.raises(ValueError, match="kv_cache_fp8"):
@@ -233,7 +235,7 @@ def test_bad_inputs(tri):
     with pytest.raises(ValueError, match="page_table"):
         tri.indexer_logits_fwd(q, kv, w, seq_lens, pt.long())
     with pytest.raises(ValueError, match="logits"):
-        tri.indexer_topk_fwd(torch.zeros(1, 64, dtype=torch.float64), seq_lens, 512)
+        topk.indexer_topk_fwd(torch.zeros(1, 64, dtype=torch.float64), seq_lens, 512)
 
 
 def test_report_section_renders_committed_json():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sparsemla.kernels import layouts
-from sparsemla.kernels.indexer import sglang_compat
+from sparsemla.kernels.indexer import sglang_compat, topk
 from sparsemla.kernels.indexer import triton as tri
 from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
 
@@ -78,7 +78,7 @@ def test_topk_exact(k):
     logits[::2] = torch.round(logits[::2] * 8) / 8  # many ties at the threshold
     logits[3, : k // 2] = -0.0
     out = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
-    tri.indexer_topk_fwd(logits.to(DEV), lengths.to(DEV), k, out=out)
+    topk.indexer_topk_fwd(logits.to(DEV), lengths.to(DEV), k, out=out)
     ref = indexer_topk_reference(logits, lengths, k)
     assert torch.equal(out.cpu(), ref)
 
@@ -99,7 +99,7 @@ def _tied_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
 def test_topk_register_tiles(k, slots):
     """Rows of 4k, 8k and 16k (the in-register tiles and their edges) and longer (streaming) in one call, with the
     page-table transform too; exact positions and order against the reference."""
-    small, big = tri.TOPK_ROW_TILES
+    small, big = topk.TOPK_ROW_TILES
     lengths = [k + 1, small - 1, small, small + 1, 8192, big - 1, big, big + 1, 3 * big]
     cols = 3 * big
     logits = _tied_rows(len(lengths), cols, seed=k + slots)
@@ -107,13 +107,13 @@ def test_topk_register_tiles(k, slots):
     ref = indexer_topk_reference(logits, lens, k)
     out = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
     if not slots:
-        tri.indexer_topk_fwd(logits.to(DEV), lens.to(DEV), k, out=out)
+        topk.indexer_topk_fwd(logits.to(DEV), lens.to(DEV), k, out=out)
         assert torch.equal(out.cpu(), ref)
         return
     g = torch.Generator().manual_seed(k)
     table = torch.randperm(len(lengths) * cols // 64, generator=g).view(len(lengths), -1).to(torch.int32)
     pos_slots = torch.full((len(lengths), k), -7, dtype=torch.int32, device=DEV)
-    tri.indexer_topk_fwd(
+    topk.indexer_topk_fwd(
         logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=pos_slots
     )
     assert torch.equal(out.cpu(), ref)
@@ -124,12 +124,12 @@ def test_topk_register_tiles(k, slots):
 
 def test_topk_more_rows_than_sms():
     """More rows than SMs: the launcher drops the large register tile; rows of every length still come out exact."""
-    rows = tri._num_sms(torch.device(DEV)) + 40
+    rows = topk._num_sms(torch.device(DEV)) + 40
     g = torch.Generator().manual_seed(17)
     lengths = torch.randint(0, 20000, (rows,), generator=g, dtype=torch.int32)
     lengths[:6] = torch.tensor([0, 512, 513, 4096, 4097, 16385], dtype=torch.int32)
     logits = _tied_rows(rows, 20000, seed=17)
-    out = tri.indexer_topk_fwd(logits.to(DEV), lengths.to(DEV), 512)
+    out = topk.indexer_topk_fwd(logits.to(DEV), lengths.to(DEV), 512)
     assert torch.equal(out.cpu(), indexer_topk_reference(logits, lengths, 512))
 
 

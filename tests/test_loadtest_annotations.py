@@ -18,9 +18,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from sparsemla.dashboards import build
+from sparsemla.dashboards import build, grafana_api
 from sparsemla.loadtest.ab import flip_flag
-from sparsemla.loadtest.annotations import FLIP_TAG, Grafana, flag_flip_body
+from sparsemla.loadtest.annotations import FLIP_TAG, Grafana, flag_flip_body, post_run_annotations
 from sparsemla.loadtest.report import Run, compare_runs, write_report
 from sparsemla.loadtest.report_panels import pinned_variables, windows_for
 from sparsemla.procs import free_port
@@ -149,6 +149,27 @@ def _run(name: str, path: Path, start: float, variant: str, flag: str) -> Run:
         "goodput": {"share": 1.0}, "ci95": {}, "test_start": start, "window": {"start": start + 2, "end": start + 12},
     }  # fmt: skip
     return Run(name, path, {4: [summary]})
+
+
+def test_run_annotations_go_through_the_one_client(tmp_path: Path) -> None:
+    a = _run("ab-off", tmp_path, 1000.0, "baseline", "off")
+    b = _run("ab-on", tmp_path, 1020.0, "mma_decode", "on")
+    with stand_in() as (base, state):
+        assert post_run_annotations([a, b], Grafana(base + "/", token="tok")) == 2
+        assert state.auth == ["Bearer tok"] * 2
+        first, second = state.annotations
+        assert first["tags"] == ["sparsemla", "loadtest", "run:ab-off", "variant:baseline"]
+        assert (first["time"], first["timeEnd"]) == (1_000_000, 1_012_000) and "ab-on" in second["text"]
+        state.grafana_status = 401
+        with pytest.raises(Exception, match="401"):
+            post_run_annotations([a], Grafana(base))
+
+
+def test_only_the_grafana_client_talks_to_grafanas_api() -> None:
+    src = Path(grafana_api.__file__).resolve().parents[1]
+    callers = sorted(str(f.relative_to(src)) for f in src.rglob("*.py") if "/api/annotations" in f.read_text())
+    assert callers == ["dashboards/grafana_api.py"], callers
+    assert Grafana is grafana_api.Grafana
 
 
 def test_panel_windows_and_pinned_variables(tmp_path: Path) -> None:

@@ -412,7 +412,7 @@ print(json.dumps(sp.register()))
 
 
 def test_alias_of_the_seed_flag_enables_decode():
-    code = "from sparsemla import flags; print(flags.SPARSEMLA_MMA_DECODE.get(), flags.variant_name())"
+    code = "from sparsemla import flags, variant; print(flags.SPARSEMLA_MMA_DECODE.get(), variant.current())"
     res = _run(code, {"SGLANG_SM120_MMA_FLASHMLA": "1"})
     assert res.stdout.split() == ["True", "mma_decode"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsemla import flags
+from sparsemla import flags, variant
 from sparsemla.ops.sim import calibration as cal_mod
 from sparsemla.ops.sim.calibration import (
     PROVISIONAL_PATH,
@@ -116,7 +116,7 @@ def test_flag_overrides_path_and_variant(tmp_path: Path) -> None:
     with flags.SPARSEMLA_SIM_CALIBRATION.override(str(target)):
         assert cal_mod.resolve_path() == target
     with flags.SPARSEMLA_MMA_DECODE.override(True):
-        assert flags.variant_name() == "mma_decode"
-        assert load_calibration(target).state(flags.variant_name()).variant == "mma_decode"
+        assert variant.current() == "mma_decode"
+        assert load_calibration(target).state(variant.current()).variant == "mma_decode"
     with pytest.raises(CalibrationError, match="no state"):
         load_calibration(target).state("mma_decode+reference")

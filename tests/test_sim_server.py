@@ -15,8 +15,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sparsemla import flags
 from sparsemla import metric_names as mn
+from sparsemla import variant
 from sparsemla.ops.sim import tokens
 from sparsemla.ops.sim.calibration import PROVISIONAL_PATH, load_calibration
 from sparsemla.ops.sim.testing import run_sim, stream_completions
@@ -61,7 +61,7 @@ def test_metrics_use_sglang_names_types_and_labels(sim) -> None:
     info = families[mn.KERNEL_FLAGS_INFO]
     (sample,) = info.samples
     assert sample.value == 1
-    assert set(sample.labels) == {*flags.snapshot(), "version", "variant"}
+    assert set(sample.labels) == {*variant.flag_labels(), "version", "variant"}
     assert sample.labels["variant"] == "mma_decode" and sample.labels["sparsemla_mma_decode"] == "on"
     step = families[mn.DECODE_STEP_SECONDS]
     assert step.type == "histogram"

@@ -86,16 +86,16 @@ def test_column_halves_match_reference(nan_empty, splits):
     halves need no merge and only the first writes the LSE."""
     kw = make_case(2, 63, 40, 20, invalid=0.1, lengths="short", seed=21)
     cfg = sd_triton.DecodeConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, dv_split=2)
-    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
 
 
 def test_bad_config_is_refused():
     kw = make_case(1, 8, 16, 0, seed=2)
     with pytest.raises(ValueError, match="dv_split"):
-        sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, dv_split=4), interpret=True)
+        sd_triton.sparse_decode_fwd(**kw, config=sd_triton.DecodeConfig(16, 16, 4, 1, dv_split=4))
     with pytest.raises(ValueError, match="num_real_heads"):
-        sd_triton.sparse_decode_fwd(**kw, num_real_heads=9, interpret=True)
+        sd_triton.sparse_decode_fwd(**kw, num_real_heads=9)
 
 
 def test_all_invalid_and_zero_length_give_zero_rows(nan_empty):
@@ -191,7 +191,7 @@ def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad):
         assert kw["k_cache"].stride(0) % 16 != 0
     cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
     for splits in (1, 3):
-        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg, interpret=True)
+        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
         check(kw, out, lse)
 
 
@@ -208,7 +208,7 @@ def test_bad_inputs_raise(mutate, match):
     kw = make_case(2, 8, 16, 0, seed=1)
     mutate(kw)
     with pytest.raises(ValueError, match=match):
-        sd_triton.sparse_decode_fwd(**kw, interpret=True)
+        sd_triton.sparse_decode_fwd(**kw)
 
 
 def _lse_layout(lse):
@@ -223,7 +223,7 @@ def test_padded_heads_compute_only_the_real_ones(nan_empty, heads, real):
     here) never leaks into a real head."""
     kw = make_case(3, heads, 40, 24, invalid=0.1, lengths="short", seed=5)
     kw["q"][:, :, real:] = float("nan")
-    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=3, num_real_heads=real, interpret=True)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=3, num_real_heads=real)
     real_kw = dict(kw, q=kw["q"][:, :, :real].contiguous(), attn_sink=kw["attn_sink"][:real].contiguous())
     check(real_kw, out[:, :, :real], _lse_layout(lse[:, :real]))
     assert torch.equal(out[:, :, real:], torch.zeros_like(out[:, :, real:]))

@@ -6,3 +6,5 @@ metrics), ``sparsemla.flags``. Out of process: ``sparsemla.ops`` (simulator, exp
 """
 
 __version__ = "0.1.0"
+# The sglang release the plugin hooks, the simulator mimics and sglang_metrics was read from (one place in code).
+SGLANG_VERSION = "0.5.23"

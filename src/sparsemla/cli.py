@@ -8,13 +8,16 @@ these commands.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import typer
 
 from sparsemla import flags
 from sparsemla.console import UsageError, console, err_console, fail
 
-# Areas whose commands are merged into the top-level app, in help order.
+# Areas whose commands are merged into the top-level app, in help order. Every module named here exists in the
+# checkout; an area is skipped only when its package is not installed (the GPU image ships just kernels, plugin, flags
+# and this module: there `sparsemla.ops`, `sparsemla.loadtest` and `sparsemla.dashboards` are absent).
 COMMAND_MODULES = (
     "sparsemla.ops.sim.cli",
     "sparsemla.loadtest.cli",
@@ -53,16 +56,19 @@ def flags_cmd(
         console.print(f"{flag.name:28} = {flag.as_label()!s:10} [dim]({source}; {flag.group})[/]")
 
 
+def _installed(package: str) -> bool:
+    """Whether the top-level area ``package`` (e.g. ``sparsemla.ops``) is installed at all."""
+    return importlib.util.find_spec(package) is not None
+
+
 def _merge(module_name: str) -> None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:  # that area has no commands yet
-            return
-        raise
-    sub = getattr(module, "app", None)
-    if sub is not None:
-        app.registered_commands.extend(sub.registered_commands)
+    """Add the commands of ``module_name``'s ``app``; skip it only when its area's package is not installed (any
+    other import error, including a missing module inside an installed area, raises)."""
+    area = ".".join(module_name.split(".")[:2])  # sparsemla.ops.sim.cli -> sparsemla.ops
+    if not _installed(area):
+        return
+    module = importlib.import_module(module_name)
+    app.registered_commands.extend(module.app.registered_commands)
 
 
 for _name in COMMAND_MODULES:

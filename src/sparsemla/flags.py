@@ -99,6 +99,11 @@ class Flag(Generic[T]):
         return "" if value is None else str(value)
 
 
+def is_true(raw: str) -> bool:
+    """Whether a boolean flag value means on (``1``/``true``/``yes``/``on``, any case); the one truthy set."""
+    return raw.strip().lower() in _TRUE
+
+
 def _parse_bool(raw: str) -> bool:
     low = raw.lower()
     if low in _TRUE:
@@ -281,11 +286,6 @@ def kernel_flags() -> list[Flag[Any]]:
     return [f for f in REGISTRY.values() if f.group == "kernels"]
 
 
-def snapshot() -> dict[str, str]:
-    """Current kernel flag values as label strings (for logs, metrics and load-test summaries)."""
-    return {f.name.lower(): f.as_label() for f in kernel_flags()}
-
-
 def validate_all() -> None:
     """Parse every declared flag once; raise FlagError listing every bad one (called at startup, loudly)."""
     errors = []
@@ -339,24 +339,3 @@ def markdown_table() -> str:
             lines.append(f"| {name} | `{default if default is not None else ''}` | {flag.allowed} | {flag.help} |")
         lines.append("")
     return "\n".join(lines)
-
-
-# Short names used in the `variant` label (A/B dashboards tell runs apart by it).
-_VARIANT_PARTS = (
-    (SPARSEMLA_MMA_DECODE, "mma_decode"),
-    (SPARSEMLA_TRITON_INDEXER, "triton_indexer"),
-)
-
-
-def variant_name() -> str:
-    """A short, stable name for the active kernel set: `baseline`, `mma_decode`, `mma_decode+triton_indexer`, ...
-
-    `SPARSEMLA_DISABLE=1` is `baseline` whatever else is set; `SPARSEMLA_FORCE_REFERENCE=1` appends `+reference`."""
-    if SPARSEMLA_DISABLE.get():
-        return "baseline"
-    parts = [short for flag, short in _VARIANT_PARTS if flag.get()]
-    if not parts:
-        return "baseline"
-    if SPARSEMLA_FORCE_REFERENCE.get():
-        parts.append("reference")
-    return "+".join(parts)

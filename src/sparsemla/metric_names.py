@@ -123,10 +123,3 @@ E2E_BUCKETS = (
     1800.0,
     2400.0,
 )
-
-# -- ports (plain processes and compose alike) ------------------------------------------------------------------------
-PORT_SERVER = 30000
-PORT_PROMETHEUS = 9090
-PORT_EXPORTER = 9400
-PORT_LOCUST_WEB = 8089
-PORT_LOCUST_METRICS = 9646

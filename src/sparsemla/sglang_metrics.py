@@ -21,7 +21,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-SGLANG_VERSION = "0.5.23"
+from sparsemla import SGLANG_VERSION as SGLANG_VERSION  # re-exported: the release this table describes
+
 SOURCE_FILE = "srt/observability/metrics_collector.py"  # relative to the `sglang` package directory
 
 METRIC_TYPES = ("gauge", "counter", "histogram", "summary", "gaugehistogram")

@@ -1,1 +1,1 @@
-"""sparsemla.dashboards: Grafana dashboards as code, lint, and PNG snapshots (talks to Prometheus over HTTP only)."""
+"""sparsemla.dashboards: Grafana dashboards as code, lint, and PNG renders (talks to Prometheus over HTTP only)."""

@@ -1,4 +1,5 @@
-"""`sparsemla dashboards` (regenerate / check the committed Grafana JSON) and `sparsemla snapshot` (panels to PNG)."""
+"""`sparsemla dashboards` (regenerate / check the committed Grafana JSON) and `sparsemla snapshot` (render panels to
+PNG, :mod:`sparsemla.dashboards.render`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import typer
 
 from sparsemla.console import console, fail
-from sparsemla.metric_names import PORT_PROMETHEUS
+from sparsemla.ports import PORT_PROMETHEUS
 
 app = typer.Typer()
 
@@ -46,7 +47,7 @@ def _overrides(values: list[str]) -> dict[str, list[str]]:
 
 
 @app.command("snapshot")
-def snapshot(
+def snapshot_cmd(
     from_: str = typer.Option("now-15m", "--from", help="Start: now-15m, unix seconds or ISO 8601 (UTC)."),
     to: str = typer.Option("now", "--to", help="End, same forms as --from."),
     prometheus: str = typer.Option(f"http://127.0.0.1:{PORT_PROMETHEUS}", "--prometheus", help="Prometheus base URL."),
@@ -57,8 +58,7 @@ def snapshot(
     from rich.progress import Progress
 
     from sparsemla import flags
-    from sparsemla.dashboards import build, grafana_eval
-    from sparsemla.dashboards import snapshot as snap
+    from sparsemla.dashboards import build, grafana_eval, render
     from sparsemla.dashboards.panels import iter_panels
 
     try:
@@ -67,12 +67,12 @@ def snapshot(
         fail(str(exc))
     if end <= start:
         fail(f"--from ({from_}) must be before --to ({to})")
-    out_dir = out or snap.default_out_dir(Path(flags.SPARSEMLA_RESULTS_DIR.get()))
+    out_dir = out or render.default_out_dir(Path(flags.SPARSEMLA_RESULTS_DIR.get()))
     total = sum(1 for name in build.DASHBOARDS for _ in iter_panels(build.load(name)))
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("rendering panels", total=total)
-            result = snap.snapshot(
+            result = render.render_panels(
                 prometheus, start, end, out_dir, _overrides(var), progress=lambda _t: progress.advance(task)
             )
     except grafana_eval.PrometheusError as exc:

@@ -7,7 +7,7 @@
   custom variables at their current value; ``overrides`` pin any of them.
 * :func:`panel_series` — every target of a panel expanded and executed over a time range, with Grafana's legend.
 
-The snapshot renderer and the end-to-end test both go through here, so what is tested is what is drawn.
+The PNG renderer and the end-to-end test both go through here, so what is tested is what is drawn.
 """
 
 from __future__ import annotations

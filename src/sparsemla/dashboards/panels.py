@@ -1,6 +1,6 @@
 """Read a Grafana dashboard JSON: its panels (rows flattened), targets and template variables.
 
-Shared by the lint, the snapshot renderer and the tests, so all three see the dashboard exactly as Grafana does.
+Shared by the lint, the panel renderer and the tests, so all three see the dashboard exactly as Grafana does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PromQL helpers shared by the dashboard lint, the end-to-end test and the PNG snapshots.
+"""PromQL helpers shared by the dashboard lint, the end-to-end test and the PNG renderer.
 
 Grafana expands its own macros (``$__rate_interval``, ``$__range``, ...) and template variables before a query reaches
 Prometheus. :func:`expand` does the same for one query, so the exact string Grafana would send can be parsed

@@ -202,7 +202,7 @@ def _indexer_case(batch: int, ctx: int, fused: bool) -> Callable[[], object]:
 
 
 def _topk_case(rows: int, cols: int, k: int) -> Callable[[], object]:
-    from sparsemla.kernels.indexer.triton import indexer_topk_fwd
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
 
     def call() -> object:
         logits = torch.randn(rows, cols)

@@ -14,6 +14,10 @@ What the targets allow (CUDA programming guide, compute-capability tables):
     sm_100   B200, GB200                            232,448 B                          tcgen05            yes
     sm_120   RTX PRO 6000 Blackwell, RTX 5090       101,376 B                          mma.sync           yes
 
+It is also the one place that decides which implementation a public op runs (:func:`select_backend`: the torch
+reference, the Triton kernels on Triton's CPU interpreter, or on the GPU) and whether Triton is interpreting
+(:func:`interpreting`; launchers configure through :func:`launch_info`).
+
 ``TRITON_OVERRIDE_ARCH`` (e.g. ``sm89`` on an H200) makes Triton emit another architecture's code; the record then
 describes that architecture (its capability and shared-memory budget, capped by the real GPU's) with the real GPU's SM
 count, so the configurations chosen are the ones that target gets.
@@ -25,6 +29,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 
@@ -158,13 +163,45 @@ def assume(info: DeviceInfo) -> Iterator[DeviceInfo]:
 # What the CPU interpreter pretends to be: an sm_90-sized part (only grid sizes and tile choices depend on it).
 INTERPRETER = DeviceInfo((9, 0), 232_448, 4, 233_472, "Triton interpreter")
 
+
+# -- backend choice (the one place both ops decide it) ----------------------------------------------------------------
+Backend = Literal["reference", "interpreter", "triton"]
+
+
+def interpreting() -> bool:
+    """Triton runs on its CPU interpreter (``TRITON_INTERPRET=1``; ``triton.jit`` reads it when a kernel is defined, so
+    it must be set before the kernel modules are imported)."""
+    return flags.TRITON_INTERPRET.get()
+
+
+def launch_info(device: torch.device) -> DeviceInfo:
+    """The facts a launch on ``device`` is configured for: :data:`INTERPRETER` under the interpreter, else
+    :func:`device_info` (the innermost :func:`assume`'d record included)."""
+    return INTERPRETER if interpreting() else device_info(device)
+
+
+def select_backend(t: torch.Tensor) -> Backend:
+    """Which implementation a public op runs for input ``t``: ``"reference"`` (SPARSEMLA_FORCE_REFERENCE, or CPU
+    tensors without Triton's interpreter), ``"interpreter"`` (TRITON_INTERPRET=1: the Triton kernels on the CPU
+    interpreter) or ``"triton"`` (CUDA tensors)."""
+    if flags.SPARSEMLA_FORCE_REFERENCE.get():
+        return "reference"
+    if interpreting():
+        return "interpreter"
+    return "triton" if t.is_cuda else "reference"
+
+
 __all__ = [
-    "DeviceInfo",
     "INTERPRETER",
     "TARGETS",
+    "Backend",
+    "DeviceInfo",
     "UnsupportedDevice",
     "assume",
     "device_info",
+    "interpreting",
+    "launch_info",
+    "select_backend",
     "target",
     "target_name",
 ]

@@ -45,7 +45,7 @@ from sparsemla.loadtest.sse import (
     build_request,
 )
 from sparsemla.loadtest.stamped_reader import StampedLines
-from sparsemla.loadtest.workload import parse_workload, user_rng
+from sparsemla.loadtest.workload import DEFAULT_WORKLOAD, parse_workload, user_rng
 
 log = logging.getLogger("sparsemla.loadtest")
 _USER_IDS = itertools.count()
@@ -55,7 +55,7 @@ _USER_IDS = itertools.count()
 def _add_arguments(parser: Any) -> None:
     group = parser.add_argument_group("sparsemla LLM user")
     group.add_argument("--llm-api", choices=["chat", "completions", "generate"], default="chat", help="API to stream.")
-    group.add_argument("--llm-workload", default="random:512:256", help="random:IN:OUT[:R] | sharegpt:PATH[:OUT] | ...")
+    group.add_argument("--llm-workload", default=DEFAULT_WORKLOAD, help="random:IN:OUT[:R] | sharegpt:PATH[:OUT] | ...")
     group.add_argument("--llm-seed", type=int, default=0, help="Workload seed (same seed, same requests).")
     group.add_argument("--llm-model", default="default", help="`model` field of OpenAI requests.")
     group.add_argument("--llm-ignore-eos", choices=["true", "false"], default="true", help="Generate max_tokens.")

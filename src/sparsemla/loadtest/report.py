@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemla.loadtest import stats
-from sparsemla.loadtest.report_panels import PanelSnapshots, render_compare_panels
+from sparsemla.loadtest.report_panels import PanelRenders, render_compare_panels
 from sparsemla.loadtest.runner import results_root
 from sparsemla.loadtest.summary import write_json_atomic
 
@@ -301,7 +301,7 @@ def _run_lines(side: str, run: Run) -> list[str]:
     ]
 
 
-def _panels_md(panels: PanelSnapshots | None) -> list[str]:
+def _panels_md(panels: PanelRenders | None) -> list[str]:
     if panels is None:
         return []
     lines = ["## Dashboard panels", ""]
@@ -320,7 +320,7 @@ def _panels_md(panels: PanelSnapshots | None) -> list[str]:
     return lines
 
 
-def _panels_html(panels: PanelSnapshots | None) -> str:
+def _panels_html(panels: PanelRenders | None) -> str:
     if panels is None:
         return ""
     parts = ["<h2>Dashboard panels</h2>"]
@@ -432,28 +432,6 @@ when the intervals do not overlap; otherwise: "{NO_DIFFERENCE}".</p>
         },
     )
     return {"md": out_dir / "report.md", "html": out_dir / "report.html", **{p.stem: p for p in pngs}}
-
-
-def post_grafana_annotations(runs: Sequence[Run], url: str, token: str | None = None) -> int:
-    """Post one region annotation per run (start..end, variant and flags in text/tags). Returns how many posted."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    posted = 0
-    with httpx.Client(timeout=10, headers=headers) as client:
-        for run in runs:
-            start, end = run.span()
-            flags = run.flags()[0]
-            body = {
-                "time": int(start * 1000),
-                "timeEnd": int(end * 1000),
-                "tags": ["sparsemla", "loadtest", f"run:{run.name}", f"variant:{run.variant()}"],
-                "text": f"load test {run.name}: variant {run.variant()}, flags {json.dumps(flags, sort_keys=True)}",
-            }
-            resp = client.post(f"{url.rstrip('/')}/api/annotations", json=body)
-            resp.raise_for_status()
-            posted += 1
-    return posted
 
 
 def flag_values(run: Run, flag: str) -> set[str]:

@@ -7,8 +7,8 @@ which is what the B/A panels are built for ("averaged over the range while it ha
 each. Dashboard variables are pinned to the runs: ``variant_a`` / ``variant_b`` to A's and B's variants,
 ``variant`` to both, ``run_id`` to both runs' ids.
 
-Talks to Prometheus over HTTP only (the dashboards' renderer, :mod:`sparsemla.dashboards.snapshot`); a Prometheus
-that is down or fails is reported in :attr:`PanelSnapshots.error` and never stops the report.
+Talks to Prometheus over HTTP only (the dashboards' renderer, :mod:`sparsemla.dashboards.render`); a Prometheus
+that is down or fails is reported in :attr:`PanelRenders.error` and never stops the report.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class PanelWindow:
 
 
 @dataclass
-class PanelSnapshots:
+class PanelRenders:
     """What the report embeds: the Prometheus used, the windows rendered, and why something is missing (or None)."""
 
     prometheus: str
@@ -118,14 +118,14 @@ def render_compare_panels(
     *,
     settle_s: float | None = None,
     titles: tuple[str, ...] | None = None,
-) -> PanelSnapshots:
+) -> PanelRenders:
     """Render the compare panels for runs A and B into ``out_dir/panels/<window>/``; never raises for Prometheus.
 
     When a window ends less than one scrape ago, waits until Prometheus has scraped past it (``settle_s``, default the
     scrape interval + 1 s), so the last seconds of run B are in the panels."""
-    from sparsemla.dashboards import build, grafana_eval, snapshot
+    from sparsemla.dashboards import build, grafana_eval, render
 
-    result = PanelSnapshots(prometheus.rstrip("/"))
+    result = PanelRenders(prometheus.rstrip("/"))
     reason = unreachable(result.prometheus)
     if reason is not None:
         result.error = f"Prometheus at {result.prometheus} is not reachable ({reason}); no dashboard panels embedded"
@@ -141,7 +141,7 @@ def render_compare_panels(
         slug = "a-and-b" if label == "A and B" else label.lower()
         window = PanelWindow(label, start, end)
         try:
-            snap = snapshot.snapshot(
+            snap = render.render_panels(
                 result.prometheus, start, end, out_dir / PANELS_DIR / slug, overrides=result.variables,
                 titles=titles or build.COMPARE_PANELS,
             )  # fmt: skip

@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparsemla import flags
-from sparsemla import metric_names as mn
+from sparsemla import flags, ports
 from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.summary import git_sha, summarize, write_json_atomic
 from sparsemla.loadtest.target import TargetInfo, probe
-from sparsemla.loadtest.workload import parse_workload
+from sparsemla.loadtest.workload import DEFAULT_WORKLOAD, parse_workload
 from sparsemla.procs import log_tail, stop_child
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -72,7 +71,7 @@ class LoadTestConfig:
     target: str
     concurrency: int
     duration_s: float
-    workload: str = "random:512:256"
+    workload: str = DEFAULT_WORKLOAD
     api: str = "chat"
     warmup_s: float | None = None
     seed: int = 0
@@ -81,7 +80,7 @@ class LoadTestConfig:
     api_key: str = ""
     request_timeout_s: float = 600.0
     processes: int = 1
-    metrics_port: int = mn.PORT_LOCUST_METRICS
+    metrics_port: int = ports.PORT_LOCUST_METRICS
     ttft_slo_s: float = DEFAULT_TTFT_SLO_S
     tpot_slo_s: float = DEFAULT_TPOT_SLO_S
     model: str | None = None

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from sparsemla import metric_names as mn
+from sparsemla.variant import UNKNOWN, info_from_metrics
 
 
 class TargetError(RuntimeError):
@@ -31,21 +30,7 @@ class TargetInfo:
 
     @property
     def variant(self) -> str:
-        return self.server_flags.get("variant", "unknown")
-
-
-def parse_flags_info(metrics_text: str) -> dict[str, str]:
-    """The label set of ``sparsemla_kernel_flags_info`` in a Prometheus text exposition ({} when absent)."""
-    try:
-        families = list(text_string_to_metric_families(metrics_text))
-    except ValueError:
-        return {}
-    for family in families:
-        if family.name == mn.KERNEL_FLAGS_INFO:
-            for sample in family.samples:
-                if sample.value == 1:
-                    return dict(sample.labels)
-    return {}
+        return self.server_flags.get("variant", UNKNOWN)
 
 
 def _get_json(client: httpx.Client, url: str) -> dict[str, Any] | None:
@@ -77,7 +62,7 @@ def probe(url: str, *, api_key: str = "", timeout: float = 10.0) -> TargetInfo:
         try:
             resp = client.get(f"{base}/metrics")
             if resp.status_code == 200:
-                info.server_flags = parse_flags_info(resp.text)
+                info.server_flags = info_from_metrics(resp.text)
         except httpx.HTTPError:
             pass
         models = _get_json(client, f"{base}/v1/models") or {}

@@ -35,6 +35,17 @@ _WORDS = (
     "own under read last never us left end along while might next sound below saw something thought both few those"
 ).split()
 
+DEFAULT_WORKLOAD = "random:512:256"
+"""The one default workload: `sparsemla loadtest | sweep | ab`, `make loadtest | sweep | ab` (the Makefile passes
+``--workload`` only when ``WORKLOAD=`` is given), the locustfile and compose's Locust (tests/test_loadtest_options.py
+checks compose.yaml's literal). A serving-sized request: 512 prompt tokens, 256 output tokens."""
+
+DEMO_WORKLOAD = "random:64:24"
+"""`sparsemla demo`'s workload, deliberately not :data:`DEFAULT_WORKLOAD`: short prompts (64 tokens) and 24 output
+tokens (``ignore_eos``) keep prefill a small share of each request's time, so the measured A/B tok/s ratio tracks the
+simulator's calibrated decode-step ratio that the demo checks it against (``sparsemla.ops.demo.calibrated_ratios``),
+and a point needs only a few seconds."""
+
 
 class WorkloadError(ValueError):
     """The workload spec cannot be used (bad syntax, missing file, empty dataset); the message says why."""
@@ -149,12 +160,12 @@ def parse_workload(spec: str, seed: int = 0) -> Workload:
     """Build the workload named by ``spec`` (see the module docstring); raise WorkloadError on a bad spec."""
     spec = spec.strip()
     if not spec:
-        raise WorkloadError("empty workload spec; try random:512:256")
+        raise WorkloadError(f"empty workload spec; try {DEFAULT_WORKLOAD}")
     kind, _, rest = spec.partition(":")
     parts = rest.split(":") if rest else []
     if kind == "random":
         if len(parts) not in (2, 3):
-            raise WorkloadError(f"workload {spec!r}: expected random:IN:OUT[:RANGE_RATIO], e.g. random:512:256")
+            raise WorkloadError(f"workload {spec!r}: expected random:IN:OUT[:RANGE_RATIO], e.g. {DEFAULT_WORKLOAD}")
         ratio = 1.0
         if len(parts) == 3:
             try:

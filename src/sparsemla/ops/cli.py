@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sparsemla.console import UsageError, console, fail
-from sparsemla.metric_names import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
+from sparsemla.ports import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
 
 if TYPE_CHECKING:
     from sparsemla.ops.exporter import ExporterConfig, Snapshot

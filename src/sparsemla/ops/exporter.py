@@ -34,18 +34,18 @@ from sparsemla import flags, traces
 from sparsemla.metric_names import (
     KERNEL_CATEGORIES,
     KERNEL_CATEGORY_SHARE,
-    KERNEL_FLAGS_INFO,
     KERNEL_SNAPSHOT_INTERVAL,
     KERNEL_SNAPSHOT_TIMESTAMP,
     KERNEL_SNAPSHOTS_TOTAL,
     KERNEL_TIME_SHARE,
-    PORT_EXPORTER,
 )
+from sparsemla.ports import PORT_EXPORTER
+from sparsemla.variant import UNKNOWN as UNKNOWN_VARIANT
+from sparsemla.variant import from_metrics as variant_from_metrics
 
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("ok", "error", "timeout")
-UNKNOWN_VARIANT = "unknown"
 
 
 @dataclass
@@ -112,20 +112,6 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: fl
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def parse_variant(metrics_text: str) -> str:
-    """The ``variant`` label of ``sparsemla_kernel_flags_info`` in a Prometheus text page (``unknown`` if absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name == KERNEL_FLAGS_INFO and sample.labels.get("variant") and sample.value:
-                    return sample.labels["variant"]
-    except ValueError as exc:  # a malformed page is the server's problem, not a reason to fail the snapshot
-        log.warning("could not parse the server's /metrics: %s", exc)
-    return UNKNOWN_VARIANT
 
 
 class KernelShareExporter:
@@ -228,7 +214,7 @@ class KernelShareExporter:
         except OSError as exc:
             log.warning("could not read %s/metrics: %s", self.config.target, exc)
             return UNKNOWN_VARIANT
-        return parse_variant(body.decode(errors="replace")) if status == 200 else UNKNOWN_VARIANT
+        return variant_from_metrics(body.decode(errors="replace")) if status == 200 else UNKNOWN_VARIANT
 
     def _start_profile(self, profile_id: str) -> bool:
         """POST /start_profile; True when started. RuntimeError when refused (not ours to stop); OSError on a network

@@ -26,7 +26,7 @@ from typing import Any
 
 from sparsemla import flags, procs
 from sparsemla.console import UsageError
-from sparsemla.metric_names import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
+from sparsemla.ports import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
 
 PROMETHEUS_DIR = Path(__file__).resolve().parent / "prometheus"
 # Stop order (reverse of start): nothing is left scraping or profiling a server that is gone.

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sparsemla import __version__, flags
+from sparsemla import SGLANG_VERSION, __version__, flags, variant
 from sparsemla.metric_names import KERNEL_FLAGS_INFO
 from sparsemla.plugin import real_heads
 
 log = logging.getLogger("sparsemla.plugin")
 
-SGLANG_VERSIONS = ("0.5.23",)
+SGLANG_VERSIONS = (SGLANG_VERSION,)
 
 
 @dataclass(frozen=True)
@@ -274,17 +274,7 @@ def publish_flags_metric() -> None:
 
     sglang serves /metrics from every process through prometheus_client's multiprocess collector; a gauge created in a
     process where PROMETHEUS_MULTIPROC_DIR is set lands in that directory (mode ``max``: one series, value 1)."""
-    from prometheus_client import Gauge
-
-    labels = {**flags.snapshot(), "version": __version__, "variant": flags.variant_name()}
-    kwargs = {}
-    if flags.PROMETHEUS_MULTIPROC_DIR.get():
-        kwargs["multiprocess_mode"] = "max"
-    try:
-        gauge = Gauge(KERNEL_FLAGS_INFO, "Active sparsemla kernel flags (value 1).", list(labels), **kwargs)
-    except ValueError:  # already registered in this process (register() called twice)
-        return
-    gauge.labels(**labels).set(1)
+    variant.publish(multiprocess_mode="max" if flags.PROMETHEUS_MULTIPROC_DIR.get() else None)
 
 
 _registered: list[str] = []
@@ -322,9 +312,9 @@ def register() -> list[str]:
         publish_flags_metric()
     except Exception:  # metrics are informative; never stop sglang for them
         log.exception("sparsemla: could not publish %s", KERNEL_FLAGS_INFO)
-    active = ", ".join(f"{k}={v}" for k, v in flags.snapshot().items())
+    active = ", ".join(f"{k}={v}" for k, v in variant.flag_labels().items())
     log.info(
         "sparsemla %s plugin loaded on sglang %s: variant=%s; %s; %d hooks",
-        __version__, version, flags.variant_name(), active, len(_registered),
+        __version__, version, variant.current(), active, len(_registered),
     )  # fmt: skip
     return list(_registered)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from sparsemla import flags
+from sparsemla.kernels.device import select_backend
+from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE
 
 
 def indexer_logits(
@@ -30,11 +31,12 @@ def indexer_logits(
         max_seq_len: logits width (defaults to max_pages * 64).
         clean_logits: when True, positions past a row's length are -inf; when False they may be left unwritten.
     """
-    if q_fp8.dim() != 4 or q_fp8.shape[-1] != 128:
-        raise ValueError(f"q_fp8 must be [B, next_n, H, 128], got {list(q_fp8.shape)}")
-    if kv_cache_fp8.dim() != 4 or tuple(kv_cache_fp8.shape[1:]) != (64, 1, 132):
-        raise ValueError(f"kv_cache_fp8 must be [num_pages, 64, 1, 132], got {list(kv_cache_fp8.shape)}")
-    if use_triton(q_fp8):
+    if q_fp8.dim() != 4 or q_fp8.shape[-1] != IDX_DIM:
+        raise ValueError(f"q_fp8 must be [B, next_n, H, {IDX_DIM}], got {list(q_fp8.shape)}")
+    if kv_cache_fp8.dim() != 4 or tuple(kv_cache_fp8.shape[1:]) != (IDX_PAGE, 1, IDX_BYTES_PER_TOKEN):
+        shape = f"[num_pages, {IDX_PAGE}, 1, {IDX_BYTES_PER_TOKEN}]"
+        raise ValueError(f"kv_cache_fp8 must be {shape}, got {list(kv_cache_fp8.shape)}")
+    if select_backend(q_fp8) != "reference":
         from sparsemla.kernels.indexer.triton import indexer_logits_fwd
 
         return indexer_logits_fwd(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, max_seq_len, clean_logits)
@@ -45,19 +47,11 @@ def indexer_logits(
     )
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """Triton on CUDA tensors or under TRITON_INTERPRET; the reference with SPARSEMLA_FORCE_REFERENCE or on a plain
-    CPU."""
-    if flags.SPARSEMLA_FORCE_REFERENCE.get():
-        return False
-    return t.is_cuda or flags.TRITON_INTERPRET.get()
-
-
 def indexer_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
     """``[rows, k]`` int32 positions of the k largest logits among ``t < lengths[row]`` (desc. value, ties -> smaller
     position), -1 padded. ``k`` in {512, 1024, 2048} on the Triton path."""
-    if use_triton(logits):
-        from sparsemla.kernels.indexer.triton import indexer_topk_fwd
+    if select_backend(logits) != "reference":
+        from sparsemla.kernels.indexer.topk import indexer_topk_fwd
 
         return indexer_topk_fwd(logits, lengths, k)
     from sparsemla.kernels.indexer.reference import indexer_topk_reference
@@ -75,13 +69,13 @@ def indexer_logits_topk(
     max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Fused decode path: ``indexer_topk(indexer_logits(...), row lengths, k)`` without a logits output tensor."""
-    if use_triton(q_fp8):
+    if select_backend(q_fp8) != "reference":
         from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
 
         return indexer_logits_topk_fwd(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, k, max_seq_len)
     from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
 
     batch, next_n = q_fp8.shape[:2]
-    width = page_table.shape[1] * 64 if max_seq_len is None else max_seq_len
+    width = page_table.shape[1] * IDX_PAGE if max_seq_len is None else max_seq_len
     logits = indexer_logits_reference(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, None, width, False)
     return indexer_topk_reference(logits, row_lengths(seq_lens, batch, next_n, width), k)

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from sparsemla.kernels.indexer.api import indexer_logits, indexer_topk, use_triton
+from sparsemla.kernels.device import select_backend
+from sparsemla.kernels.indexer.api import indexer_logits, indexer_topk
 
 
 def fp8_paged_mqa_logits(
@@ -76,7 +77,7 @@ def topk_transform_paged(
     writes positions into ``out_page_indices`` (the v2 raw mode)."""
     rows, k = out_page_indices.shape
     lens = seq_lens.reshape(-1)[:rows]
-    if not use_triton(scores):
+    if select_backend(scores) == "reference":
         # plain CPU (no interpreter): positions from the reference, the page transform in torch
         pos = indexer_topk(scores, lens, k)
         if page_tables is None:
@@ -86,7 +87,7 @@ def topk_transform_paged(
         else:
             _write_slots_torch(pos, page_tables, out_page_indices, page_size, out_raw_indices)
         return
-    from sparsemla.kernels.indexer.triton import indexer_topk_fwd
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
 
     if page_tables is None:
         target = out_page_indices if out_raw_indices is None else out_raw_indices

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 
 from sparsemla import flags
+from sparsemla.kernels.device import select_backend
+from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DIM
 
 # Keyword arguments sglang's DSv4 backend passes (sm120 entry and the FlashMLA entry on Hopper/Blackwell datacenter);
 # the FlashMLA-only ones are accepted and ignored in sparse mode, as FlashMLA itself ignores them there.
@@ -27,13 +29,14 @@ _IGNORED = (
 
 def _validate(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor, head_dim_v: int) -> None:
     if q.dim() != 4:
-        raise ValueError(f"q must be [B, s_q, H, 512], got {list(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape[-1] != 584:
-        raise ValueError(f"k_cache must be a V4 view [num_pages, page_size, 1, 584], got {list(k_cache.shape)}")
+        raise ValueError(f"q must be [B, s_q, H, {V4_DIM}], got {list(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape[-1] != V4_BYTES_PER_TOKEN:
+        shape = f"[num_pages, page_size, 1, {V4_BYTES_PER_TOKEN}]"
+        raise ValueError(f"k_cache must be a V4 view {shape}, got {list(k_cache.shape)}")
     if indices.dim() != 3 or indices.shape[:2] != q.shape[:2]:
         raise ValueError(f"indices must be [B, s_q, topk] matching q {list(q.shape[:2])}, got {list(indices.shape)}")
-    if head_dim_v > 512:
-        raise ValueError(f"head_dim_v must be <= 512, got {head_dim_v}")
+    if head_dim_v > V4_DIM:
+        raise ValueError(f"head_dim_v must be <= {V4_DIM}, got {head_dim_v}")
 
 
 def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +60,7 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     for name in _IGNORED:
         kwargs.pop(name, None)
     q, k_cache, indices = kwargs["q"], kwargs["k_cache"], kwargs["indices"]
-    head_dim_v = int(kwargs.get("head_dim_v", 512))
+    head_dim_v = int(kwargs.get("head_dim_v", V4_DIM))
     real = kwargs.get("num_real_heads")
     _validate(q, k_cache, indices, head_dim_v)
     args = dict(
@@ -72,8 +75,7 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         extra_indices_in_kvcache=kwargs.get("extra_indices_in_kvcache"),
         extra_topk_length=kwargs.get("extra_topk_length"),
     )
-    backend = select_backend(q)
-    if backend == "reference":
+    if select_backend(q) == "reference":
         from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
         out, lse = sparse_decode_reference(**args)
@@ -84,14 +86,4 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
 
     num_splits = flags.SPARSEMLA_SPLIT_K.get()
-    return sparse_decode_fwd(**args, num_splits=num_splits, interpret=backend == "interpreter", num_real_heads=real)
-
-
-def select_backend(q: torch.Tensor) -> str:
-    """Which implementation runs: ``"reference"`` (SPARSEMLA_FORCE_REFERENCE, or CPU tensors without Triton's
-    interpreter), ``"interpreter"`` (TRITON_INTERPRET=1: the Triton kernel on the CPU interpreter) or ``"triton"``."""
-    if flags.SPARSEMLA_FORCE_REFERENCE.get():
-        return "reference"
-    if flags.TRITON_INTERPRET.get():
-        return "interpreter"
-    return "triton" if q.is_cuda else "reference"
+    return sparse_decode_fwd(**args, num_splits=num_splits, num_real_heads=real)

@@ -36,10 +36,16 @@ import triton.language as tl
 
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16
-from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_SCALE_BYTES
+from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# The V4 page layout as the kernel addresses it (sparsemla.kernels.layouts): a token's data row, the same row in bf16
+# units, the RoPE part's byte offset inside it, and the token's scale row.
+DATA_ROW = tl.constexpr(V4_DATA_BYTES)  # 576 bytes: fp8 NoPE then bf16 RoPE
+DATA_ROW_BF16 = tl.constexpr(V4_DATA_BYTES // 2)  # 288 bf16 units
+ROPE_OFFSET = tl.constexpr(V4_NOPE_DIM)  # 448: the bf16 RoPE starts after the fp8 NoPE bytes
+SCALE_ROW = tl.constexpr(V4_SCALE_BYTES)  # 8 bytes: 7 ue8m0 scales + 1 pad
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,7 @@ def _load_kv_tile(
     else:
         b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None]
     if C0 + NC == 8:  # the RoPE chunk is in this range: bf16 at bytes 448..575 of the data row
-        p_rope = (p_cache + 448).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        p_rope = (p_cache + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16), bitcast=True)
         o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
         m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
         b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, NC, 64] (chunk 7)
@@ -293,9 +299,9 @@ def _sparse_decode_kernel(
         b_slot = tl.where(m_n, b_idx, 0)
         b_page = (b_slot // psz).to(tl.int64)
         b_off = (b_slot % psz).to(tl.int64)
-        o_tok = b_page * pst + b_off * 576  # byte offset of the token's 576-byte data row
-        o_rope = b_page * (pst // 2) + b_off * 288  # the same row in bf16 units (page strides are even)
-        o_scale = b_page * pst + psz * 576 + b_off * 8  # its 8 scale bytes
+        o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
+        o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
+        o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
         if ALIGNED:
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
@@ -391,12 +397,14 @@ def combine_blocks(splits: int, heads: int) -> tuple[int, int, int]:
 def _cache_bytes(k_cache: torch.Tensor, name: str) -> tuple[torch.Tensor, int, int]:
     """(uint8 view sharing the cache's storage, page_size, page stride in bytes) of a V4 ``k_cache`` view."""
     if k_cache.dim() != 4 or k_cache.shape[-1] != V4_BYTES_PER_TOKEN or k_cache.element_size() != 1:
-        raise ValueError(f"{name} must be a 1-byte V4 view [num_pages, page_size, 1, 584], got {list(k_cache.shape)}")
+        shape = f"[num_pages, page_size, 1, {V4_BYTES_PER_TOKEN}]"
+        raise ValueError(f"{name} must be a 1-byte V4 view {shape}, got {list(k_cache.shape)}")
     page_size, page_stride = k_cache.shape[1], k_cache.stride(0)
     if page_stride % 2 or k_cache.data_ptr() % 2:
         raise ValueError(f"{name} pages must start at even byte addresses (bf16 RoPE), got stride {page_stride}")
     if page_stride < page_size * V4_BYTES_PER_TOKEN:
-        raise ValueError(f"{name}.stride(0)={page_stride} is smaller than a page ({page_size} x 584 bytes)")
+        page = f"{page_size} x {V4_BYTES_PER_TOKEN} bytes"
+        raise ValueError(f"{name}.stride(0)={page_stride} is smaller than a page ({page})")
     raw = k_cache.view(torch.uint8) if k_cache.dtype != torch.uint8 else k_cache
     return raw, page_size, page_stride
 
@@ -428,22 +436,24 @@ def sparse_decode_fwd(
     *,
     num_splits: int | str = "auto",
     config: DecodeConfig | None = None,
-    interpret: bool = False,
     num_real_heads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the decode kernel(s): ``(out [B, s_q, H, head_dim_v] bf16, lse [B, H, s_q] fp32)``.
 
     ``lse`` is a permuted view of a [B, s_q, H] buffer (natural log, sink excluded, -inf for rows with no valid
     entry), the orientation sglang's torch path returns. ``num_splits``: "auto" or a positive int (clamped to the
-    number of tiles). ``interpret``: the Triton CPU interpreter runs it (dots in fp32, small tiles).
+    number of tiles). Under Triton's CPU interpreter (:func:`sparsemla.kernels.device.interpreting`) the dots run in
+    fp32 with small tiles.
     ``num_real_heads``: only the first heads are real (sglang pads q and the sink to 64 heads under tensor
     parallelism and reads back only the real ones): the kernel attends for those, the pad heads' out is 0 and their
     lse -inf, and the configuration is the real head count's.
     """
+    interpret = dev.interpreting()
     if interpret != _is_interpreted():
         raise RuntimeError(
             "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
-            f"interpret={interpret} but the kernels were built for the {'interpreter' if not interpret else 'GPU'}"
+            f"TRITON_INTERPRET={int(interpret)} but the kernels were built for the "
+            f"{'interpreter' if not interpret else 'GPU'}"
         )
     batch, s_q, heads, dim = q.shape
     if dim != V4_DIM:
@@ -477,7 +487,7 @@ def sparse_decode_fwd(
             raise ValueError(f"num_real_heads must be in 1..{heads} (q's heads), got {num_real_heads}")
         heads = num_real_heads  # q's first heads; the kernel reads q through its strides, so no copy
 
-    info = dev.device_info(q.device) if not interpret else dev.INTERPRETER
+    info = dev.launch_info(q.device)
     cfg = config or choose_config(info, heads, batch * s_q)
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
     rows = batch * s_q

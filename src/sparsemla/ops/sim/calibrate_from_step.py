@@ -29,10 +29,10 @@ from typing import Any
 
 import typer
 
+from sparsemla import variant as kernel_variant
 from sparsemla.ops.sim.calibration import (
     DEFAULT_PATH,
     PROVISIONAL_PATH,
-    VARIANTS,
     KernelSpec,
     ModelSpec,
     Provenance,
@@ -49,12 +49,8 @@ class StepResultError(ValueError):
     """The step JSON is not a usable decode-step benchmark result; the message says what is missing."""
 
 
-def _flags(variant: str) -> dict[str, str]:
-    parts = set(variant.split("+"))
-    return {
-        "sparsemla_mma_decode": "on" if "mma_decode" in parts else "off",
-        "sparsemla_triton_indexer": "on" if "triton_indexer" in parts else "off",
-    }
+def _flags(name: str) -> dict[str, str]:
+    return kernel_variant.parse(name).flag_labels()
 
 
 def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | None, int, str]:
@@ -128,7 +124,7 @@ def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
     states: dict[str, StateCalibration] = {}
     notes: list[str] = []
     raised_total = 0
-    for variant in VARIANTS:
+    for variant in kernel_variant.VARIANTS:
         state, raised, reason = _state(doc, variant)
         if state is None:
             notes.append(f"state {variant} left out: {reason}.")

@@ -1,7 +1,7 @@
 """Calibration of the simulated sglang server: decode-step time and kernel times per flag state, versioned JSON.
 
-One file describes one GPU's decode step for one model. Per *state* (the ``variant`` label: ``baseline``,
-``mma_decode``, ``triton_indexer``, ``mma_decode+triton_indexer``) it holds a grid of measured points:
+One file describes one GPU's decode step for one model. Per *state* (a variant of the closed set
+:data:`sparsemla.variant.VARIANTS`) it holds a grid of measured points:
 
 * ``batch``   — running decode batch sizes B (strictly increasing, >= 1),
 * ``context`` — mean context lengths in tokens (strictly increasing, >= 1),
@@ -36,9 +36,9 @@ from typing import Any
 from sparsemla import flags
 from sparsemla.artifacts import write_json_atomic
 from sparsemla.metric_names import KERNEL_CATEGORIES
+from sparsemla.variant import VARIANTS
 
 SCHEMA_VERSION = 1
-VARIANTS = ("baseline", "mma_decode", "triton_indexer", "mma_decode+triton_indexer")
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_PATH = CALIBRATION_DIR / "default.json"
 PROVISIONAL_PATH = CALIBRATION_DIR / "provisional.json"

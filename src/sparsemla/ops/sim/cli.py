@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from sparsemla.console import console, fail
-from sparsemla.metric_names import PORT_SERVER
+from sparsemla.ports import PORT_SERVER
 
 app = typer.Typer()
 

@@ -16,6 +16,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from sparsemla import metric_names as mn
+from sparsemla import variant
 from sparsemla.ops.sim.engine import StepRecord
 from sparsemla.ops.sim.engine_proc import SimRequest
 from sparsemla.sglang_metrics import BASE_LABELS, METRICS
@@ -31,7 +32,7 @@ GEN_THROUGHPUT_WINDOW_S = 5.0  # sglang logs gen throughput per decode-log inter
 class SimMetrics:
     """Owns a private registry; the engine calls :meth:`on_step` and :meth:`on_finish`."""
 
-    def __init__(self, model_name: str, flag_labels: dict[str, str], version: str, variant: str) -> None:
+    def __init__(self, model_name: str) -> None:
         disable_created_metrics()  # sglang serves through the multiprocess collector, which has no `_created` series
         self.registry = CollectorRegistry(auto_describe=True)
         self.sched_labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
@@ -76,10 +77,7 @@ class SimMetrics:
         )
         self.e2e = metric(Histogram, "sglang:e2e_request_latency_seconds", "End-to-end latency.", buckets=E2E_BUCKETS)
 
-        flag_names = tuple(flag_labels)
-        self.flags_info = Gauge(mn.KERNEL_FLAGS_INFO, "Active sparsemla kernel flags (value 1).",
-                                labelnames=(*flag_names, "version", "variant"), registry=r)  # fmt: skip
-        self.flags_info.labels(**flag_labels, version=version, variant=variant).set(1)
+        variant.publish(registry=r)  # sparsemla_kernel_flags_info for this process's flags, as the plugin does
         self.step_seconds = Histogram(
             mn.DECODE_STEP_SECONDS, "Realised duration of one simulated forward step (the engine's step clock).",
             labelnames=mn.DECODE_STEP_LABELS, buckets=mn.DECODE_STEP_BUCKETS, registry=r,

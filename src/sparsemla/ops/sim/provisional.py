@@ -37,9 +37,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from sparsemla import flags
+from sparsemla import variant as kernel_variant
 from sparsemla.ops.sim.calibration import (
     PROVISIONAL_PATH,
-    VARIANTS,
     Calibration,
     KernelSpec,
     ModelSpec,
@@ -137,7 +138,8 @@ def combine_us(batch: int) -> float:
 
 def state_kernels_us(variant: str, batch: int, context: int) -> dict[str, tuple[KernelSpec, float]]:
     """Per-step kernel times (µs, all calls) of one state at (batch, context)."""
-    mma, triton_idx = "mma_decode" in variant, "triton_indexer" in variant
+    state = kernel_variant.parse(variant)
+    mma, triton_idx = state.is_on(flags.SPARSEMLA_MMA_DECODE), state.is_on(flags.SPARSEMLA_TRITON_INDEXER)
     out: dict[str, tuple[KernelSpec, float]] = {}
     if mma:
         combine = combine_us(batch)
@@ -165,10 +167,7 @@ def build_state(variant: str) -> StateCalibration:
     specs = [spec for spec, _ in grids[0][0].values()]
     kernel_us = {s.name: tuple(tuple(cell[s.name][1] for cell in row) for row in grids) for s in specs}
     step = tuple(tuple(sum(us for _, us in cell.values()) for cell in row) for row in grids)
-    flag_labels = {"sparsemla_mma_decode": "off", "sparsemla_triton_indexer": "off"}
-    for part in variant.split("+"):
-        if part != "baseline":
-            flag_labels[f"sparsemla_{part}"] = "on"
+    flag_labels = kernel_variant.parse(variant).flag_labels()
     return StateCalibration(variant, flag_labels, BATCH_POINTS, CONTEXT_POINTS, step, tuple(specs), kernel_us)
 
 
@@ -193,7 +192,7 @@ def provisional_calibration() -> Calibration:
         notes=" ".join((__doc__ or "").split()),
     )
     model = ModelSpec(MODEL_NAME, NUM_LAYERS, INDEXER_LAYERS, CONTEXT_LENGTH)
-    return Calibration(model, prefill_model(), provenance, {v: build_state(v) for v in VARIANTS})
+    return Calibration(model, prefill_model(), provenance, {v: build_state(v) for v in kernel_variant.VARIANTS})
 
 
 def write_provisional(path: Path = PROVISIONAL_PATH) -> Path:

@@ -28,16 +28,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from sparsemla import SGLANG_VERSION, flags
 from sparsemla import __version__ as sparsemla_version
-from sparsemla import flags
+from sparsemla import variant as kernel_variant
 from sparsemla.ops.sim import tokens
 from sparsemla.ops.sim.calibration import Calibration
 from sparsemla.ops.sim.engine import StepRecord
 from sparsemla.ops.sim.engine_proc import EngineClient, EngineConfig, EngineError, SimRequest
 from sparsemla.ops.sim.metrics import SimMetrics
 from sparsemla.ops.sim.profiler import ProfileError, Profiler, write_stage
-
-SGLANG_VERSION = "0.5.23"
 
 
 @dataclass(frozen=True)
@@ -231,13 +230,13 @@ async def _openai_chunks(
 
 
 def create_app(calibration: Calibration, config: SimConfig | None = None) -> FastAPI:
-    """Build the app for the current flags (``flags.variant_name()`` picks the calibration state)."""
+    """Build the app for the current flags (``variant.current()`` picks the calibration state)."""
     config = config or SimConfig()
-    variant = flags.variant_name()
+    variant = kernel_variant.current()
     state = calibration.state(variant)
-    flag_labels = flags.snapshot()
+    flag_labels = kernel_variant.flag_labels()
     context_length = config.context_length or calibration.model.context_length
-    metrics = SimMetrics(config.model_name, flag_labels, sparsemla_version, variant)
+    metrics = SimMetrics(config.model_name)
     metrics.set_constants(config.max_total_tokens, context_length)
     profile_meta = {"variant": variant, "gpu": calibration.provenance.gpu, "calibration": str(calibration.path),
                     "provisional": calibration.provenance.provisional}  # fmt: skip

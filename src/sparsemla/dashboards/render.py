@@ -5,6 +5,9 @@ repeats, legends) and drawn with the same title, unit and legend: timeseries as 
 stacks) with dashed threshold lines, stat as the last value over a sparkline, heatmap as bucket counts over time,
 bar gauge as horizontal bars, pie chart as a donut, table as a table. Output: ``<out>/<NN>-<slug>.png`` plus
 ``index.json`` (panel, row, file, the exact queries sent, whether each returned data).
+
+The ``sparsemla snapshot`` command (and ``make snapshot``) drives :func:`render_panels`. ("Snapshot" alone means the
+exporter's kernel-share snapshot, :mod:`sparsemla.ops.exporter`; this module only renders.)
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class RenderedPanel:
 
 
 @dataclass
-class SnapshotResult:
+class RenderResult:
     out_dir: Path
     start: float
     end: float
@@ -59,7 +62,7 @@ class SnapshotResult:
 
 
 def format_value(value: float, unit: str | None) -> str:
-    """A value as Grafana would print it for ``unit`` (close enough for a snapshot)."""
+    """A value as Grafana would print it for ``unit`` (close enough for a rendered panel)."""
     if value is None or not math.isfinite(value):
         return "–"
     unit = unit or "short"
@@ -303,7 +306,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "panel"
 
 
-def snapshot(
+def render_panels(
     prometheus_url: str,
     start: float,
     end: float,
@@ -312,7 +315,7 @@ def snapshot(
     dashboards: Mapping[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
     titles: Collection[str] | None = None,
-) -> SnapshotResult:
+) -> RenderResult:
     """Render every panel of ``dashboards`` (default: the committed ones) over [start, end] into ``out_dir``.
 
     ``overrides`` pin variables (e.g. ``{"variant_a": "baseline", "variant_b": "mma_decode"}``); ``titles`` renders
@@ -343,7 +346,7 @@ def snapshot(
                         progress(panel_ref.title)
     finally:
         api.close()
-    result = SnapshotResult(out_dir, start, end, resolved_all, rendered)
+    result = RenderResult(out_dir, start, end, resolved_all, rendered)
     index = {"from": start, "to": end, "variables": resolved_all, "panels": [asdict(p) for p in rendered]}
     (out_dir / "index.json").write_text(json.dumps(index, indent=2) + "\n")
     return result
