@@ -18,12 +18,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from sparsemla.dashboards import build, grafana_api
-from sparsemla.loadtest.ab import flip_flag
-from sparsemla.loadtest.annotations import FLIP_TAG, Grafana, flag_flip_body, post_run_annotations
-from sparsemla.loadtest.report import Run, compare_runs, write_report
-from sparsemla.loadtest.report_panels import pinned_variables, windows_for
-from sparsemla.procs import free_port
+# Needs the ops/loadtest extras: the GPU machine installs the runtime only, so this module skips there.
+pytest.importorskip("grafana_foundation_sdk")
+from sparsemla.dashboards import build, grafana_api  # noqa: E402
+from sparsemla.loadtest.ab import flip_flag  # noqa: E402
+from sparsemla.loadtest.annotations import FLIP_TAG, Grafana, flag_flip_body, post_run_annotations  # noqa: E402
+from sparsemla.loadtest.report import Run, compare_runs, write_report  # noqa: E402
+from sparsemla.loadtest.report_panels import pinned_variables, windows_for  # noqa: E402
+from sparsemla.procs import free_port  # noqa: E402
 
 FLAG = "SPARSEMLA_MMA_DECODE"
 
