@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sparsemla import flags
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose.yaml"
 OVERLAY = ROOT / "compose.localhost.yaml"
@@ -52,14 +54,27 @@ def test_dockerfile_stages_and_pins() -> None:
         assert f"{flag}=0" in text, f"{flag} must default off in the image"
 
 
-def _compose_config(*files: Path, profile: str, env_file: Path | None = None) -> subprocess.CompletedProcess[str]:
+# Variables of compose.yaml that a developer's shell may export: removed so that the test .env decides.
+_COMPOSE_VARS = ("BIND_ADDRESS", "LOCUST_BIND_ADDRESS", "GRAFANA_ADMIN_PASSWORD", "COMPOSE_FILE", "COMPOSE_PROFILES")
+
+
+def _compose_config(
+    *files: Path, profile: str, env_file: Path | None = None, quiet: bool = True
+) -> subprocess.CompletedProcess[str]:
     argv = ["docker-compose"]
     if env_file is not None:
         argv += ["--env-file", str(env_file)]
     for f in files:
         argv += ["-f", str(f)]
-    argv += ["--profile", profile, "config", "-q"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    argv += ["--profile", profile, "config"] + (["-q"] if quiet else [])
+    env = flags.child_env(dict.fromkeys(_COMPOSE_VARS))
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def _env_file(tmp_path: Path, text: str, name: str = "test.env") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
 
 
 needs_compose = pytest.mark.skipif(shutil.which("docker-compose") is None, reason="apt-get install docker-compose")
@@ -70,11 +85,63 @@ needs_compose = pytest.mark.skipif(shutil.which("docker-compose") is None, reaso
 @pytest.mark.parametrize("overlay", [False, True], ids=["base", "localhost"])
 def test_compose_validates(profile: str, overlay: bool, tmp_path: Path) -> None:
     files = [COMPOSE, OVERLAY] if overlay else [COMPOSE]
-    empty_env = tmp_path / "empty.env"
-    empty_env.write_text("")
-    for env_file in (empty_env, ENV_EXAMPLE):
+    minimal = _env_file(tmp_path, "GRAFANA_ADMIN_PASSWORD=s3cret\n")
+    example = _env_file(tmp_path, ENV_EXAMPLE.read_text() + "\nGRAFANA_ADMIN_PASSWORD=s3cret\n", "example.env")
+    for env_file in (minimal, example):
         result = _compose_config(*files, profile=profile, env_file=env_file)
         assert result.returncode == 0, f"{profile} {env_file.name}: {result.stderr}"
+
+
+@needs_compose
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("env_text", ["", "GRAFANA_ADMIN_PASSWORD=\n"], ids=["unset", "empty"])
+def test_compose_refuses_to_render_without_a_grafana_password(profile: str, env_text: str, tmp_path: Path) -> None:
+    result = _compose_config(COMPOSE, OVERLAY, profile=profile, env_file=_env_file(tmp_path, env_text))
+    assert result.returncode != 0
+    assert "set GRAFANA_ADMIN_PASSWORD in .env" in result.stderr
+    # .env.example as shipped has no password either: `cp .env.example .env` alone does not start Grafana
+    assert _compose_config(COMPOSE, profile=profile, env_file=ENV_EXAMPLE).returncode != 0
+
+
+def _host_bindings(rendered: str) -> dict[str, list[str]]:
+    """Host address of every published port per service, from `docker-compose config` output (short or long form)."""
+    out: dict[str, list[str]] = {}
+    for name, svc in yaml.safe_load(rendered)["services"].items():
+        for port in svc.get("ports", []):
+            if isinstance(port, dict):
+                out.setdefault(name, []).append(str(port.get("host_ip") or "0.0.0.0"))
+            else:
+                parts = str(port).split(":")
+                out.setdefault(name, []).append(parts[0] if len(parts) == 3 else "0.0.0.0")
+    return out
+
+
+@needs_compose
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("overlay", [False, True], ids=["base", "localhost"])
+def test_published_ports_bind_loopback_by_default(profile: str, overlay: bool, tmp_path: Path) -> None:
+    files = [COMPOSE, OVERLAY] if overlay else [COMPOSE]
+    for env_file in (
+        _env_file(tmp_path, "GRAFANA_ADMIN_PASSWORD=s3cret\n"),
+        _env_file(tmp_path, ENV_EXAMPLE.read_text() + "\nGRAFANA_ADMIN_PASSWORD=s3cret\n", "example.env"),
+    ):
+        result = _compose_config(*files, profile=profile, env_file=env_file, quiet=False)
+        assert result.returncode == 0, result.stderr
+        bindings = _host_bindings(result.stdout)
+        grafana = "grafana" if profile == "gpu" else "grafana-sim"
+        assert {grafana, "locust"} <= set(bindings), bindings
+        assert all(addr == "127.0.0.1" for addrs in bindings.values() for addr in addrs), (env_file.name, bindings)
+
+
+@needs_compose
+def test_bind_address_opts_out_of_loopback(tmp_path: Path) -> None:
+    env_file = _env_file(tmp_path, "GRAFANA_ADMIN_PASSWORD=s3cret\nBIND_ADDRESS=0.0.0.0\n")
+    result = _compose_config(COMPOSE, OVERLAY, profile="gpu", env_file=env_file, quiet=False)
+    assert result.returncode == 0, result.stderr
+    bindings = _host_bindings(result.stdout)
+    assert bindings["grafana"] == ["0.0.0.0"]
+    assert bindings["locust"] == ["127.0.0.1"]  # no login: its own opt-out (LOCUST_BIND_ADDRESS)
+    assert bindings["sglang"] == ["127.0.0.1"]  # the overlay's unauthenticated ports never follow BIND_ADDRESS
 
 
 @needs_compose
@@ -98,6 +165,11 @@ def test_compose_services_and_profiles() -> None:
     assert "sglang" not in sim and "dcgm-exporter" not in sim and "sim" not in gpu
     sglang = services["sglang"]
     assert sglang["ipc"] == "host"
+    prometheus = services["prometheus"]["command"]
+    assert not any("lifecycle" in arg for arg in prometheus), "an unauthenticated POST /-/quit would stop Prometheus"
+    gpu_grafana = services["grafana"]["environment"]
+    assert gpu_grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert gpu_grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
     assert sglang["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
     assert "--enable-metrics" in sglang["command"][0] and "--tp ${TP_SIZE:-8}" in sglang["command"][0]
     assert sglang["environment"]["SGLANG_TORCH_PROFILER_DIR"] == "/profiles"

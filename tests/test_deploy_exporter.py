@@ -41,11 +41,17 @@ def _get(samples: dict, name: str, **labels: str) -> float | None:
 
 # -- the simulator ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def sim_profiler_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The simulator's SGLANG_TORCH_PROFILER_DIR: /start_profile accepts output_dir only inside it (as a guard)."""
+    return tmp_path_factory.mktemp("sim-profiles")
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory, sim_profiler_dir: Path) -> Iterator[str]:
     """`sparsemla sim` on a free port with SPARSEMLA_MMA_DECODE=1 (variant mma_decode)."""
     run_dir = tmp_path_factory.mktemp("sim-run")
     port = procs.free_port()
-    env = flags.child_env({"SPARSEMLA_MMA_DECODE": "1", "SGLANG_TORCH_PROFILER_DIR": str(run_dir / "default")})
+    env = flags.child_env({"SPARSEMLA_MMA_DECODE": "1", "SGLANG_TORCH_PROFILER_DIR": str(sim_profiler_dir)})
     proc = procs.start("sim", _sparsemla_argv("sim", "--port", str(port)), env=env, run_dir=run_dir)
     try:
         procs.wait_http(f"http://127.0.0.1:{port}/health", timeout=90, pid=proc.pid)
@@ -76,9 +82,14 @@ def load(sim: str) -> Iterator[None]:
         t.join(timeout=60)
 
 
-def test_snapshot_from_the_simulator(sim: str, load: None, tmp_path: Path) -> None:
+def test_snapshot_from_the_simulator(sim: str, load: None, sim_profiler_dir: Path, tmp_path: Path) -> None:
     cfg = ExporterConfig(
-        target=sim, trace_dir=tmp_path / "traces", snapshot_dir=tmp_path / "snaps", num_steps=5, timeout_s=60, top_n=3
+        target=sim,
+        trace_dir=sim_profiler_dir / tmp_path.name,
+        snapshot_dir=tmp_path / "snaps",
+        num_steps=5,
+        timeout_s=60,
+        top_n=3,
     )
     exp = KernelShareExporter(cfg)
     snap = exp.take_snapshot()
@@ -108,18 +119,19 @@ def test_snapshot_from_the_simulator(sim: str, load: None, tmp_path: Path) -> No
     assert saved["outcome"] == "ok" and saved["summary"]["kernels"][0]["share"] > 0
 
 
-def test_idle_server_times_out_and_the_profiler_is_stopped(sim: str, tmp_path: Path) -> None:
-    cfg = ExporterConfig(target=sim, trace_dir=tmp_path / "t", snapshot_dir=tmp_path / "s", num_steps=5, timeout_s=1.5)
+def test_idle_server_times_out_and_the_profiler_is_stopped(sim: str, sim_profiler_dir: Path, tmp_path: Path) -> None:
+    traces_dir = sim_profiler_dir / tmp_path.name
+    cfg = ExporterConfig(target=sim, trace_dir=traces_dir, snapshot_dir=tmp_path / "s", num_steps=5, timeout_s=1.5)
     exp = KernelShareExporter(cfg)
     snap = exp.take_snapshot()
     assert snap.outcome == "timeout" and "no trace" in (snap.error or "")
     assert _get(_samples(exp.metrics_text().decode()), "sparsemla_kernel_snapshots_total", outcome="timeout") == 1
     # Not left running: a new profile can start (the simulator, like sglang, refuses one while another runs) ...
-    status, body = _http("POST", f"{sim}/start_profile", {"output_dir": str(tmp_path / "x"), "num_steps": 1})
+    status, body = _http("POST", f"{sim}/start_profile", {"output_dir": str(traces_dir / "x"), "num_steps": 1})
     assert status == 200, body
     _http("POST", f"{sim}/stop_profile")
     # ... and the partial trace /stop_profile wrote for the abandoned profile was removed.
-    assert not list((tmp_path / "t").glob(f"{snap.profile_id}*"))
+    assert not list(traces_dir.glob(f"{snap.profile_id}*"))
 
 
 # -- a fake server for the failure modes -----------------------------------------------------------------------------

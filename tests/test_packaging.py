@@ -122,3 +122,28 @@ def test_the_cpu_suite_has_every_extra_its_modules_skip_without():
         pytest.skip("GPU machine: the runtime only is installed there")
     missing = [m for m in OPS_TEST_MODULES if importlib.util.find_spec(m) is None]
     assert not missing, f"`make setup` did not install {missing}"
+
+
+_BLOCKED_RUNNER = """
+import importlib.abc, sys
+BLOCK = {blocked!r}
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCK:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, Blocked())
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:schemathesis"]))
+"""
+
+
+def test_the_gpu_tier_collects_where_only_the_runtime_is_installed(tmp_path):
+    """`pytest -m gpu` on the GPU machine (runtime + torch, no ops extras): every module collects or skips."""
+    script = tmp_path / "collect.py"
+    ops_only = ("fastapi", "starlette", "uvicorn", "grafana_foundation_sdk", "locust", "gevent", "geventhttpclient")
+    blocked = sorted({*ops_only, "promql_parser", "sglang"})
+    script.write_text(_BLOCKED_RUNNER.format(blocked=blocked))
+    out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " tests collected" in out.stdout and "error" not in out.stdout.lower().split("tests collected")[-1]

@@ -72,6 +72,19 @@ def test_load_plugins_applies_our_hooks(sgl):
             assert spec.target in HookRegistry._patched, spec.target
 
 
+def test_the_plugin_checked_what_sglang_applied_and_gave_apply_hooks_back(sgl):
+    """register() verifies right after sglang's HookRegistry.apply_hooks(); its one-shot wrapper restores sglang's own
+    method, and every hook registered here is found on its target."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sparsemla.plugin import sglang as sp
+
+    assert HookRegistry.__dict__["apply_hooks"].__func__.__module__ == "sglang.srt.plugins.hook_registry"
+    applied = sp.applied_hooks()
+    assert applied and all(applied.values()), applied
+    assert {s.name for s in sp.HOOKS if s.requires is None} <= set(applied)
+
+
 # -- decode ----------------------------------------------------------------------------------------------------------
 DECODE_CASES = [
     # (B, H, swa_topk, extra: (pages, page_size, topk) or None, sink, invalid_fraction, topk_length kind)
@@ -398,16 +411,20 @@ def test_bad_flag_value_stops_sglang_loudly():
 
 
 def test_untested_sglang_version_warns_once_and_hooks_nothing():
+    """All flags off: one warning, no hooks, and the flag-info series still says ``baseline`` (with a flag on the
+    same version stops startup: tests/test_reliability_plugin.py)."""
     code = """
 import json, logging
 logging.basicConfig(level=logging.WARNING)
+from prometheus_client import REGISTRY, generate_latest
+from sparsemla import variant
 from sparsemla.plugin import sglang as sp
 sp._sglang_version = lambda: "0.4.0"
-print(json.dumps(sp.register()))
+print(json.dumps([sp.register(), variant.from_metrics(generate_latest(REGISTRY).decode())]))
 """
-    res = _run(code, {})
+    res = _run(code, {"SPARSEMLA_MMA_DECODE": None, "SGLANG_SM120_MMA_FLASHMLA": None})
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [[], "baseline"]
     assert res.stderr.count("not a tested version") == 1
 
 

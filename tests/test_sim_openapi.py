@@ -50,9 +50,10 @@ def fuzz_sim(tmp_path_factory):
 
 
 def test_fuzz_no_server_errors(fuzz_sim) -> None:
-    """Every operation, positive and negative data, a bounded number of examples each: never a 5xx, never a hang."""
+    """Every operation, positive and negative data, a bounded number of examples each: never a 5xx, never a hang.
+    The profiling routes too: /start_profile writes only below the server's profiler directory, whatever output_dir
+    says (a fuzzed path elsewhere is a 400)."""
     api = schemathesis.openapi.from_url(f"{fuzz_sim.url}/openapi.json")
-    api = api.exclude(path_regex="^/(start|stop)_profile$")  # fuzzed output_dir values must not write files anywhere
     operations = [result.ok() for result in api.get_all_operations()]
     assert len(operations) >= 12
     for operation in operations:

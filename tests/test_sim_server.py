@@ -31,8 +31,13 @@ MMA = {
 
 
 @pytest.fixture(scope="module")
-def sim():
-    with run_sim(MMA) as running:
+def profile_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture(scope="module")
+def sim(profile_root: Path):
+    with run_sim({**MMA, "SGLANG_TORCH_PROFILER_DIR": str(profile_root)}) as running:
         yield running
 
 
@@ -165,8 +170,9 @@ def test_client_disconnect_frees_the_slot(sim) -> None:
     assert _running(sim) == 0
 
 
-def test_profile_writes_sglang_named_trace_with_calibrated_shares(sim, tmp_path: Path) -> None:
+def test_profile_writes_sglang_named_trace_with_calibrated_shares(sim, profile_root: Path) -> None:
     pid = f"t{random.randint(0, 10**9)}"
+    tmp_path = profile_root / pid  # output_dir must be the profiler directory or below it
     r = httpx.post(f"{sim.url}/start_profile", json={"output_dir": str(tmp_path), "num_steps": 4, "profile_id": pid,
                                                       "profile_by_stage": True}, timeout=10)  # fmt: skip
     assert r.status_code == 200 and r.text == "Start profiling.\n"

@@ -85,6 +85,37 @@ def test_publish_then_read_back_through_a_real_exposition(clean_env):
     assert variant.from_metrics(page) == "triton_indexer"
 
 
+REFERENCE_INDEXER = {"SPARSEMLA_TRITON_INDEXER": "1", "SPARSEMLA_FORCE_REFERENCE": "1"}
+
+
+@pytest.mark.parametrize(
+    "env,applied,expected",
+    [
+        ({"SPARSEMLA_MMA_DECODE": "1", "SPARSEMLA_TRITON_INDEXER": "1"}, {"mma_decode"}, "mma_decode"),
+        ({"SPARSEMLA_MMA_DECODE": "1"}, set(), "baseline"),
+        (REFERENCE_INDEXER, set(), "baseline"),
+        (REFERENCE_INDEXER, {"triton_indexer"}, "triton_indexer+reference"),
+        ({}, {"mma_decode", "triton_indexer"}, "baseline"),
+        ({"SPARSEMLA_MMA_DECODE": "1"}, None, "mma_decode"),
+    ],
+    ids=["one-of-two-applied", "none-applied", "reference-none-applied", "reference-applied", "applied-but-off",
+         "flags-alone"],
+)  # fmt: skip
+def test_the_variant_names_only_the_switches_that_are_on_and_applied(clean_env, env, applied, expected):
+    for key, value in env.items():
+        clean_env.setenv(key, value)
+    assert variant.current(applied) == expected
+    assert variant.info_labels(applied)["variant"] == expected
+
+
+def test_publish_with_applied_reports_the_flags_as_set_and_the_variant_as_applied(clean_env):
+    clean_env.setenv("SPARSEMLA_MMA_DECODE", "1")
+    registry = CollectorRegistry()
+    assert variant.publish(registry=registry, applied=frozenset()) is True
+    info = variant.info_from_metrics(generate_latest(registry).decode())
+    assert info["variant"] == "baseline" and info["sparsemla_mma_decode"] == "on"
+
+
 @pytest.mark.parametrize(
     "page",
     [

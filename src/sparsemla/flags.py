@@ -246,6 +246,14 @@ GRAFANA_URL = str_flag(
 GRAFANA_API_TOKEN = str_flag(
     "GRAFANA_API_TOKEN", None, "Bearer token for posting Grafana annotations.", group="ops", allowed="a Grafana token"
 )
+SPARSEMLA_LOADTEST_API_KEY = str_flag(
+    "SPARSEMLA_LOADTEST_API_KEY",
+    None,
+    "Bearer token the load test's Locust process sends to the target. `--api-key` of `sparsemla loadtest`, `sweep` "
+    "and `ab` sets it in Locust's environment only, so the key never appears on a command line (`ps`).",
+    group="ops",
+    allowed="an API key",
+)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Set by others, read here (never set by users for sparsemla)

@@ -39,6 +39,9 @@ CATEGORY_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("elementwise", ("elementwise", "reduce_kernel", "norm", "silu", "rotary", "softmax", "act_and_mul")),
 )
 OTHER = "other"
+# Most bytes one trace may decompress to (and a plain one may have). sglang's traces of 10 DeepSeek-V4 decode steps on
+# 8 ranks are a few MB each; this bounds the exporter's memory against a gzip bomb in the shared trace directory.
+MAX_TRACE_BYTES = 512 * 1024 * 1024
 assert {c for c, _ in CATEGORY_RULES} | {OTHER} == set(KERNEL_CATEGORIES), "rules and metric_names disagree"
 
 
@@ -142,16 +145,36 @@ def short_name(name: str, max_len: int = 96) -> str:
     return short[:max_len]
 
 
-def load_events(path: Path | str) -> list[dict[str, Any]]:
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The file's bytes, gunzipped when it starts with the gzip magic (whatever the suffix says), streamed so that at
+    most ``limit`` + 1 bytes are ever held; TraceError when there are more."""
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+        fh.seek(0)
+        if gzipped:
+            with gzip.GzipFile(fileobj=fh) as gz:
+                raw = gz.read(limit + 1)
+        else:
+            raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise TraceError(
+            f"{path}: more than {limit / 2**20:.0f} MiB {'decompressed' if gzipped else 'of JSON'} "
+            "(a gzip bomb, or a profile of too many steps: profile fewer --num-steps, or raise the limit)"
+        )
+    return raw
+
+
+def load_events(path: Path | str, max_bytes: int | None = None) -> list[dict[str, Any]]:
     """The trace events of one chrome trace file (``.json`` or ``.json.gz``; object with ``traceEvents`` or a list).
 
-    Raises TraceError when the file is missing, truncated or not a chrome trace."""
+    At most ``max_bytes`` (default :data:`MAX_TRACE_BYTES`) are decompressed. Raises TraceError when the file is
+    missing, truncated, larger than that, or not a chrome trace."""
     path = Path(path)
+    limit = MAX_TRACE_BYTES if max_bytes is None else max_bytes
+    if limit < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {limit}")
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":  # gzip magic, whatever the suffix says
-            raw = gzip.decompress(raw)
-        data = json.loads(raw)
+        data = json.loads(_read_bounded(path, limit))
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -196,15 +219,16 @@ def summarize_times(times: Iterable[tuple[str, float]], files: Sequence[str] = (
     return TraceSummary(total_us=total, kernels=kernels, category_us=category_us, files=[str(f) for f in files])
 
 
-def summarize(paths: Sequence[Path | str]) -> TraceSummary:
+def summarize(paths: Sequence[Path | str], max_bytes: int | None = None) -> TraceSummary:
     """Kernel shares over all ``paths`` together (e.g. every TP rank of one profile).
 
-    Raises TraceError if a file cannot be read or if the traces hold no GPU event at all (a CPU-only profile)."""
+    Raises TraceError if a file cannot be read (or decompresses to more than ``max_bytes``, see :func:`load_events`)
+    or if the traces hold no GPU event at all (a CPU-only profile)."""
     if not paths:
         raise TraceError("no trace files given")
     times: list[tuple[str, float]] = []
     for path in paths:
-        times.extend(gpu_kernel_times(load_events(path)))
+        times.extend(gpu_kernel_times(load_events(path, max_bytes)))
     if not times:
         raise TraceError(
             f"{', '.join(map(str, paths))}: no GPU kernel events (was the profile taken with GPU activity?)"
@@ -227,6 +251,15 @@ def find_traces(directory: Path | str, profile_id: str | None = None) -> list[Pa
     if profile_id is not None:
         found = [p for p in found if profile_id in p.name]
     return sorted(found)
+
+
+def find_partial_traces(directory: Path | str, profile_id: str) -> list[Path]:
+    """Temporary files of ``profile_id``'s traces (``<name>.trace.json.gz.tmp``, renamed by the writer when done):
+    traces still being written, or left behind by a writer that failed (a full disk)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.endswith(".tmp") and profile_id in p.name and p.is_file())
 
 
 def format_table(summary: TraceSummary, top_n: int = 15) -> str:

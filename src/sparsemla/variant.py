@@ -108,11 +108,16 @@ def parse(name: str, *, allow_reference: bool = False) -> Variant:
     return Variant(on, reference)
 
 
-def current() -> str:
-    """The variant this process runs, from its flags (``SPARSEMLA_DISABLE=1`` is ``baseline``)."""
+def current(applied: Iterable[str] | None = None) -> str:
+    """The variant this process runs, from its flags (``SPARSEMLA_DISABLE=1`` is ``baseline``).
+
+    ``applied``: the switch part names whose hooks are actually in place (the sglang plugin passes what sglang
+    applied); a switch that is on but not in ``applied`` does not count. None: the flags alone decide."""
     if flags.SPARSEMLA_DISABLE.get():
         return BASELINE
     on = frozenset(part_name(s) for s in SWITCHES if s.get())
+    if applied is not None:
+        on &= frozenset(applied)
     return Variant(on, reference=bool(on) and flags.SPARSEMLA_FORCE_REFERENCE.get()).name
 
 
@@ -121,19 +126,23 @@ def flag_labels() -> dict[str, str]:
     return {f.name.lower(): f.as_label() for f in flags.kernel_flags()}
 
 
-def info_labels() -> dict[str, str]:
-    """The label set of this process's ``sparsemla_kernel_flags_info`` series."""
-    return {**flag_labels(), "version": __version__, "variant": current()}
+def info_labels(applied: Iterable[str] | None = None) -> dict[str, str]:
+    """The label set of this process's ``sparsemla_kernel_flags_info`` series (``applied``: see :func:`current`)."""
+    return {**flag_labels(), "version": __version__, "variant": current(applied)}
 
 
-def publish(registry: Any = None, *, multiprocess_mode: str | None = None) -> bool:
+def publish(
+    registry: Any = None, *, multiprocess_mode: str | None = None, applied: Iterable[str] | None = None
+) -> bool:
     """Export ``sparsemla_kernel_flags_info{<flags>, version, variant} 1`` (on ``registry``, default the global one).
 
     ``multiprocess_mode`` is passed to prometheus_client when sglang serves /metrics through its multiprocess collector.
-    Returns False when the series is already registered there (a second call in one process)."""
+    ``applied`` restricts the variant to the switches whose hooks are in place (see :func:`current`); the flag labels
+    still say what was set. Returns False when the series is already registered there (a second call in one
+    process)."""
     from prometheus_client import REGISTRY, Gauge
 
-    labels = info_labels()
+    labels = info_labels(applied)
     kwargs: dict[str, Any] = {"registry": REGISTRY if registry is None else registry}
     if multiprocess_mode:
         kwargs["multiprocess_mode"] = multiprocess_mode

@@ -10,7 +10,13 @@ Why not Locust's own response time: with a streamed body it stops at the respons
 receive time (:mod:`sparsemla.loadtest.stamped_reader`), and reported through Locust's request event under custom
 request types ``TTFT``, ``ITL``, ``TPOT`` and ``E2E`` (``response_length`` of ``E2E`` is the
 output token count; a failed request is one failed ``E2E`` whose message starts with its kind: ``[connection]``,
-``[http_error]``, ``[timeout]`` or ``[sse]``). The exact per-request values also go to ``--llm-records`` (JSONL, see
+``[http_error]``, ``[timeout]`` or ``[sse]``; its ``response_length`` is 0: tokens of a failed request are not
+output anyone can use, so they count nowhere as throughput). After two failures in a row a user backs off before its
+next request (:mod:`sparsemla.loadtest.backoff`: 50 ms doubling up to 2 s, reset by a success), so a dead or failing
+server is not flooded with instant failures. The API key comes from ``SPARSEMLA_LOADTEST_API_KEY`` (the runner sets
+it in Locust's environment, never on its command line). With ``--llm-parent-pid`` the process, and every worker of
+``--processes``, dies with its parent (:func:`sparsemla.procs.die_with_parent`): a killed `sparsemla sweep` leaves
+no Locust behind. The exact per-request values also go to ``--llm-records`` (JSONL, see
 :mod:`sparsemla.loadtest.records`), written by the local runner or by the master from its workers' reports, and to
 the client Prometheus metrics (:mod:`sparsemla.loadtest.client_metrics`).
 """
@@ -33,7 +39,9 @@ from geventhttpclient.response import HTTPParseError
 from locust import FastHttpUser, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from sparsemla import flags
 from sparsemla.loadtest import client_metrics as cm
+from sparsemla.loadtest.backoff import backoff_s
 from sparsemla.loadtest.records import RequestRecord
 from sparsemla.loadtest.sse import (
     ConnectionFailure,
@@ -46,9 +54,11 @@ from sparsemla.loadtest.sse import (
 )
 from sparsemla.loadtest.stamped_reader import StampedLines
 from sparsemla.loadtest.workload import DEFAULT_WORKLOAD, parse_workload, user_rng
+from sparsemla.procs import die_with_parent
 
 log = logging.getLogger("sparsemla.loadtest")
 _USER_IDS = itertools.count()
+_IMPORT_PID = os.getpid()  # Locust imports this file before `--processes` forks: in a forked worker, the master's PID
 
 
 @events.init_command_line_parser.add_listener
@@ -61,7 +71,6 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--llm-ignore-eos", choices=["true", "false"], default="true", help="Generate max_tokens.")
     group.add_argument("--llm-max-tokens", type=int, default=0, help="Override max_tokens (0: workload's).")
     group.add_argument("--llm-temperature", type=float, default=0.0)
-    group.add_argument("--llm-api-key", default="", help="Sent as `Authorization: Bearer ...`.")
     group.add_argument("--llm-request-timeout", type=float, default=600.0, help="Seconds before a request times out.")
     group.add_argument("--llm-warmup", type=float, default=0.0, help="Seconds after start excluded from Locust stats.")
     group.add_argument("--llm-duration", type=float, default=0.0, help="Measured seconds after warmup, then quit.")
@@ -71,6 +80,7 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--llm-concurrency", default="", help="`concurrency` label (default: the user count).")
     group.add_argument("--llm-variant", default="unknown", help="`variant` label (the server's kernel variant).")
     group.add_argument("--llm-metrics-port", type=int, default=9646, help="Client metrics port (0: off).")
+    group.add_argument("--llm-parent-pid", type=int, default=0, help="Die with this parent process (0: do not).")
 
 
 class _Sink:
@@ -165,6 +175,10 @@ def _on_init(environment: Any, **_: Any) -> None:
     if options is None:
         return
     runner = environment.runner
+    if os.getpid() != _IMPORT_PID:  # a worker forked by `--processes`: dies with its master
+        die_with_parent(_IMPORT_PID)
+    elif options.llm_parent_pid:
+        die_with_parent(options.llm_parent_pid)
     if isinstance(runner, WorkerRunner):
         _SINK.forward = True
         if cm.multiprocess_dir() is None and options.llm_metrics_port:
@@ -275,6 +289,7 @@ class LLMUser(FastHttpUser):
         self.user_index = next(_USER_IDS)
         self.rng = user_rng(options.llm_seed, worker_index, self.user_index)
         self.sent = 0
+        self.failures_in_a_row = 0
         concurrency = options.llm_concurrency or str(environment.runner.target_user_count or "")
         self.labels = (options.llm_run_id, concurrency, options.llm_variant)
         self.headers = {
@@ -282,8 +297,9 @@ class LLMUser(FastHttpUser):
             "Accept": "text/event-stream",
             "Accept-Encoding": "identity",
         }
-        if options.llm_api_key:
-            self.headers["Authorization"] = f"Bearer {options.llm_api_key}"
+        api_key = flags.SPARSEMLA_LOADTEST_API_KEY.get()
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
         self.url = f"{self.host.rstrip('/')}"
 
     def on_start(self) -> None:
@@ -294,6 +310,9 @@ class LLMUser(FastHttpUser):
 
     @task
     def stream_one(self) -> None:
+        pause = backoff_s(self.failures_in_a_row)
+        if pause > 0:
+            gevent.sleep(pause)
         options = self.options
         spec = self.workload.sample(self.rng)
         if options.llm_max_tokens > 0:
@@ -337,6 +356,7 @@ class LLMUser(FastHttpUser):
         except BaseException as exc:  # noqa: BLE001 (every failure is classified and counted)
             failure = classify(exc, timeout)
         finally:
+            self.failures_in_a_row = self.failures_in_a_row + 1 if failure is not None else 0
             timeout.cancel()
             if end == t0:
                 end = time.perf_counter()
@@ -379,10 +399,9 @@ class LLMUser(FastHttpUser):
         _SINK.write(record.to_json())
         if cut:
             return  # the test ended mid-stream: neither a success nor a failure
-        if failure is not None:
-            self._fire("E2E", record.e2e, record.output_tokens, failure)
+        if failure is not None:  # its tokens are no output: response_length 0, no output-token count
+            self._fire("E2E", record.e2e, 0, failure)
             cm.REQUESTS.labels(*self.labels, failure.kind).inc()
-            cm.OUTPUT_TOKENS.labels(*self.labels).inc(record.output_tokens)
             return
         ttft = record.ttft
         if ttft is not None:

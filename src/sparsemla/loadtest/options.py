@@ -32,6 +32,25 @@ DEFAULT_TARGET = f"http://127.0.0.1:{ports.PORT_SERVER}"
 OPTS_PARAMETER = "opts"  # the parameter of a command that receives the bound LoadOptions
 
 R = TypeVar("R")
+DEFAULT_MAX_ERROR_RATE = 0.05
+# Bounds of the numeric options (the runner's LoadTestConfig.validate checks the same for callers without a CLI).
+MAX_PROCESSES = 256
+MAX_OUTPUT_TOKENS = 10_000_000
+MAX_SEED = 2**32 - 1
+MIN_SECONDS = 0.001
+MAX_CONCURRENCY = 100_000  # users of one point (the runner checks it too); far above what one client can drive
+
+
+def _check_run_id(value: str | None) -> str | None:
+    """``--run-id``: a plain name (see :func:`sparsemla.loadtest.runner.validate_run_id`), else a usage error."""
+    if value is None:
+        return None
+    from sparsemla.loadtest.runner import validate_run_id
+
+    try:
+        return validate_run_id(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _option(default: Any, *decls: str, **kw: Any) -> Any:
@@ -53,25 +72,45 @@ class LoadOptions:
         DEFAULT_WORKLOAD, "--workload", help="random:IN:OUT[:R] | sharegpt:PATH[:OUT] | shared-prefix:G:P:Q:O"
     )
     run_id: str | None = _option(
-        None, "--run-id", help="Name of the run directory (default: a timestamp). Reuse to resume."
+        None,
+        "--run-id",
+        callback=_check_run_id,
+        help="Name of the run directory (default: a timestamp; letters, digits, . _ -). Reuse to resume.",
     )
     api: str = _option("chat", "--api", help="chat (/v1/chat/completions) | completions (/v1/completions) | generate.")
     warmup: str | None = _option(
         None, "--warmup", help="Warmup excluded from the numbers (default: 15 % of duration, 1-10 s)."
     )
-    seed: int = _option(0, "--seed", help="Workload seed.")
-    processes: int = _option(1, "--processes", min=1, help="Locust processes (use >1 when one core cannot keep up).")
-    api_key: str = _option("", "--api-key", help="Bearer token for the target.")
-    max_tokens: int = _option(0, "--max-tokens", min=0, help="Override the workload's output length (0: workload's).")
+    seed: int = _option(0, "--seed", min=0, max=MAX_SEED, help="Workload seed.")
+    processes: int = _option(
+        1, "--processes", min=1, max=MAX_PROCESSES, help="Locust processes (use >1 when one core cannot keep up)."
+    )
+    api_key: str = _option("", "--api-key", help="Bearer token for the target (passed to Locust in its environment).")
+    max_tokens: int = _option(
+        0, "--max-tokens", min=0, max=MAX_OUTPUT_TOKENS, help="Override the workload's output length (0: workload's)."
+    )
     ignore_eos: bool = _option(
         True, "--ignore-eos/--no-ignore-eos", help="Always generate max_tokens (comparable runs)."
     )
-    ttft_slo: float = _option(2.0, "--ttft-slo", help="Goodput SLO on time to first token (s).")
-    tpot_slo: float = _option(0.1, "--tpot-slo", help="Goodput SLO on time per output token (s).")
-    metrics_port: int = _option(
-        ports.PORT_LOCUST_METRICS, "--metrics-port", help="Client Prometheus metrics port (0: off)."
+    ttft_slo: float = _option(
+        2.0, "--ttft-slo", min=MIN_SECONDS, max=3600.0, help="Goodput SLO on time to first token (s)."
     )
-    request_timeout: float = _option(600.0, "--request-timeout", help="Seconds before a request counts as a timeout.")
+    tpot_slo: float = _option(
+        0.1, "--tpot-slo", min=MIN_SECONDS, max=3600.0, help="Goodput SLO on time per output token (s)."
+    )
+    metrics_port: int = _option(
+        ports.PORT_LOCUST_METRICS, "--metrics-port", min=0, max=65535, help="Client Prometheus metrics port (0: off)."
+    )
+    request_timeout: float = _option(
+        600.0, "--request-timeout", min=0.1, max=86400.0, help="Seconds before a request counts as a timeout."
+    )
+    max_error_rate: float = _option(
+        DEFAULT_MAX_ERROR_RATE,
+        "--max-error-rate",
+        min=0.0,
+        max=1.0,
+        help="Exit non-zero (1) when a point's share of failed requests is above this (0..1; 1: never).",
+    )
 
     def config(self, concurrency: int) -> LoadTestConfig:
         """The runner's configuration of one point at ``concurrency``, validated.

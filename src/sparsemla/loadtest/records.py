@@ -9,7 +9,8 @@ Written by the Locust process (the local runner, or the master from its workers'
 - ``n``: tokens per chunk, present only when some chunk carried more than one
 - ``out``: output tokens (server usage count when sent, else counted); ``in``: prompt tokens (usage, else estimate)
 - ``e2e``: seconds from send to the end of the stream (or to the failure, or to the cut)
-- ``err``: failure kind (``connection|http_error|timeout|sse``) or null; ``msg``: the failure message
+- ``err``: failure kind (``connection|http_error|timeout|sse``) or null; ``msg``: the failure message (a failed
+  request keeps its ``t``/``out`` for diagnosis, but its tokens never count as throughput)
 - ``cut``: true when the test ended while the request was still streaming (not a failure; its tokens count towards
   throughput inside the measured window, its latencies do not count)
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from typing import Any
 
 from sparsemla.loadtest import stats
 from sparsemla.loadtest.report_panels import PanelRenders, render_compare_panels
-from sparsemla.loadtest.runner import results_root
+from sparsemla.loadtest.runner import results_root, validate_run_id
 from sparsemla.loadtest.summary import write_json_atomic
 
 NO_DIFFERENCE = "no significant difference"
@@ -87,14 +88,27 @@ class Run:
 
 
 def resolve_run(name: str | Path) -> Path:
-    """A run given by path or by run id (under ``$SPARSEMLA_RESULTS_DIR/loadtest``)."""
+    """A run given by path (an existing directory) or by run id (a plain name, under
+    ``$SPARSEMLA_RESULTS_DIR/loadtest``): a run id is never taken as a path (``..`` or ``a/../..`` is refused)."""
     path = Path(name)
     if path.is_dir():
         return path
-    candidate = results_root() / str(name)
+    try:
+        run_id = validate_run_id(str(name))
+    except ValueError as exc:
+        raise ReportError(f"run {name!r} is neither an existing run directory nor a run id: {exc}") from None
+    candidate = results_root() / run_id
     if candidate.is_dir():
         return candidate
     raise ReportError(f"run {name!r} not found (neither a directory nor {candidate})")
+
+
+def run_label(name: str | Path, path: Path) -> str:
+    """A run's name in reports and report directory names: its run id, or the name of the directory given (one safe
+    path component: characters outside ``[A-Za-z0-9._-]`` become ``_``)."""
+    label = str(name) if not Path(name).is_dir() else path.resolve().name
+    label = re.sub(r"[^A-Za-z0-9._-]", "_", label).lstrip(".-") or "run"
+    return label
 
 
 def load_run(name: str | Path) -> Run:
@@ -111,7 +125,7 @@ def load_run(name: str | Path) -> Run:
         points[int(summary["concurrency"])].append(summary)
     if not points:
         raise ReportError(f"run {path} holds no finished point (no summary.json)")
-    return Run(str(name) if not Path(name).is_dir() else path.name, path, dict(points))
+    return Run(run_label(name, path), path, dict(points))
 
 
 def estimate(summaries: Sequence[dict[str, Any]], metric: Metric) -> stats.Estimate:

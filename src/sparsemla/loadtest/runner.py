@@ -12,6 +12,7 @@ Point directory layout: ``summary.json`` (atomic), ``requests.jsonl``, ``timelin
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsemla import flags, ports
+from sparsemla.loadtest.options import MAX_CONCURRENCY
 from sparsemla.loadtest.records import read_records
 from sparsemla.loadtest.summary import git_sha, summarize, write_json_atomic
 from sparsemla.loadtest.target import TargetInfo, probe
@@ -32,6 +34,19 @@ from sparsemla.procs import log_tail, stop_child
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_TTFT_SLO_S = 2.0
 DEFAULT_TPOT_SLO_S = 0.1
+
+MAX_DURATION_S = 7 * 86_400.0
+MAX_REQUEST_TIMEOUT_S = 86_400.0
+MAX_SLO_S = 3_600.0
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+RUN_ID_MAX_LEN = 120
+# What one point writes into its directory (and all that :func:`reset_point_dir` ever deletes there).
+POINT_FILES = (
+    "summary.json", "requests.jsonl", "timeline.json", "timeline.json.tmp", "locust_stats.csv",
+    "locust_stats_history.csv", "locust_failures.csv", "locust_exceptions.csv", "locust.html", "locust.log",
+    "locust.stdout",
+)  # fmt: skip
+POINT_DIRS = ("prom",)
 
 ProgressCallback = Callable[[str, float, float, int], None]  # (phase, elapsed s, total s, requests recorded)
 
@@ -92,8 +107,25 @@ class LoadTestConfig:
             raise ValueError(f"api must be chat, completions or generate, got {self.api!r}")
         if not re.match(r"^https?://", self.target):
             raise ValueError(f"target must be an http(s):// URL, got {self.target!r}")
+        if not (math.isfinite(self.duration_s) and 0 < self.duration_s <= MAX_DURATION_S):
+            raise ValueError(f"duration must be > 0 and <= {MAX_DURATION_S:g} s, got {self.duration_s}")
+        if self.concurrency > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be <= {MAX_CONCURRENCY}, got {self.concurrency}")
         if self.processes < 1:
             raise ValueError("processes must be >= 1")
+        for name, value, high in (
+            ("request timeout", self.request_timeout_s, MAX_REQUEST_TIMEOUT_S),
+            ("TTFT SLO", self.ttft_slo_s, MAX_SLO_S),
+            ("TPOT SLO", self.tpot_slo_s, MAX_SLO_S),
+        ):
+            if not (math.isfinite(value) and 0 < value <= high):
+                raise ValueError(f"{name} must be > 0 and <= {high:g} s, got {value}")
+        if self.warmup_s is not None and not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ValueError(f"warmup must be >= 0 s, got {self.warmup_s}")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics port must be 0 (off) or a TCP port <= 65535, got {self.metrics_port}")
         parse_workload(self.workload, self.seed)  # raises WorkloadError with the reason
 
     @property
@@ -112,6 +144,38 @@ def results_root() -> Path:
 
 def new_run_id(prefix: str = "run") -> str:
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def validate_run_id(run_id: str) -> str:
+    """``run_id`` itself when it is a name (one path component of letters, digits, ``.``, ``_``, ``-``; not ``.`` or
+    ``..``); raise ValueError otherwise. A run id names a directory under the results root, never a path."""
+    if (
+        not RUN_ID_PATTERN.fullmatch(run_id)
+        or run_id in (".", "..")
+        or run_id.startswith("-")
+        or len(run_id) > RUN_ID_MAX_LEN
+    ):
+        raise ValueError(
+            f"run id {run_id!r} is not a plain name: use letters, digits, '.', '_' and '-' only (at most "
+            f"{RUN_ID_MAX_LEN} characters, not starting with '-', not '.' or '..'), e.g. --run-id my-run-1"
+        )
+    return run_id
+
+
+def reset_point_dir(out_dir: Path) -> None:
+    """Delete what an earlier (half-finished) attempt of this point left in ``out_dir``: the point's own files
+    (:data:`POINT_FILES`, :data:`POINT_DIRS`) and nothing else, so a directory that holds other runs or other
+    files never loses them. Symlinks are unlinked, never followed."""
+    for name in POINT_FILES:
+        path = out_dir / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+    for name in POINT_DIRS:
+        path = out_dir / name
+        if path.is_symlink():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
 
 
 def _locust_argv(cfg: LoadTestConfig, out_dir: Path, run_id: str, info: TargetInfo) -> list[str]:
@@ -146,12 +210,21 @@ def _locust_argv(cfg: LoadTestConfig, out_dir: Path, run_id: str, info: TargetIn
         "--llm-concurrency", str(cfg.concurrency),
         "--llm-variant", info.variant,
         "--llm-metrics-port", str(cfg.metrics_port),
+        "--llm-parent-pid", str(os.getpid()),
     ]  # fmt: skip
-    if cfg.api_key:
-        argv += ["--llm-api-key", cfg.api_key]
+    # The API key goes through the environment (locust_env), never argv: a command line is visible to every user (ps).
     if cfg.processes > 1:
         argv += ["--processes", str(cfg.processes)]
     return argv
+
+
+def locust_env(cfg: LoadTestConfig, prom_dir: Path) -> dict[str, str]:
+    """The Locust process's environment: this one's, plus its metrics directory and (only there) the API key."""
+    overrides: dict[str, str | None] = {
+        flags.PROMETHEUS_MULTIPROC_DIR.name: str(prom_dir),
+        flags.SPARSEMLA_LOADTEST_API_KEY.name: cfg.api_key or None,
+    }
+    return flags.child_env(overrides)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -197,13 +270,14 @@ def run_point(
     Raises TargetError when the target is down, LoadTestError when Locust fails or records nothing."""
     cfg.validate()
     info = probe(cfg.target, api_key=cfg.api_key)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)  # a half-finished point is rerun from scratch
-    out_dir.mkdir(parents=True)
+    if out_dir.is_symlink():
+        raise LoadTestError(f"{out_dir} is a symlink; a point directory must be a real directory")
+    reset_point_dir(out_dir)  # a half-finished point is rerun from scratch (only its own files are removed)
+    out_dir.mkdir(parents=True, exist_ok=True)
     prom_dir = out_dir / "prom"
     prom_dir.mkdir()
     argv = _locust_argv(cfg, out_dir, run_id, info)
-    env = flags.child_env({"PROMETHEUS_MULTIPROC_DIR": str(prom_dir)})
+    env = locust_env(cfg, prom_dir)
     total = cfg.effective_warmup_s + cfg.duration_s
     counter = _LineCounter(out_dir / "requests.jsonl")
     started = time.monotonic()

@@ -4,9 +4,10 @@ The measured window is ``[measure_start, stop]`` from the Locust timeline (warmu
 - TTFT uses requests sent inside the window that got a first token (also those cut at the stop); ITL uses every gap
   that closed inside the window (any non-failed request: slow servers finish few requests in a short window);
 - TPOT, E2E and goodput use successful requests that *started* inside the window and finished before the stop;
-- ``output_tokens`` / ``output_tok_per_s`` count every token that *arrived* inside the window, including tokens of
-  requests started during warmup or still streaming at the stop (so throughput is the steady-state rate, not biased
-  by cut-off requests); its CI comes from batch means over equal time slices;
+- ``output_tokens`` / ``output_tok_per_s`` count every token of a non-failed request that *arrived* inside the window,
+  including tokens of requests started during warmup or still streaming at the stop (so throughput is the
+  steady-state rate, not biased by cut-off requests); tokens of a failed request count nowhere (a server that
+  streams and then errors delivered nothing usable); its CI comes from batch means over equal time slices;
 - ``requests`` / ``req_per_s`` count successful requests that *finished* inside the window;
 - ``failures`` count failed requests that finished inside the window, by kind. More than 1 % marks the run.
 """
@@ -53,12 +54,14 @@ def git_sha() -> str | None:
 
 
 def token_slices(records: Sequence[RequestRecord], start: float, end: float, n_slices: int) -> list[float]:
-    """Output tok/s in each of ``n_slices`` equal slices of ``[start, end]``."""
+    """Output tok/s in each of ``n_slices`` equal slices of ``[start, end]`` (failed requests' tokens excluded)."""
     if end <= start or n_slices < 1:
         return []
     width = (end - start) / n_slices
     counts = np.zeros(n_slices)
     for rec in records:
+        if rec.error is not None:
+            continue
         for t, tokens in rec.token_arrivals():
             if start <= t < end:
                 counts[min(int((t - start) / width), n_slices - 1)] += tokens
@@ -99,7 +102,8 @@ def summarize(
     ]
     tpots = [r.tpot for r in ok if r.tpot is not None]
     e2es = [r.e2e for r in ok]
-    output_tokens = sum(tokens for r in records for t, tokens in r.token_arrivals() if measure_start <= t < stop)
+    delivered = [r for r in records if r.error is None]  # a failed request's tokens are not output (see module doc)
+    output_tokens = sum(tokens for r in delivered for t, tokens in r.token_arrivals() if measure_start <= t < stop)
     per_second = token_slices(records, measure_start, stop, max(1, int(window)))
     batches = token_slices(records, measure_start, stop, max(2, min(10, int(window // 2))))
     meets = sum(

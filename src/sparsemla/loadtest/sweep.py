@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from sparsemla.loadtest.runner import LoadTestConfig, ProgressCallback, run_point
+from sparsemla.loadtest.runner import MAX_CONCURRENCY, LoadTestConfig, ProgressCallback, run_point
 from sparsemla.loadtest.summary import write_json_atomic
 
 PointCallback = Callable[[str, int, int], ProgressCallback | None]  # (point name, index, total) -> progress callback
@@ -32,6 +32,8 @@ def parse_concurrency_list(text: str) -> list[int]:
     for part in parts:
         if not part.isdigit() or int(part) < 1:
             raise ValueError(f"concurrency {part!r} is not a positive integer")
+        if int(part) > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency {part} is above the maximum of {MAX_CONCURRENCY}")
         values.append(int(part))
     return values
 
@@ -46,6 +48,24 @@ def _manifest(base: LoadTestConfig, concurrencies: Sequence[int], repeat: int, e
     config.pop("concurrency", None)
     config.pop("metrics_port", None)
     return {"concurrency": list(concurrencies), "repeat": repeat, "config": config, **extra}
+
+
+def read_resume_file(path: Path) -> dict[str, Any]:
+    """A JSON object the sweep wrote earlier (``sweep.json``, a point's ``summary.json``); SweepError naming the file
+    and the way out when it is unreadable or truncated (a run killed while writing, a disk that filled up)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problem = f"is not readable JSON ({exc})"
+    else:
+        if isinstance(data, dict):
+            return data
+        problem = f"holds a JSON {type(data).__name__}, not an object"
+    run_dir = path.parent if path.name == "sweep.json" else path.parent.parent
+    what = (
+        f"delete {path} to rerun that point" if path.name == "summary.json" else f"delete the run directory {run_dir}"
+    )
+    raise SweepError(f"cannot resume run {run_dir.name}: {path} {problem}; {what}, or pick a new --run-id")
 
 
 def run_sweep(
@@ -64,7 +84,12 @@ def run_sweep(
     manifest_path = run_dir / "sweep.json"
     manifest = _manifest(base, concurrencies, repeat, extra_meta or {})
     if manifest_path.exists():
-        old = json.loads(manifest_path.read_text())
+        old = read_resume_file(manifest_path)
+        if not isinstance(old.get("config"), dict):
+            raise SweepError(
+                f"cannot resume run {run_id}: {manifest_path} has no configuration; delete the run directory "
+                f"{run_dir}, or pick a new --run-id"
+            )
         if old.get("config") != manifest["config"]:
             changed = sorted(k for k in manifest["config"] if old.get("config", {}).get(k) != manifest["config"][k])
             raise SweepError(
@@ -81,7 +106,7 @@ def run_sweep(
         out = run_dir / name
         done = out / "summary.json"
         if done.exists():
-            summaries.append(json.loads(done.read_text()))
+            summaries.append(read_resume_file(done))
             if on_point is not None:
                 on_point(f"{name} (done, skipped)", index, len(points))
             continue

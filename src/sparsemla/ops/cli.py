@@ -59,11 +59,18 @@ def up_cmd(
 
 @app.command("down")
 def down_cmd(run_dir: Path = _RUN_DIR) -> None:
-    """Stop everything `sparsemla up` started (no process is left behind)."""
+    """Stop everything `sparsemla up` started (no process is left behind); exit 1 if something could not be stopped."""
     from sparsemla.ops import stack
 
-    stopped = stack.down(run_dir)
-    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    report = stack.down_report(run_dir)
+    for line in report.lines():
+        console.print(line)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+_API_KEY_HELP = "Bearer token of the server (its --api-key), sent as `Authorization: Bearer ...`; empty: none."
+_MAX_TRACE_MIB_HELP = "Most MiB one trace may decompress to (larger: an error outcome, e.g. a gzip bomb)."
 
 
 def _config(target: str, **kwargs: object) -> ExporterConfig:
@@ -87,6 +94,8 @@ def exporter_cmd(
     snapshot_dir: Path = typer.Option(None, "--snapshot-dir", help="Snapshot JSON (default <results>/profiles)."),
     keep: int = typer.Option(20, "--keep", help="Snapshots (JSON and traces) kept."),
     top_n: int = typer.Option(15, "--top-n", help="Kernels exported individually; the rest is `other`."),
+    api_key: str = typer.Option("", "--api-key", help=_API_KEY_HELP),
+    max_trace_mib: int = typer.Option(512, "--max-trace-mib", help=_MAX_TRACE_MIB_HELP),
 ) -> None:
     """Run the kernel-share exporter in the foreground (GET /metrics, POST /snapshot)."""
     import logging
@@ -98,7 +107,8 @@ def exporter_cmd(
     logging.basicConfig(level=flags.SPARSEMLA_LOG_LEVEL.get().upper(), format="%(asctime)s %(levelname)s %(message)s")
     cfg = _config(
         target, port=port, host=host, interval_s=interval, num_steps=num_steps, timeout_s=timeout,
-        trace_dir=trace_dir, snapshot_dir=snapshot_dir, keep=keep, top_n=top_n,
+        trace_dir=trace_dir, snapshot_dir=snapshot_dir, keep=keep, top_n=top_n, api_key=api_key,
+        max_trace_bytes=max_trace_mib * 2**20,
     )  # fmt: skip
     exp = KernelShareExporter(cfg)
     try:
@@ -106,7 +116,7 @@ def exporter_cmd(
     except OSError as exc:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", "pass another --port")
     stop = threading.Event()
-    threading.Thread(target=exp.run_schedule, args=(stop,), daemon=True, name="schedule").start()
+    exp.start_schedule(stop)
     schedule = f"every {interval:g}s" if interval > 0 else "on demand (POST /snapshot)"
     console.print(f"exporter: http://{host}:{port}/metrics  target {cfg.target}  traces {cfg.trace_dir}  {schedule}")
     try:
@@ -129,6 +139,8 @@ def profile_cmd(
     trace_dir: Path = typer.Option(None, "--trace-dir", help="Trace directory when profiling directly."),
     top_n: int = typer.Option(15, "--top-n"),
     as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON."),
+    api_key: str = typer.Option("", "--api-key", help=_API_KEY_HELP + " Used when profiling directly."),
+    max_trace_mib: int = typer.Option(512, "--max-trace-mib", help=_MAX_TRACE_MIB_HELP),
 ) -> None:
     """Take one kernel-share snapshot: through the running exporter if there is one, else directly; print the table."""
     from sparsemla.ops.exporter import KernelShareExporter, Snapshot, SnapshotBusy, _http
@@ -144,7 +156,10 @@ def profile_cmd(
         snap = None
     if snap is None:
         via = "direct"
-        cfg = _config(target, num_steps=num_steps, timeout_s=timeout, trace_dir=trace_dir, top_n=top_n)
+        cfg = _config(
+            target, num_steps=num_steps, timeout_s=timeout, trace_dir=trace_dir, top_n=top_n, api_key=api_key,
+            max_trace_bytes=max_trace_mib * 2**20,
+        )  # fmt: skip
         with console.status(f"profiling {cfg.target} for {num_steps} steps ..."):
             try:
                 snap = KernelShareExporter(cfg).take_snapshot()

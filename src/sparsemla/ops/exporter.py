@@ -10,15 +10,20 @@ One snapshot (on ``POST /snapshot``, ``sparsemla profile``, or every ``interval_
 4. parse them with :mod:`sparsemla.traces` and publish the gauges (names in :mod:`sparsemla.metric_names`).
 
 Failures never escape: a missing trace (``timeout``: the server then gets ``POST /stop_profile`` so the profiler is
-never left running), a refused ``/start_profile`` or a corrupt trace (``error``) is logged and counted in
-``sparsemla_kernel_snapshots_total{outcome}``, and the previous gauges stay. The last ``keep`` snapshots are kept as
+never left running), a refused ``/start_profile``, any failure talking to the server (a dropped connection, a
+malformed reply, a socket timeout), a trace the server failed to write (a partial ``*.tmp``: a full disk), or a
+corrupt or oversized trace (``error``) is logged and counted in ``sparsemla_kernel_snapshots_total{outcome}``, and the
+previous gauges stay. The scheduled snapshots survive every failure; ``GET /health`` answers 503 if the schedule
+thread is gone anyway. The last ``keep`` snapshots are kept as
 JSON files (and in ``GET /snapshots``); the trace files of older ones are deleted.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import shutil
 import threading
 import time
 import urllib.error
@@ -68,6 +73,8 @@ class ExporterConfig:
     keep: int = 20
     top_n: int = 15
     http_timeout_s: float = 30.0
+    api_key: str = ""  # sent as `Authorization: Bearer ...` (sglang's --api-key) on every request to the target
+    max_trace_bytes: int = traces.MAX_TRACE_BYTES
 
     def __post_init__(self) -> None:
         if not self.target.startswith(("http://", "https://")):
@@ -79,6 +86,8 @@ class ExporterConfig:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
         if self.interval_s < 0 or self.timeout_s <= 0:
             raise ValueError("interval must be >= 0 and timeout > 0")
+        if self.max_trace_bytes < 1:
+            raise ValueError(f"max_trace_bytes must be >= 1, got {self.max_trace_bytes}")
         self.trace_dir = Path(self.trace_dir or flags.SGLANG_TORCH_PROFILER_DIR.get()).expanduser().absolute()
         self.snapshot_dir = Path(self.snapshot_dir or Path(flags.SPARSEMLA_RESULTS_DIR.get()) / "profiles").absolute()
 
@@ -101,17 +110,37 @@ class SnapshotBusy(RuntimeError):
     """A snapshot is already being taken (one at a time: the server has one profiler)."""
 
 
-def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
-    """(status, body) of one request; HTTP errors are returned as their status, network errors raise OSError."""
+class TargetError(OSError):
+    """Talking to the server failed: no connection, a dropped one, a malformed reply or a timeout (never TimeoutError,
+    which means "no trace in time" in a snapshot)."""
+
+
+# Markers of a failed write in a server's reply or log line (errno 28, as Python and torch print it).
+_DISK_FULL_MARKERS = ("no space left", "errno 28", "enospc", "disk quota")
+LOW_DISK_BYTES = 16 * 1024 * 1024  # a trace directory with less free space than this is reported as full
+
+
+def _http(
+    method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30.0, api_key: str = ""
+) -> tuple[int, bytes]:
+    """(status, body) of one request; HTTP errors are returned as their status. Every other failure (refused or dropped
+    connection, a reply that is not HTTP, a cut body, a timeout) raises TargetError, an OSError."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        try:
+            return exc.code, exc.read()
+        except (OSError, http.client.HTTPException) as read_exc:
+            raise TargetError(f"{method} {url}: HTTP {exc.code}, body unreadable ({read_exc!r})") from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise TargetError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
 
 
 class KernelShareExporter:
@@ -157,6 +186,7 @@ class KernelShareExporter:
             self.snapshots.labels(outcome=outcome)
         self._series: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.Lock()
+        self._schedule_thread: threading.Thread | None = None
         self.history: deque[Snapshot] = deque(maxlen=config.keep)
         self._load_history()
 
@@ -180,7 +210,7 @@ class KernelShareExporter:
             started_profiler = self._start_profile(snap.profile_id)
             files = self._wait_for_traces(snap.profile_id, t0 + cfg.timeout_s)
             snap.files = [str(f) for f in files]
-            summary = traces.summarize(files)
+            summary = traces.summarize(files, cfg.max_trace_bytes)
             snap.summary = summary.to_dict(cfg.top_n)
             snap.outcome = "ok"
             self._publish(snap.variant, summary, started)
@@ -188,10 +218,15 @@ class KernelShareExporter:
             snap.outcome, snap.error = "timeout", str(exc)
         except (traces.TraceError, OSError, RuntimeError) as exc:
             snap.outcome, snap.error = "error", str(exc)
-        finally:
-            if snap.outcome != "ok" and started_profiler:
-                self._stop_profile()
-                self._discard(snap.profile_id)
+        except Exception as exc:  # a bug must not take the route or the schedule down: counted like any failure
+            log.exception("snapshot %s: unexpected failure", snap.profile_id)
+            snap.outcome, snap.error = "error", f"unexpected {type(exc).__name__}: {exc}"
+        if snap.outcome != "ok":
+            snap.files, snap.summary = [], None
+            try:
+                self._clean_up_failed(snap, started_profiler)
+            except Exception as exc:  # noqa: BLE001 (logged; the snapshot's own failure is what is reported)
+                log.exception("cleaning up snapshot %s failed: %s", snap.profile_id, exc)
         snap.duration_s = time.monotonic() - t0
         self.snapshots.labels(outcome=snap.outcome).inc()
         if snap.outcome == "ok":
@@ -207,14 +242,53 @@ class KernelShareExporter:
         self._save(snap)
         return snap
 
-    def read_variant(self) -> str:
-        """The server's variant label, or ``unknown`` when /metrics is unreachable or has no flag-info series."""
+    def _clean_up_failed(self, snap: Snapshot, started_profiler: bool) -> None:
+        """After a failed snapshot: stop the profiler (when we started it), turn a "timeout" whose trace the server
+        could not write (a partial ``*.tmp``, a full disk, ENOSPC in /stop_profile's reply) into an ``error`` naming
+        the trace directory, and delete what the profile left (traces and partial temp files of its id only)."""
+        if not started_profiler:
+            return
+        reply = self._stop_profile()
+        if snap.outcome == "timeout":
+            write_error = self._write_failure(snap.profile_id, reply)
+            if write_error is not None:
+                snap.outcome, snap.error = "error", write_error
+        self._discard(snap.profile_id)
+
+    def _write_failure(self, profile_id: str, stop_reply: str) -> str | None:
+        """Why the server could not write ``profile_id``'s trace, or None when nothing says it tried and failed."""
+        trace_dir = self.config.trace_dir
         try:
-            status, body = _http("GET", f"{self.config.target}/metrics", timeout=self.config.http_timeout_s)
+            free = shutil.disk_usage(trace_dir).free
+        except OSError:
+            free = None
+        partial = traces.find_partial_traces(trace_dir, profile_id)
+        disk_full = any(m in stop_reply.lower() for m in _DISK_FULL_MARKERS)
+        low = free is not None and free < LOW_DISK_BYTES
+        if not (partial or disk_full or low):
+            return None
+        what = [f"the server failed to write the trace of {profile_id} to {trace_dir}"]
+        if partial:
+            sizes = ", ".join(f"{p.name} ({_size(p)} bytes)" for p in partial)
+            what.append(f"it left partial temp files {sizes}")
+        if free is not None:
+            what.append(f"{free / 2**20:.1f} MiB free on that disk")
+        if stop_reply:
+            what.append(f"/stop_profile: {stop_reply[:200]}")
+        return "; ".join(what) + " (is the disk of the trace directory full? free space or point --trace-dir elsewhere)"
+
+    def read_variant(self) -> str:
+        """The server's variant label, or ``unknown`` when /metrics is unreachable, malformed or has no flag series."""
+        try:
+            status, body = self._target("GET", "/metrics")
         except OSError as exc:
             log.warning("could not read %s/metrics: %s", self.config.target, exc)
             return UNKNOWN_VARIANT
         return variant_from_metrics(body.decode(errors="replace")) if status == 200 else UNKNOWN_VARIANT
+
+    def _target(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        cfg = self.config
+        return _http(method, f"{cfg.target}{path}", body, timeout=cfg.http_timeout_s, api_key=cfg.api_key)
 
     def _start_profile(self, profile_id: str) -> bool:
         """POST /start_profile; True when started. RuntimeError when refused (not ours to stop); OSError on a network
@@ -230,7 +304,7 @@ class KernelShareExporter:
             "profile_id": profile_id,
         }
         try:
-            status, text = _http("POST", f"{cfg.target}/start_profile", body, timeout=cfg.http_timeout_s)
+            status, text = self._target("POST", "/start_profile", body)
         except OSError as exc:
             self._stop_profile()  # it may have started before the connection broke
             raise OSError(f"/start_profile failed: {exc}") from None
@@ -238,17 +312,26 @@ class KernelShareExporter:
             raise RuntimeError(f"/start_profile answered HTTP {status}: {text.decode(errors='replace')[:300]}")
         return True
 
-    def _stop_profile(self) -> None:
+    def _stop_profile(self) -> str:
+        """POST /stop_profile; returns "" on HTTP 200, else what went wrong (the reply or the network error)."""
         try:
-            status, text = _http("POST", f"{self.config.target}/stop_profile", timeout=self.config.http_timeout_s)
-            log.info("/stop_profile -> HTTP %s %s", status, text.decode(errors="replace").strip()[:200])
+            status, text = self._target("POST", "/stop_profile")
         except OSError as exc:
             log.warning("/stop_profile failed: %s", exc)
+            return str(exc)
+        reply = text.decode(errors="replace").strip()
+        log.info("/stop_profile -> HTTP %s %s", status, reply[:200])
+        return "" if status == 200 else f"HTTP {status} {reply}"
 
     def _discard(self, profile_id: str) -> None:
-        """Delete the (partial) traces a failed profile left: /stop_profile writes what it had recorded."""
-        for path in traces.find_traces(self.config.trace_dir, profile_id):
-            path.unlink(missing_ok=True)
+        """Delete the (partial) traces a failed profile left: /stop_profile writes what it had recorded, and a writer
+        that failed (a full disk) leaves its ``*.tmp``. Only files of ``profile_id`` are touched."""
+        directory = self.config.trace_dir
+        for path in [*traces.find_traces(directory, profile_id), *traces.find_partial_traces(directory, profile_id)]:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not delete %s: %s", path, exc)
 
     def _wait_for_traces(self, profile_id: str, deadline: float) -> list[Path]:
         """The profile's trace files once they exist, have stopped growing for ``settle_s`` and parse.
@@ -270,7 +353,7 @@ class KernelShareExporter:
             if sig and sig == last_sig:
                 if now - stable_since >= cfg.settle_s:
                     try:
-                        traces.summarize(list(sig))  # parse check; the caller parses again (cheap next to profiling)
+                        traces.summarize(list(sig), cfg.max_trace_bytes)  # parse check; the caller parses again
                         return sorted(sig)
                     except traces.TraceError as exc:
                         last_error = exc  # maybe still being written; retried until the deadline
@@ -278,7 +361,8 @@ class KernelShareExporter:
                 last_sig, stable_since = sig, now
             if now >= deadline:
                 if last_error is not None:
-                    raise last_error
+                    write_error = self._write_failure(profile_id, "")
+                    raise traces.TraceError(f"{last_error}; {write_error}" if write_error else str(last_error))
                 if sig:
                     raise traces.TraceError(f"trace files of {profile_id} still changing at the deadline: {list(sig)}")
                 raise TimeoutError(
@@ -351,7 +435,9 @@ class KernelShareExporter:
         return server
 
     def run_schedule(self, stop: threading.Event) -> None:
-        """Take a snapshot every ``interval_s`` seconds until ``stop`` is set (returns at once when interval is 0)."""
+        """Take a snapshot every ``interval_s`` seconds until ``stop`` is set (returns at once when interval is 0).
+
+        No failure ends the loop: each iteration's exception is logged and the next one comes on time."""
         if self.config.interval_s <= 0:
             return
         while not stop.wait(self.config.interval_s):
@@ -359,6 +445,28 @@ class KernelShareExporter:
                 self.take_snapshot()
             except SnapshotBusy:
                 log.info("scheduled snapshot skipped: one is already running")
+            except Exception:
+                log.exception("scheduled snapshot failed; the schedule goes on")
+
+    def start_schedule(self, stop: threading.Event) -> threading.Thread | None:
+        """Run :meth:`run_schedule` in a daemon thread (None when interval is 0); ``GET /health`` watches it."""
+        if self.config.interval_s <= 0:
+            return None
+        self._schedule_thread = threading.Thread(target=self.run_schedule, args=(stop,), daemon=True, name="schedule")
+        self._schedule_thread.start()
+        return self._schedule_thread
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) of ``GET /health``: 503 when scheduled snapshots are configured but their thread died."""
+        thread = self._schedule_thread
+        if thread is None:
+            schedule = "off" if self.config.interval_s <= 0 else "not started"
+        else:
+            schedule = "running" if thread.is_alive() else "dead"
+        body = {"status": "ok" if schedule != "dead" else "error", "target": self.config.target, "schedule": schedule}
+        if schedule == "dead":
+            body["error"] = "the schedule thread has died: no scheduled snapshot is taken (see the log); restart"
+        return (200 if schedule != "dead" else 503), body
 
 
 def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]:
@@ -380,7 +488,7 @@ def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]
             if path == "/metrics":
                 self._send(200, exporter.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/health":
-                self._json(200, {"status": "ok", "target": exporter.config.target})
+                self._json(*exporter.health())
             elif path == "/snapshots":
                 self._json(200, [asdict(s) for s in exporter.history])
             elif path == "/snapshots/latest":
@@ -403,6 +511,10 @@ def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]
             except SnapshotBusy as exc:
                 self._json(409, {"error": str(exc)})
                 return
+            except Exception as exc:  # take_snapshot reports failures in the result; this is a bug, still a reply
+                log.exception("POST /snapshot failed")
+                self._json(500, {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"})
+                return
             status = {"ok": 200, "timeout": 504}.get(snap.outcome, 502)
             self._json(status, asdict(snap))
 
@@ -410,3 +522,10 @@ def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]
             log.debug("%s " + format, self.address_string(), *args)
 
     return Handler
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,29 @@ from sparsemla import flags, procs
 from sparsemla.console import UsageError
 from sparsemla.ports import PORT_EXPORTER, PORT_LOCUST_METRICS, PORT_PROMETHEUS, PORT_SERVER
 
+log = logging.getLogger(__name__)
+
 PROMETHEUS_DIR = Path(__file__).resolve().parent / "prometheus"
 # Stop order (reverse of start): nothing is left scraping or profiling a server that is gone.
 STACK_PROCESSES = ("exporter", "prometheus", "server")
 STATE_FILE = "stack.json"
 SERVER_READY_TIMEOUT_S = 120.0  # the simulator starts in seconds; a real sglang is waited for much longer
 SGLANG_READY_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class DownReport:
+    """What `down` did: names stopped, names it could not stop (with why), stale PID files it removed unsignalled."""
+
+    stopped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    stale: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"stopped: {', '.join(self.stopped)}"] if self.stopped else []
+        out += [f"stale PID file of {name}: {why}" for name, why in self.stale.items()]
+        out += [f"could not stop {name}: {why}" for name, why in self.failed.items()]
+        return out or ["nothing was running"]
 
 
 @dataclass
@@ -72,7 +90,9 @@ def _start_until_ready(
         procs.wait_http(ready_url, timeout=timeout, pid=proc.pid)
     except (TimeoutError, RuntimeError) as exc:
         if stop_on_failure:
-            procs.stop(name, run_dir=run_dir)
+            result = procs.stop_report(name, run_dir=run_dir)
+            if result.status == "failed":
+                log.warning("could not stop %s: %s", name, result.detail)
         raise UsageError(f"{what} did not come up: {exc}\n{procs.log_tail(proc.log)}") from None
 
 
@@ -288,18 +308,22 @@ def _start_prometheus(state: dict[str, Any], exporter: bool, run_dir: Path, requ
         prometheus_port=port,
         locust_metrics_port=state.get("locust_metrics_port", PORT_LOCUST_METRICS),
     )
-    data = (run_dir / "prometheus" / "data").absolute()
-    argv = [
+    argv = prometheus_argv(binary, config, (run_dir / "prometheus" / "data").absolute(), port)
+    url = f"http://127.0.0.1:{port}"
+    _start_until_ready("prometheus", argv, flags.child_env(), run_dir, f"{url}/-/ready", 60, "prometheus")
+    return url
+
+
+def prometheus_argv(binary: str, config: Path, data: Path, port: int) -> list[str]:
+    """Prometheus's command line for `up`: loopback only, and no ``--web.enable-lifecycle`` (its unauthenticated
+    ``POST /-/quit`` would let any local process stop it; reload the configuration with SIGHUP instead)."""
+    return [
         binary,
         f"--config.file={config.absolute()}",
         f"--storage.tsdb.path={data}",
         "--storage.tsdb.retention.time=7d",
         f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-lifecycle",
     ]
-    url = f"http://127.0.0.1:{port}"
-    _start_until_ready("prometheus", argv, flags.child_env(), run_dir, f"{url}/-/ready", 60, "prometheus")
-    return url
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -313,12 +337,31 @@ def read_state(run_dir: Path = Path(".run")) -> dict[str, Any] | None:
     return None
 
 
-def down(run_dir: Path = Path(".run")) -> list[str]:
-    """Stop every process `up` started in ``run_dir`` (exporter, Prometheus, server); return the names stopped."""
+def down_report(run_dir: Path = Path(".run")) -> DownReport:
+    """Stop every process `up` started in ``run_dir`` (exporter, Prometheus, server: each whole process group, also
+    when its leader has died) and say what was stopped, what could not be, and which PID files were stale (naming no
+    process of ours: nothing is signalled for those). The state file stays while something could not be stopped."""
     run_dir = Path(run_dir)
-    stopped = [name for name in STACK_PROCESSES if procs.stop(name, run_dir=run_dir)]
-    (run_dir / STATE_FILE).unlink(missing_ok=True)
-    return stopped
+    report = DownReport()
+    for name in STACK_PROCESSES:
+        result = procs.stop_report(name, run_dir=run_dir)
+        if result.status == "stopped":
+            report.stopped.append(name)
+        elif result.status == "failed":
+            report.failed[name] = result.detail
+        elif result.status == "stale":
+            report.stale[name] = result.detail
+    if not report.failed:
+        (run_dir / STATE_FILE).unlink(missing_ok=True)
+    return report
+
+
+def down(run_dir: Path = Path(".run")) -> list[str]:
+    """:func:`down_report`, returning the names stopped; what could not be stopped is logged as a warning."""
+    report = down_report(run_dir)
+    for name, why in {**report.stale, **report.failed}.items():
+        log.warning("down: %s: %s", name, why)
+    return report.stopped
 
 
 def restart_server(sim_env: Mapping[str, str] | None, run_dir: Path = Path(".run")) -> str:
@@ -331,7 +374,10 @@ def restart_server(sim_env: Mapping[str, str] | None, run_dir: Path = Path(".run
         raise UsageError(f"no stack recorded in {run_dir}; `make up` first")
     if state.get("external_server"):
         raise UsageError("the server was started outside `make up` (no SPARSEMLA_SGLANG_COMMAND); restart it yourself")
-    procs.stop("server", run_dir=run_dir)
+    try:
+        procs.stop("server", run_dir=run_dir)
+    except procs.StopError as exc:
+        raise UsageError(f"cannot restart the server: {exc}") from None
     deadline = time.monotonic() + 30
     while procs.port_in_use(state["port"]) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,5 +1,9 @@
 """Startup self-check: before an enabled kernel serves, compare it with its fp32 reference on a small random case on
-the real device; a mismatch stops the process (RuntimeError names the op, the error and the tolerance)."""
+the real device; a mismatch stops the process (RuntimeError names the op, the error and the tolerance).
+
+Every op of the plugin's hook table (``sparsemla.plugin.sglang.HOOKS``, except the ``timer`` hooks, which always run
+sglang's original) has an entry in :data:`_CHECKS`; the plugin refuses to register a kernel whose op has none, so the
+first eager call of a hook never meets a missing check mid-serving."""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from sparsemla.kernels import layouts
 # bf16 output against an fp32 reference: relative L2 error well under 1e-2 (METHOD.md: bf16 operands 1e-3..1e-2).
 DECODE_RTOL = 2e-2
 INDEXER_RTOL = 2e-2
+# Top-k selects positions: the selected sets must be the reference's exactly (no tolerance).
+TOPK_TOL = 0.0
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -62,19 +68,58 @@ def _check_indexer(device: torch.device) -> float:
     return _rel_err(indexer_logits(*args), indexer_logits_reference(*args))
 
 
+def _mismatch(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Fraction of ``[rows, k]`` entries that differ once each row is sorted (the rows are sets; -1 pads included)."""
+    if got.shape != want.shape:
+        return float("inf")
+    differ = got.cpu().long().sort(dim=1).values != want.cpu().long().sort(dim=1).values
+    return float(differ.float().mean()) if differ.numel() else 0.0
+
+
+def _check_topk_transform(device: torch.device) -> float:
+    """``topk_transform_paged`` (the hook of sglang's torch top-k backend) against the top-k reference plus the page
+    transform in plain torch: rows longer than k, shorter than k, exactly k and empty; slots and raw positions."""
+    from sparsemla.kernels.indexer.reference import indexer_topk_reference
+    from sparsemla.kernels.indexer.sglang_compat import topk_transform_paged
+
+    gen = torch.Generator().manual_seed(2468)
+    k, page_size, width = 512, 64, 1024
+    lens = torch.tensor([1000, 300, 512, 0], dtype=torch.int32)
+    rows = lens.numel()
+    scores = torch.randn(rows, width, generator=gen)
+    tables = torch.stack([torch.randperm(64, generator=gen)[: width // page_size] for _ in range(rows)]).int()
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    topk_transform_paged(scores.to(device), lens.to(device), tables.to(device), out, page_size, raw)
+    pos = indexer_topk_reference(scores, lens, k).long()
+    pages = torch.gather(tables.long(), 1, pos.clamp(min=0) // page_size)
+    slots = torch.where(pos >= 0, pages * page_size + pos.clamp(min=0) % page_size, torch.full_like(pos, -1))
+    return max(_mismatch(out, slots), _mismatch(raw, pos))
+
+
 _CHECKS = {
     "sparsemla.kernels.sparse_decode.api:sparse_decode": (_check_decode, DECODE_RTOL),
     "sparsemla.kernels.indexer.api:indexer_logits": (_check_indexer, INDEXER_RTOL),
+    "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged": (_check_topk_transform, TOPK_TOL),
 }
 
 
+def has_check(op: str) -> bool:
+    """Whether ``op`` (``module:function``, as in the hook table) has a self-check."""
+    return op in _CHECKS
+
+
 def run_self_check(op: str, device: Any) -> float:
-    """Run the check of ``op`` on ``device``; returns the relative error, raises RuntimeError when it is too large."""
-    check, rtol = _CHECKS[op]
+    """Run the check of ``op`` on ``device``; returns the error, raises RuntimeError when it is too large (or when
+    ``op`` has no check: the plugin's register() refuses such an op at startup, so this is a programming error)."""
+    entry = _CHECKS.get(op)
+    if entry is None:
+        raise RuntimeError(f"sparsemla: no self-check for {op}; the checked ops are {', '.join(sorted(_CHECKS))}")
+    check, tol = entry
     err = check(torch.device(device))
-    if not err <= rtol:
+    if not err <= tol:
         raise RuntimeError(
-            f"sparsemla self-check failed for {op} on {device}: relative error {err:.3g} > {rtol} against the fp32 "
+            f"sparsemla self-check failed for {op} on {device}: error {err:.3g} > {tol} against the fp32 "
             "reference. Refusing to serve with this kernel; unset its flag or report the GPU/driver/Triton versions."
         )
     return err

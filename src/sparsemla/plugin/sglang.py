@@ -8,7 +8,8 @@ sglang target (dotted path) -> our op -> the flag that enables it -> the sglang 
 Each kernel hook is AROUND: it decides at call time (a dictionary lookup) whether to run sglang's original or our op,
 so a flag that is off gives sglang's own behaviour bit for bit. With the flag on, our op's errors propagate: there is
 no silent fallback to the original. An explicitly enabled kernel that cannot run (bad flag value, no Triton, GPU
-mismatch in the self-check) stops the process loudly. On a sglang version not in the table: one warning, no hooks.
+mismatch in the self-check, a hook sglang did not apply, a sglang version not in the table) stops the process loudly.
+With every flag off on a sglang version not in the table: one warning, no hooks, the flag metric says ``baseline``.
 """
 
 from __future__ import annotations
@@ -269,52 +270,219 @@ def _check_kernels_runnable() -> None:
             raise SystemExit(f"sparsemla: GPU {index}: {exc}") from None
 
 
-def publish_flags_metric() -> None:
-    """Export ``sparsemla_kernel_flags_info{<flag>=..., version, variant} 1`` on sglang's /metrics.
+def hook_wanted(spec: HookSpec) -> bool:
+    """True when ``spec``'s flag asks its hook to act: the kernel switches obey ``SPARSEMLA_DISABLE``
+    (:func:`kernel_enabled`), the step-metrics switch does not (its hook only observes)."""
+    if any(spec.flag is switch for switch in variant.SWITCHES):
+        return kernel_enabled(spec)
+    return bool(spec.flag.get())
+
+
+def _wanted_flags() -> list[str]:
+    """The names of the flags that are on and need hooks (empty: sglang runs its own code whatever we do)."""
+    return sorted({s.flag.name for s in HOOKS if hook_wanted(s)})
+
+
+def publish_flags_metric(applied: frozenset[str] = frozenset()) -> None:
+    """Export ``sparsemla_kernel_flags_info{<flag>=..., version, variant} 1`` on sglang's /metrics; the variant names
+    only the kernel switches in ``applied`` (whose hooks sglang applied), never merely the flags that are set.
 
     sglang serves /metrics from every process through prometheus_client's multiprocess collector; a gauge created in a
-    process where PROMETHEUS_MULTIPROC_DIR is set lands in that directory (mode ``max``: one series, value 1)."""
-    variant.publish(multiprocess_mode="max" if flags.PROMETHEUS_MULTIPROC_DIR.get() else None)
+    process where PROMETHEUS_MULTIPROC_DIR is set lands in that directory (mode ``max``: one series, value 1). Metrics
+    are informative: a failure to publish is logged, never fatal."""
+    try:
+        variant.publish(multiprocess_mode="max" if flags.PROMETHEUS_MULTIPROC_DIR.get() else None, applied=applied)
+    except Exception:
+        log.exception("sparsemla: could not publish %s", KERNEL_FLAGS_INFO)
 
 
+# -- what sglang actually applied --------------------------------------------------------------------------------------
+# HookRegistry.register() only records a hook; sglang's load_plugins() applies them all in HookRegistry.apply_hooks(),
+# after every plugin's register() returned (it imports each target's module, wraps the attribute and adds the target
+# to HookRegistry._patched; a target that fails is logged as "Failed to apply hooks to <target>" and skipped). So
+# register() cannot know what was applied. load_plugins() calls HookRegistry.apply_hooks() outside any try, looked up
+# on the class at call time: register() replaces it by a one-shot wrapper that restores sglang's own method, runs
+# it, then checks every hook of ours on the patched attribute. A SystemExit raised there leaves load_plugins() and
+# stops the process at startup (an exception from register() itself is caught by load_plugins() as ``Exception``
+# and logged; SystemExit is not an Exception, so it is not swallowed there either).
+_applied: dict[str, bool] = {}
+
+
+def applied_hooks() -> dict[str, bool]:
+    """Hook name -> whether sglang applied it, for the hooks registered in this process (empty before apply)."""
+    return dict(_applied)
+
+
+def _holds_hook(fn: Any, hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` is in the wrapper chain of ``fn`` (sglang's wrappers keep ``hook`` in their closure and the
+    wrapped function in ``__wrapped__``)."""
+    for _ in range(64):  # a bounded walk: a chain of more wrappers than that is not sglang's
+        if fn is None:
+            return False
+        cells = getattr(fn, "__closure__", None) or ()
+        if any(_cell_value(cell) is hook for cell in cells):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _is_applied(target: str, hook: Callable[..., Any], patched: set[str]) -> bool:
+    if target not in patched:
+        return False
+    import pkgutil
+
+    owner, _, attr = target.rpartition(".")
+    try:
+        current = getattr(pkgutil.resolve_name(owner), attr)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return _holds_hook(current, hook)
+
+
+def _applied_switches(installed: list[tuple[HookSpec, Callable[..., Any]]]) -> frozenset[str]:
+    """The kernel switches with at least one hook registered here and every registered one applied."""
+    out = set()
+    for switch in variant.SWITCHES:
+        mine = [spec.name for spec, _ in installed if spec.flag is switch]
+        if mine and all(_applied.get(name) for name in mine):
+            out.add(variant.part_name(switch))
+    return frozenset(out)
+
+
+def _verify_applied(installed: list[tuple[HookSpec, Callable[..., Any]]], patched: set[str], version: str) -> None:
+    """After sglang's apply step: stop when a wanted hook is missing, else publish and log what was applied."""
+    for spec, hook in installed:
+        _applied[spec.name] = _is_applied(spec.target, hook, patched)
+    missing = [spec for spec, _ in installed if not _applied[spec.name]]
+    fatal = [spec for spec in missing if hook_wanted(spec)]
+    if fatal:
+        names = sorted({spec.flag.name for spec in fatal})
+        targets = ", ".join(spec.target for spec in fatal)
+        raise SystemExit(
+            f"sparsemla: {', '.join(names)} set but sglang did not apply the hook(s) on {targets} (see sglang's "
+            "'Failed to apply hooks to ...' above); refusing to serve with sglang's own code in place of the "
+            "requested kernels. Unset the flag or fix the sglang installation."
+        )
+    if missing:
+        log.warning("sparsemla: hooks not applied by sglang (their flags are off): %s", _names(missing))
+    applied = _applied_switches(installed)
+    publish_flags_metric(applied)
+    active = ", ".join(f"{k}={v}" for k, v in variant.flag_labels().items())
+    log.info(
+        "sparsemla %s plugin loaded on sglang %s: variant=%s; %s; %d of %d hooks applied%s",
+        __version__, version, variant.current(applied), active, len(installed) - len(missing), len(installed),
+        f" (not applied: {_names(missing)})" if missing else "",
+    )  # fmt: skip
+
+
+def _names(specs: list[HookSpec]) -> str:
+    return ", ".join(f"{spec.name} ({spec.target})" for spec in specs)
+
+
+def _verify_after_sglang_applies(installed: list[tuple[HookSpec, Callable[..., Any]]], version: str) -> None:
+    """Arm :func:`_verify_applied` to run right after sglang's next ``HookRegistry.apply_hooks()`` (see above)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    sglang_apply = HookRegistry.__dict__["apply_hooks"]  # the classmethod object, restored as it was
+
+    def apply_hooks_then_verify(cls: type) -> None:
+        setattr(HookRegistry, "apply_hooks", sglang_apply)  # noqa: B010 -- one shot: sglang's own method again
+        sglang_apply.__func__(cls)
+        _verify_applied(installed, HookRegistry._patched, version)
+
+    setattr(HookRegistry, "apply_hooks", classmethod(apply_hooks_then_verify))  # noqa: B010
+
+
+# -- the entry point ---------------------------------------------------------------------------------------------------
 _registered: list[str] = []
 
 
 def register() -> list[str]:
-    """Entry point called by sglang's ``load_plugins()`` in every process. Returns the hooked targets.
+    """Entry point called by sglang's ``load_plugins()`` in every process. Returns the registered targets.
 
-    Registers the AROUND hooks of :data:`HOOKS` for this sglang version, publishes the flag-info metric and logs the
-    active kernel set once. Idempotent within a process."""
+    Registers the AROUND hooks of :data:`HOOKS` for this sglang version; once sglang applied them, checks what it
+    applied, publishes the flag-info metric and logs the active kernel set (see :func:`_verify_applied`). A flag that
+    is on and cannot be honoured (bad value, untested sglang, kernel that cannot run here, op without a self-check,
+    hook that sglang did not apply, any error in here) stops the process with SystemExit, which ``load_plugins()``
+    does not catch. With every flag off an error in here propagates as it is (sglang logs it; nothing was asked of
+    us) and the metric says ``baseline``. Idempotent within a process."""
     if _registered:
         return list(_registered)
     try:
         flags.validate_all()
     except flags.FlagError as exc:
         raise SystemExit(f"sparsemla: {exc}") from None
+    try:
+        return _register()
+    except SystemExit:
+        raise
+    except Exception as exc:
+        wanted = _wanted_flags()
+        if not wanted:
+            publish_flags_metric()
+            raise
+        # load_plugins() would catch and log this and serve with the flags on and no hooks: stop instead.
+        log.exception("sparsemla: plugin registration failed")
+        raise SystemExit(
+            f"sparsemla: plugin registration failed with {', '.join(wanted)} set: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _register() -> list[str]:
     version = _sglang_version()
     specs = [s for s in HOOKS if version in s.versions]
+    wanted = _wanted_flags()
     if version is None or not specs:
+        if wanted:
+            raise SystemExit(
+                f"sparsemla {__version__}: sglang {version} is not a tested version {SGLANG_VERSIONS}; refusing to "
+                f"start with {', '.join(wanted)} set (no hooks exist for it). Unset them or install a tested sglang."
+            )
         log.warning(
             "sparsemla %s: sglang %s is not a tested version %s; no hooks", __version__, version, SGLANG_VERSIONS
         )
+        publish_flags_metric()
         return []
     _check_kernels_runnable()
+    _check_self_checks(specs)
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    installed: list[tuple[HookSpec, Callable[..., Any]]] = []
     for spec in specs:
         if not _target_available(spec):
             log.debug("sparsemla: skip %s (%s not installed)", spec.target, spec.requires)
             continue
-        HookRegistry.register(spec.target, make_around(spec), HookType.AROUND)
-        _registered.append(spec.target)
-    try:
-        publish_flags_metric()
-    except Exception:  # metrics are informative; never stop sglang for them
-        log.exception("sparsemla: could not publish %s", KERNEL_FLAGS_INFO)
-    active = ", ".join(f"{k}={v}" for k, v in variant.flag_labels().items())
-    log.info(
-        "sparsemla %s plugin loaded on sglang %s: variant=%s; %s; %d hooks",
-        __version__, version, variant.current(), active, len(_registered),
-    )  # fmt: skip
+        hook = make_around(spec)
+        HookRegistry.register(spec.target, hook, HookType.AROUND)
+        installed.append((spec, hook))
+    unhooked = sorted(set(wanted) - {spec.flag.name for spec, _ in installed})
+    if unhooked:
+        raise SystemExit(f"sparsemla: {', '.join(unhooked)} set but no hook for it exists on sglang {version} here")
+    _verify_after_sglang_applies(installed, version or "")
+    _registered.extend(spec.target for spec, _ in installed)
     return list(_registered)
+
+
+def _check_self_checks(specs: list[HookSpec]) -> None:
+    """Every enabled kernel op has a self-check (it runs at the op's first eager CUDA call, mid-serving)."""
+    if not flags.SPARSEMLA_SELF_CHECK.get():
+        return
+    ops = sorted({s.op for s in specs if s.call != "timer" and hook_wanted(s)})
+    if not ops:
+        return
+    from sparsemla.plugin import selfcheck
+
+    unchecked = [op for op in ops if not selfcheck.has_check(op)]
+    if unchecked:
+        raise SystemExit(
+            f"sparsemla: no startup self-check for {', '.join(unchecked)} (SPARSEMLA_SELF_CHECK=1); refusing to "
+            "serve an unchecked kernel. This is a sparsemla bug: every op of the hook table needs a check."
+        )

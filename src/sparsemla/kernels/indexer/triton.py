@@ -239,21 +239,15 @@ def choose_logits_config(
     more key tiles in flight per program; B=64 at 4k / 16k / 64k: 24.6 / 56.2 / 171 us vs 24.3 / 62.5 / 204 with 3
     (3 and 4 measure the same). One key tile per program at small B: 2 stages (B=1, 4k: 7.7 vs 8.0 us). Every target
     takes the same tiles (43 KB of shared memory at most: within the 101,376 B of sm_86/89/120); sm_80/86 have no
-    e4m3 type and run bf16 MMAs on integer-dequantized keys.
-
-    mma.sync targets (sm_80..sm_89, sm_120), logits alone (sm_89 code path on the H200,
-    results/bench/explore/indexer_paths_sweep*): keys on the MMA's N side (swap_ab off) and, from B = 32, half the
-    programs per SM (fewer, longer programs): B=64 at 4k / 16k / 64k 29.9 / 80.9 / 286 us vs 34.4 / 93.9 / 331; at
-    B=8 the split count stays (fewer splits lose there: 104 vs 50 us at 64k)."""
+    e4m3 type and run bf16 MMAs on integer-dequantized keys."""
     interp = info is dev.INTERPRETER
-    mma_sync = not interp and not info.has_wgmma and not fuse_topk  # the fused launch keeps the tuned tiles
     num_warps = 4 if next_n * heads <= 64 else 8
     if fuse_topk:
         num_warps = max(num_warps, 8)  # the tail program sorts k <= 2048 keys
     return LogitsConfig(
         block_n=64 if interp else 128,
-        swap_ab=not interp and not mma_sync,
-        num_splits=num_splits_for(batch, info.num_sms, programs_per_sm=4 if mma_sync and batch >= 32 else 8),
+        swap_ab=not interp,
+        num_splits=num_splits_for(batch, info.num_sms),
         num_warps=num_warps,
         num_stages=1 if interp else (2 if batch <= 4 else 5),
         dot_mode=_dot_mode(info),

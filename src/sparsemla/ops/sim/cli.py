@@ -23,6 +23,12 @@ def sim(
     context_length: int = typer.Option(None, "--context-length", min=2, help="Default: the calibration's."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
     openapi: str = typer.Option(None, "--openapi", help="Write the OpenAPI schema (JSON) to this path and exit."),
+    api_key: str = typer.Option(
+        None,
+        "--api-key",
+        help="As sglang's: require `Authorization: Bearer <key>` (401 otherwise) on every route "
+        "but /health*, /ready*, /metrics.",
+    ),  # fmt: skip
 ) -> None:
     """Simulated sglang server: sglang's HTTP API and metrics, step times from the kernel calibration."""
     import uvicorn
@@ -31,10 +37,12 @@ def sim(
     from sparsemla.ops.sim.calibration import CalibrationError, load_calibration
     from sparsemla.ops.sim.server import SimConfig, create_app
 
+    if api_key is not None and not api_key.strip():
+        fail("--api-key must not be empty", "give the key clients send as `Authorization: Bearer <key>`")
     try:
         flags.validate_all()
         cal = load_calibration(calibration)
-        config = SimConfig(model_name, max_running_requests, max_total_tokens, context_length)
+        config = SimConfig(model_name, max_running_requests, max_total_tokens, context_length, api_key=api_key)
         application = create_app(cal, config)
     except (CalibrationError, flags.FlagError) as exc:
         fail(str(exc), "check SPARSEMLA_SIM_CALIBRATION / the flags (`sparsemla flags`)")

@@ -6,12 +6,19 @@ File names follow sglang 0.5.23's ``ProfilerManager``: ``[<profile_prefix>-]<pro
 a kernel's launches share its calibrated per-step time equally, so kernel shares computed from the trace equal the
 calibration's shares. Prefill (extend) steps reuse the decode kernel mix at their batch size, scaled to the prefill
 step time (the calibration has no prefill breakdown). A step annotation (``cat: "user_annotation"``) covers each step.
+
+Unlike sglang, ``output_dir`` must be the profiler directory (``SGLANG_TORCH_PROFILER_DIR``) or below it (a relative
+one is taken relative to it; symlinks are followed before the check), and ``profile_id`` / ``profile_prefix`` must be
+plain file names: a request cannot make the server write elsewhere. A trace that cannot be written (disk full) leaves
+no partial ``.tmp`` file; the failure is logged and ``/stop_profile`` answers it (500, sglang's error shape).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,12 +28,22 @@ from typing import Any
 from sparsemla.ops.sim.calibration import StateCalibration
 from sparsemla.ops.sim.engine import StepRecord
 
+log = logging.getLogger("sparsemla.sim")
 MAX_RECORDED_STEPS = 200  # per stage; bounds trace size when a client never calls /stop_profile
 GPU_PID, GPU_STREAM = 0, 7
+MAX_KEPT_ERRORS = 20  # unreported write failures kept for /stop_profile
+MAX_NAME_BYTES = 255  # a file name component on Linux file systems
 
 
 class ProfileError(ValueError):
-    """A profile request that cannot be honoured (already running, not running, bad directory)."""
+    """A profile request that cannot be honoured (already running, not running, bad directory or name)."""
+
+
+def _plain_name(value: str, what: str) -> str:
+    """``value`` if it can be one component of a file name (no separator, NUL, ``.`` or ``..``)."""
+    if not value or "/" in value or "\x00" in value or value in (".", ".."):
+        raise ProfileError(f"{what} must be a plain file name (no '/', NUL, '.' or '..'), got {value!r}")
+    return value
 
 
 @dataclass
@@ -61,6 +78,7 @@ class Profiler:
         self.metadata = metadata
         self.default_dir = default_dir
         self.session: ProfileSession | None = None
+        self.write_errors: list[str] = []
         self._correlation = 0
 
     @property
@@ -81,16 +99,19 @@ class Profiler:
             raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
         if num_steps is not None and num_steps < 1:
             raise ProfileError(f"num_steps must be >= 1, got {num_steps}")
-        directory = Path(output_dir or self.default_dir)
+        directory = self.resolve_output_dir(output_dir)
+        pid = _plain_name(profile_id or str(time.time()), "profile_id")
+        prefix = _plain_name(profile_prefix, "profile_prefix") if profile_prefix else ""
+        longest = f"{prefix}-{pid}-TP-0-EXTEND.trace.json.gz.tmp"
+        if len(longest.encode()) > MAX_NAME_BYTES:
+            raise ProfileError(f"profile_prefix + profile_id are too long for a file name ({len(longest.encode())} "
+                               f"> {MAX_NAME_BYTES} bytes)")  # fmt: skip
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ProfileError(f"cannot create output_dir {str(directory)!r}: {exc.strerror or exc}") from None
         if not os.access(directory, os.W_OK):
             raise ProfileError(f"output_dir {str(directory)!r} is not writable")
-        pid = profile_id or str(time.time())
-        if "/" in pid or pid in (".", ".."):
-            raise ProfileError(f"profile_id must be a plain name, got {pid!r}")
         if profile_by_stage:
             wanted = [s.upper() for s in (profile_stages or ["EXTEND", "DECODE"])]
             bad = [s for s in wanted if s not in ("EXTEND", "DECODE")]
@@ -99,8 +120,29 @@ class Profiler:
             stages = {s: _Stage(s) for s in wanted}
         else:
             stages = {"ALL": _Stage(None)}
-        self.session = ProfileSession(directory, pid, profile_prefix or "", num_steps, start_step, stages)
+        self.session = ProfileSession(directory, pid, prefix, num_steps, start_step, stages)
         return self.session
+
+    def resolve_output_dir(self, output_dir: str | None) -> Path:
+        """``output_dir`` (absolute, or relative to the profiler directory) resolved, symlinks followed; it must be
+        the profiler directory or below it."""
+        root = Path(self.default_dir).absolute()
+        if not output_dir:
+            return root
+        if "\x00" in output_dir:
+            raise ProfileError("output_dir must not contain a NUL character")
+        path = Path(output_dir)
+        resolved = (path if path.is_absolute() else root / path).resolve()
+        real_root = root.resolve()
+        if resolved != real_root and real_root not in resolved.parents:
+            raise ProfileError(f"output_dir {output_dir!r} is outside the profiler directory {str(root)!r} "
+                               "(SGLANG_TORCH_PROFILER_DIR); use it or a subdirectory of it")  # fmt: skip
+        return resolved
+
+    def take_errors(self) -> list[str]:
+        """Trace writes that failed since the last call (each already logged; its partial file removed)."""
+        errors, self.write_errors = self.write_errors, []
+        return errors
 
     def record(self, rec: StepRecord, total_steps: int) -> list[_Stage]:
         """Add one step's events; returns stages that just completed ``num_steps`` (the caller writes them)."""
@@ -165,14 +207,27 @@ class Profiler:
         }
 
 
-def write_stage(profiler: Profiler, sess: ProfileSession, stage: _Stage) -> Path:
-    """Write one stage's trace (gzip JSON) and record its path in the session."""
+def write_stage(profiler: Profiler, sess: ProfileSession, stage: _Stage) -> Path | None:
+    """Write one stage's trace (gzip JSON, through a ``.tmp`` file renamed into place) and record its path in the
+    session. A write that fails (a full disk, a vanished directory, ...) removes its partial file, is logged and
+    kept in ``profiler.write_errors`` for ``/stop_profile`` to report; it returns None and the stage is dropped."""
     path = sess.output_dir / sess.filename(stage)
-    data = json.dumps(profiler.trace_document(stage), separators=(",", ":")).encode()
     tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wb", compresslevel=5) as out:
-        out.write(data)
-    os.replace(tmp, path)
-    stage.events = []
+    try:
+        data = json.dumps(profiler.trace_document(stage), separators=(",", ":")).encode()
+        with gzip.open(tmp, "wb", compresslevel=5) as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except Exception as exc:  # any failure: no partial file stays behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        message = f"could not write trace {str(path)!r}: {reason} (partial file removed)"
+        log.error("sim: profiler: %s", message)
+        profiler.write_errors.append(message)
+        del profiler.write_errors[:-MAX_KEPT_ERRORS]
+        return None
+    finally:
+        stage.events = []
     sess.written.append(path)
     return path

@@ -5,10 +5,14 @@ Routes: ``/v1/chat/completions``, ``/v1/completions`` (stream and not, SSE ``dat
 ``/health_generate``, ``/get_model_info`` (+ ``/model_info``), ``/server_info`` (+ ``/get_server_info``),
 ``/metrics``, ``/start_profile``, ``/stop_profile``, ``/flush_cache``.
 
-Bad input (malformed JSON, missing or mistyped fields, ``max_tokens`` < 0 or beyond the context, a prompt over the
-context length) gets 400 with sglang's ``ErrorResponse`` JSON: ``{"object": "error", "message", "type", "param",
-"code"}``. A streaming client that disconnects is aborted and frees its slot; a non-streaming one is noticed within a
-second. SIGTERM (uvicorn's graceful shutdown) stops accepting connections and lets in-flight requests finish.
+Bad input (malformed or undecodable JSON, missing or mistyped fields, strings that are not valid Unicode, sampling
+parameters outside sglang's ``SamplingParams.verify()`` ranges, ``max_tokens`` < 0 or beyond the context, a prompt
+over the context length, a profile ``output_dir`` outside the profiler directory) gets 400 with sglang's
+``ErrorResponse`` JSON: ``{"object": "error", "message", "type", "param", "code"}`` (``errors.py``, ``schemas.py``).
+With ``api_key`` set, routes other than ``/health*`` and ``/metrics`` need ``Authorization: Bearer <key>`` (401
+otherwise, ``auth.py``). A client that disconnects is aborted in the engine at once (``num_aborted_requests_total``
+counts it) and frees its slot, streaming or not. SIGTERM (uvicorn's graceful shutdown) stops accepting connections and
+lets the in-flight requests of connected clients finish.
 """
 
 from __future__ import annotations
@@ -17,26 +21,39 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Body, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import Receive
 
 from sparsemla import SGLANG_VERSION, flags
 from sparsemla import __version__ as sparsemla_version
 from sparsemla import variant as kernel_variant
 from sparsemla.ops.sim import tokens
+from sparsemla.ops.sim.auth import ApiKeyMiddleware
 from sparsemla.ops.sim.calibration import Calibration
 from sparsemla.ops.sim.engine import StepRecord
-from sparsemla.ops.sim.engine_proc import EngineClient, EngineConfig, EngineError, SimRequest
+from sparsemla.ops.sim.engine_proc import EngineClient, EngineConfig, SimRequest
+from sparsemla.ops.sim.errors import ApiError, install_error_handlers
 from sparsemla.ops.sim.metrics import SimMetrics
 from sparsemla.ops.sim.profiler import ProfileError, Profiler, write_stage
+from sparsemla.ops.sim.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    ProfileRequest,
+    SamplingParams,
+    StopField,
+    verify_sampling,
+)
+
+log = logging.getLogger("sparsemla.sim")
 
 
 @dataclass(frozen=True)
@@ -48,108 +65,7 @@ class SimConfig:
     max_total_tokens: int = 1_048_576
     context_length: int | None = None  # None: the calibration's context_length
     default_max_tokens: int = 128
-
-
-class ApiError(Exception):
-    """Raised inside handlers for a 400 (or other 4xx) with an OpenAI-style body."""
-
-    def __init__(self, message: str, code: int = 400, err_type: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.message, self.code, self.err_type, self.param = message, code, err_type, param
-
-
-def error_response(message: str, code: int = 400, err_type: str = "BadRequestError", param: str | None = None):
-    return JSONResponse(
-        {"object": "error", "message": message, "type": err_type, "param": param, "code": code}, status_code=code
-    )
-
-
-# -- request schemas (the fields the simulator honours; unknown OpenAI fields are accepted and ignored) ----------------
-StopField = str | list[str] | None
-
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Lenient):
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(_Lenient):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[ContentPart] | None = None
-
-
-class StreamOptions(_Lenient):
-    include_usage: StrictBool = False
-
-
-class ChatCompletionRequest(_Lenient):
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    stop: StopField = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    n: StrictInt = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: StrictInt | None = None
-
-
-class CompletionRequest(_Lenient):
-    model: str | None = None
-    prompt: str | list[str] | list[StrictInt]
-    max_tokens: StrictInt | None = None
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    stop: StopField = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    n: StrictInt = 1
-    echo: StrictBool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: StrictInt | None = None
-
-
-class SamplingParams(_Lenient):
-    max_new_tokens: StrictInt | None = None
-    stop: StopField = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    temperature: float | None = None
-    top_p: float | None = None
-
-
-class GenerateRequest(_Lenient):
-    text: str | None = None
-    input_ids: list[StrictInt] | None = None
-    sampling_params: SamplingParams | None = None
-    stream: StrictBool = False
-    rid: str | None = None
-
-
-class ProfileRequest(_Lenient):
-    """sglang's ``ProfileReq`` fields (``managers/io_struct.py``)."""
-
-    output_dir: str | None = None
-    start_step: StrictInt | None = None
-    num_steps: StrictInt | None = None
-    activities: list[str] | None = None
-    profile_by_stage: StrictBool = False
-    with_stack: StrictBool | None = None
-    record_shapes: StrictBool | None = None
-    profile_id: str | None = None
-    merge_profiles: StrictBool = False
-    profile_prefix: str | None = None
-    profile_stages: list[str] | None = None
-    detailed_annotations: StrictBool = False
+    api_key: str | None = None  # sglang's --api-key: Bearer token required on all but /health*, /ready*, /metrics
 
 
 # -- the application ---------------------------------------------------------------------------------------------------
@@ -278,23 +194,9 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     app.state.engine, app.state.metrics, app.state.profiler = engine, metrics, profiler
     app.state.calibration, app.state.variant, app.state.config = calibration, variant, config
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors()[:5]:
-            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            if err.get("type") == "json_invalid":
-                loc = f"body (character {loc})"
-            parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
-        return error_response("; ".join(parts) or "invalid request", err_type="Bad Request")
-
-    @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
-        return error_response(str(exc), 503, "ServiceUnavailable")
-
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.message, exc.code, exc.err_type, exc.param)
+    install_error_handlers(app)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
 
     # -- helpers -------------------------------------------------------------------------------------------------------
     def make_request(prompt_ids: list[int], max_tokens: int | None, stop: StopField, stop_ids: list[int] | None,
@@ -329,18 +231,16 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         return req
 
     async def run_to_end(req: SimRequest, request: Request) -> None:
-        """Wait for a non-streaming request; abort it if the client goes away."""
+        """Wait for a non-streaming request; abort it as soon as the client goes away (a watcher task waits for the
+        ASGI ``http.disconnect`` message, so the abort does not wait for a pause in the token flow)."""
         if req.finished:  # max_tokens=0: nothing to generate
             return
         engine.submit(req)
-        while not req.finished:
-            try:
-                await asyncio.wait_for(req.wakeup.wait(), timeout=1.0)
-                req.wakeup.clear()
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    engine.abort(req)
-                    return
+        watcher = asyncio.get_running_loop().create_task(_abort_on_disconnect(request.receive, engine, req))
+        try:
+            await _wait_finished(req)
+        finally:
+            watcher.cancel()
 
     async def token_stream(req: SimRequest) -> AsyncIterator[tuple[str, int, bool]]:
         """Yield (new text, output ids so far, finished) as the engine produces tokens. One wake-up sends everything
@@ -389,6 +289,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_n(body.n)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        verify_sampling(body, max_tokens, body.min_tokens)
         req = make_request(chat_prompt(body), max_tokens, body.stop, body.stop_token_ids, body.ignore_eos,
                            body.stream, "messages")  # fmt: skip
         created, rid, model = int(time.time()), f"chatcmpl-{req.rid}", body.model or config.model_name
@@ -413,6 +314,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_n(body.n)
+        verify_sampling(body, body.max_tokens, body.min_tokens)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -463,6 +365,7 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
         else:
             prompt_ids = tokens.encode(body.text or "")
         sp = body.sampling_params or SamplingParams()
+        verify_sampling(sp, sp.max_new_tokens, sp.min_new_tokens)
         req = make_request(prompt_ids, sp.max_new_tokens, sp.stop, sp.stop_token_ids, sp.ignore_eos, body.stream,
                            "text")  # fmt: skip
         if body.rid:
@@ -549,21 +452,44 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
             raise ApiError(str(exc)) from None
         return PlainTextResponse("Start profiling.\n")
 
+    async def finish_writes() -> None:
+        for task in list(pending_writes):
+            await task
+        pending_writes.clear()
+
+    def write_failures() -> ApiError | None:
+        errors = profiler.take_errors()
+        return ApiError("Stop profiling: " + "; ".join(errors), 500, "InternalServerError") if errors else None
+
     @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile():
         try:
             sess = profiler.stop()
         except ProfileError as exc:
-            raise ApiError(str(exc)) from None
-        for task in list(pending_writes):
-            await task
-        pending_writes.clear()
+            await finish_writes()  # a session that stopped by itself (num_steps) may have failed to write
+            raise write_failures() or ApiError(str(exc)) from None
+        await finish_writes()
         for stage in sess.stages.values():
             if not stage.done:
                 await asyncio.to_thread(write_stage, profiler, sess, stage)
+        failed = write_failures()
+        if failed is not None:
+            raise failed
         return PlainTextResponse("Stop profiling. This will take some time.\n")
 
     return app
+
+
+async def _abort_on_disconnect(receive: Receive, engine: EngineClient, req: SimRequest) -> None:
+    """Abort ``req`` in the engine when the client disconnects (its body has been read: the next ASGI message is
+    ``http.disconnect``, when the connection closes)."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception as exc:  # the server's receive channel failed: leave the request to finish or time out
+        log.warning("sim: disconnect watcher of %s stopped: %r", req.rid, exc)
+        return
+    engine.abort(req)
 
 
 async def _wait_finished(req: SimRequest) -> None:
