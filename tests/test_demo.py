@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +36,48 @@ def test_short_demo_matches_the_calibrated_ratio(tmp_path: Path) -> None:
     assert len(summaries) == 4 and all(s["failures"]["total"] == 0 for s in summaries)
     assert {s["server_flags"]["sparsemla_mma_decode"] for s in summaries} == {"on", "off"}
     assert procs.running(run_dir) == {}  # everything the demo started is stopped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+@pytest.mark.parametrize("prometheus", [False, True], ids=["sim-only", "with-prometheus"])
+def test_sigkill_of_the_demo_takes_its_services_down(tmp_path: Path, prometheus: bool) -> None:
+    """SIGKILL runs no handler: the demo's simulator (and Prometheus) must still not outlive it."""
+    import shutil
+    import signal
+    import time
+
+    if prometheus and shutil.which("prometheus") is None:
+        pytest.skip("prometheus is not installed (make setup installs it)")
+    results, run_dir = tmp_path / "results", tmp_path / "run"
+    argv = [sys.executable, "-c", "from sparsemla.ops.demo import app; app()", "--point-seconds", "30",
+            "--concurrency", "1", "--port", "0", "--run-dir", str(run_dir),
+            "--prometheus" if prometheus else "--no-prometheus"]  # fmt: skip
+    env = flags.child_env({"SPARSEMLA_RESULTS_DIR": str(results), "SPARSEMLA_MMA_DECODE": None})
+    demo = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        want = {"server", "prometheus"} if prometheus else {"server"}
+        deadline = time.monotonic() + 60
+        while not want <= set(procs.running(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        services = procs.running(run_dir)
+        assert want <= set(services), services
+        time.sleep(1.0)  # into the first sweep point
+        demo.send_signal(signal.SIGKILL)
+        demo.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in services.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [n for n, p in services.items() if _alive(p)], "services outlived the demo"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for pid in procs.running(run_dir).values():  # never leave them behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)

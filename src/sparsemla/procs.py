@@ -175,8 +175,12 @@ def start(
     env: Mapping[str, str] | None = None,
     run_dir: Path = DEFAULT_RUN_DIR,
     cwd: Path | None = None,
+    tied: bool = False,
 ) -> Proc:
     """Start ``argv`` in the background in a new session, logging to ``<run_dir>/<name>.log``.
+
+    ``tied``: the process gets SIGTERM when this one dies, however it dies (through :mod:`sparsemla.tether`);
+    otherwise it outlives this process until :func:`stop`.
 
     Raises RuntimeError when a process of that name is already running (stop it first)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +188,8 @@ def start(
     if existing is not None:
         raise RuntimeError(f"{name} is already running (pid {existing}); stop it first")
     log = run_dir / f"{name}.log"
+    if tied:
+        argv = [sys.executable, "-m", "sparsemla.tether", str(os.getpid()), "--", *argv]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             list(argv),

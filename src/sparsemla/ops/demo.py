@@ -117,6 +117,7 @@ def demo(
             port=port,
             prometheus_port=_pick_port(ports.PORT_PROMETHEUS),
             locust_metrics_port=locust_metrics_port,
+            tied=True,  # a SIGKILL of the demo (no handler runs) takes its simulator and Prometheus down too
         )
         console.print(f"    simulator {urls.server}")
         if urls.prometheus:

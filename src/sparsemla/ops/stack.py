@@ -80,12 +80,13 @@ def _start_until_ready(
     timeout: float,
     what: str,
     stop_on_failure: bool = False,
+    tied: bool = False,
 ) -> None:
     """Start ``name`` in the background and wait up to ``timeout`` s for ``ready_url`` to answer 200.
 
     When it does not, raise UsageError "``what`` did not come up" with its log's tail; ``stop_on_failure`` stops it
     first (for starts outside `up`, whose failure path stops everything anyway)."""
-    proc = procs.start(name, argv, env=env, run_dir=run_dir)
+    proc = procs.start(name, argv, env=env, run_dir=run_dir, tied=tied)
     try:
         procs.wait_http(ready_url, timeout=timeout, pid=proc.pid)
     except (TimeoutError, RuntimeError) as exc:
@@ -204,7 +205,10 @@ def _start_server(state: dict[str, Any], sim_env: Mapping[str, str] | None, run_
     if procs.port_in_use(port):
         raise UsageError(f"port {port} is already in use; stop what runs there or pass another --port")
     env = flags.child_env(overrides)
-    _start_until_ready("server", argv, env, run_dir, f"{url}/health", timeout, "the server", stop_on_failure=True)
+    _start_until_ready(
+        "server", argv, env, run_dir, f"{url}/health", timeout, "the server", stop_on_failure=True,
+        tied=state.get("tied", False),
+    )  # fmt: skip
     return url
 
 
@@ -220,6 +224,7 @@ def up(
     prometheus_port: int = PORT_PROMETHEUS,
     exporter_port: int = PORT_EXPORTER,
     locust_metrics_port: int = PORT_LOCUST_METRICS,
+    tied: bool = False,
 ) -> StackUrls:
     """Start the server, Prometheus and the exporter as background processes; return their URLs.
 
@@ -227,7 +232,9 @@ def up(
     `sparsemla loadtest --metrics-port`; tests and the demo use a free one so that parallel runs do not collide).
 
     ``prometheus=None`` uses Prometheus when the binary exists or Debian's package can be installed, and runs without
-    it otherwise (``StackUrls.prometheus`` is then None; the caller says so). On any failure everything this call
+    it otherwise (``StackUrls.prometheus`` is then None; the caller says so). ``tied``: the services die with this
+    process, however it dies (the demo's; `up`'s outlive it until `down`), and so does a server restarted by
+    :func:`restart_server` from this process. On any failure everything this call
     started is stopped again and UsageError says what went wrong (with the failing process's log tail)."""
     if server not in ("sim", "sglang"):
         raise UsageError(f"server must be 'sim' or 'sglang', got {server!r}")
@@ -247,6 +254,7 @@ def up(
         "trace_dir": str((run_dir / "profiles").absolute()),
         "sim_env": dict(sim_env or {}),
         "external_server": False,
+        "tied": tied,
     }
     try:
         server_url = _start_server(state, sim_env, run_dir)
@@ -280,7 +288,9 @@ def _start_exporter(state: dict[str, Any], server_url: str, run_dir: Path) -> st
         "127.0.0.1",
     )
     url = f"http://127.0.0.1:{port}"
-    _start_until_ready("exporter", argv, flags.child_env(), run_dir, f"{url}/health", 60, "the exporter")
+    _start_until_ready(
+        "exporter", argv, flags.child_env(), run_dir, f"{url}/health", 60, "the exporter", tied=state.get("tied", False)
+    )
     return url
 
 
@@ -310,7 +320,16 @@ def _start_prometheus(state: dict[str, Any], exporter: bool, run_dir: Path, requ
     )
     argv = prometheus_argv(binary, config, (run_dir / "prometheus" / "data").absolute(), port)
     url = f"http://127.0.0.1:{port}"
-    _start_until_ready("prometheus", argv, flags.child_env(), run_dir, f"{url}/-/ready", 60, "prometheus")
+    _start_until_ready(
+        "prometheus",
+        argv,
+        flags.child_env(),
+        run_dir,
+        f"{url}/-/ready",
+        60,
+        "prometheus",
+        tied=state.get("tied", False),
+    )
     return url
 
 
