@@ -65,6 +65,23 @@ def ratio_checks(rows: Sequence[Row], variant: str, points: list[int]) -> list[d
     return checks
 
 
+DEMO_MARKER = ".sparsemla-demo"  # written first into every demo report directory: what makes it ours to replace
+
+
+def clear_report_dir(out: Path) -> None:
+    """Make ``out`` an empty demo report directory. It is deleted only when it is a demo's own (the marker, or the
+    ``demo.json`` of a finished earlier demo); any other non-empty path is refused (UsageError): a typed ``--out``
+    never deletes someone else's data."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"--out {out} is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not ((out / DEMO_MARKER).is_file() or (out / "demo.json").is_file()):
+            raise UsageError(f"--out {out} is not empty and was not written by a demo; nothing was deleted")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARKER).write_text("written by `sparsemla demo`; the next demo with this --out replaces the folder\n")
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -99,9 +116,10 @@ def demo(
     except ABError as exc:
         fail(str(exc), "see `sparsemla flags`")
     out = out or Path(flags.SPARSEMLA_RESULTS_DIR.get()) / "demo"
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    try:
+        clear_report_dir(out)
+    except UsageError as exc:
+        fail(str(exc), "pass --out a new or empty directory, or one an earlier demo wrote")
     port = _pick_port(port)
     old_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
