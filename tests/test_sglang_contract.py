@@ -269,6 +269,113 @@ def test_topk_transform_flag_off_is_sglang_and_flag_on_selects_the_same_slots(sg
         assert torch.equal(on[1][r].sort().values, want[1][r].sort().values)
 
 
+@pytest.fixture
+def jit_topk(monkeypatch):
+    """sglang's JIT top-k modules (v1, v2) replaced by recorders: what reaches them, with which tensors."""
+    from sglang.kernels.ops.attention.dsv4 import topk as jit
+
+    calls: list[tuple[str, str, tuple]] = []
+
+    class Recorder:
+        def __init__(self, version: str) -> None:
+            self.version = version
+
+        def __getattr__(self, entry: str):
+            return lambda *args: calls.append((self.version, entry, args))
+
+    monkeypatch.setattr(jit, "_jit_topk_v1_module", lambda: Recorder("v1"))
+    monkeypatch.setattr(jit, "_jit_topk_v2_module", lambda: Recorder("v2"))
+    return calls
+
+
+def _topk_case(k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.tensor([k + 788, k - 1, 0, k, k + 1, 3 * k], dtype=torch.int32)
+    rows, width, page_size = len(lens), 4 * k, 64
+    scores = torch.randn(rows, width, generator=gen)
+    scores[1, :50] = scores[1, 60]  # ties inside a short row
+    scores[0, : k + 100] = scores[0, : k + 100].round(decimals=1)  # ties at a long row's threshold
+    tables = torch.stack([torch.randperm(4 * width // page_size, generator=gen)[: width // page_size] for _ in lens])
+    return scores, lens, tables.int(), page_size
+
+
+def _sglang_oracle(indexer, scores, lens, tables, page_size, k):
+    out, raw = torch.full((len(lens), k), -7, dtype=torch.int32), torch.full((len(lens), k), -7, dtype=torch.int32)
+    indexer._topk_transform_vectorized(scores.clone(), lens, tables, out, page_size, raw)
+    return out, raw
+
+
+def _agrees_with_sglang(out, raw, want_raw, scores, tables, page_size) -> None:
+    """A valid top-k where sglang's is: per row the same multiset of selected scores (which of several equal scores at
+    the threshold is taken may differ: torch.topk breaks ties arbitrarily, ours by position) and the same count of
+    -1 pads; ``out`` is the page transform of ``raw``, slot for slot."""
+    for row in range(raw.shape[0]):
+        got, want = raw[row][raw[row] >= 0].long(), want_raw[row][want_raw[row] >= 0].long()
+        assert got.numel() == want.numel(), f"row {row}: {got.numel()} selected, sglang {want.numel()}"
+        assert torch.equal(scores[row, got].sort().values, scores[row, want].sort().values), f"row {row}"
+        assert got.unique().numel() == got.numel(), f"row {row}: a position selected twice"
+    pages = torch.gather(tables.long(), 1, raw.clamp(min=0).long() // page_size)
+    slots = torch.where(raw >= 0, pages * page_size + raw.clamp(min=0).long() % page_size, -1)
+    assert torch.equal(out.long(), slots)
+
+
+def test_default_topk_flag_off_reaches_sglangs_jit_kernels_untouched(sgl, jit_topk):
+    """Flag off, sglang's default top-k entries (v1, v2, the v2 plan) hand the very same tensors to its JIT modules."""
+    import sglang.kernels.ops.attention.dsv4 as dsv4
+
+    _, indexer = sgl
+    scores, lens, tables, page_size = _topk_case(512, seed=3)
+    out, raw = torch.empty(len(lens), 512, dtype=torch.int32), torch.empty(len(lens), 512, dtype=torch.int32)
+    plan = torch.empty(len(lens) + 1, 2, dtype=torch.int32)
+    with flags.SPARSEMLA_TRITON_INDEXER.override(False):
+        indexer.topk_transform_paged(scores, lens, tables, out, page_size, raw)
+        dsv4.plan_topk_v2(lens, out=plan)
+        indexer.topk_transform_paged_v2(scores, lens, tables, out, page_size, plan, raw)
+        with pytest.raises(ModuleNotFoundError, match="flashinfer"):  # sglang's own FlashInfer path, not installed
+            indexer.topk_transform_flashinfer_fused(scores, lens, tables, out, page_size, raw)
+    assert [(v, e) for v, e, _ in jit_topk] == [("v1", "topk_transform"), ("v2", "topk_plan"),
+                                                ("v2", "topk_transform_paged")]  # fmt: skip
+    v1_args, v2_args = jit_topk[0][2], jit_topk[2][2]
+    assert all(a is b for a, b in zip(v1_args, (scores, lens, tables, out, page_size, raw), strict=True))
+    assert v2_args[0] is scores and v2_args[2] is tables and any(a is plan for a in v2_args)
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+@pytest.mark.parametrize("use_topk_v2", [False, True], ids=["v1", "v2"])
+def test_default_topk_flag_on_runs_ours_through_sglangs_call_path(sgl, jit_topk, k, use_topk_v2):
+    """Flag on, sglang's own ``topk_transform_paged_from_metadata`` (what the DSv4 indexer calls) reaches our top-k,
+    never its JIT kernels, and selects sglang's torch reference's slots and positions (rows as sets: ties at the
+    threshold may be broken differently, see _agrees_with_sglang)."""
+    from types import SimpleNamespace
+
+    import sglang.kernels.ops.attention.dsv4 as dsv4
+
+    _, indexer = sgl
+    scores, lens, tables, page_size = _topk_case(k, seed=k + use_topk_v2)
+    with flags.SPARSEMLA_TRITON_INDEXER.override(True):
+        meta = SimpleNamespace(compressed_seq_lens=lens, page_table=tables, compressed_page_size=page_size,
+                               use_topk_v2=use_topk_v2, topk_metadata=dsv4.plan_topk_v2(lens))  # fmt: skip
+        out = torch.full((len(lens), k), -7, dtype=torch.int32)
+        raw = torch.full((len(lens), k), -7, dtype=torch.int32)
+        indexer.topk_transform_paged_from_metadata(scores.clone(), meta, out, raw)
+    assert jit_topk == []
+    assert tuple(meta.topk_metadata.shape) == (len(lens) + 1, 2)
+    _, want_raw = _sglang_oracle(indexer, scores, lens, tables, page_size, k)
+    _agrees_with_sglang(out, raw, want_raw, scores, tables, page_size)
+
+
+@pytest.mark.parametrize("entry", ["topk_transform_flashinfer_unfused", "topk_transform_flashinfer_fused"])
+def test_flashinfer_topk_flag_on_runs_ours(sgl, entry):
+    _, indexer = sgl
+    scores, lens, tables, page_size = _topk_case(512, seed=11)
+    out = torch.full((len(lens), 512), -7, dtype=torch.int32)
+    raw = torch.full((len(lens), 512), -7, dtype=torch.int32)
+    with flags.SPARSEMLA_TRITON_INDEXER.override(True):
+        getattr(indexer, entry)(scores.clone(), lens, tables, out, page_size, raw)
+    _, want_raw = _sglang_oracle(indexer, scores, lens, tables, page_size, 512)
+    _agrees_with_sglang(out, raw, want_raw, scores, tables, page_size)
+
+
 def _same_on_valid(a, b, seq_lens):
     return all(torch.equal(a[r, :n], b[r, :n]) for r, n in enumerate(seq_lens))
 
@@ -283,12 +390,35 @@ def _function_params(relpath: str, name: str) -> list[str]:
     raise AssertionError(f"{name} not found in {relpath}")
 
 
+def _module_file(module: str) -> str:
+    rel = module.replace(".", "/")
+    return rel + "/__init__.py" if (SGLANG_ROOT / rel / "__init__.py").exists() else rel + ".py"
+
+
 def _target_file(target: str) -> tuple[str, str]:
+    """(file that defines the target, its name): a ``Class.method`` lives in the class's module; a name the module
+    only re-exports (``from .topk import plan_topk_v2``, ``from ... import topk_transform_paged``) is followed to the
+    module it comes from."""
     module, _, attr = target.rpartition(".")
     parts = module.split(".")
     if parts[-1][:1].isupper():  # a method: Class.method
-        parts = parts[:-1]
-    return "/".join(parts) + ".py", attr
+        return _module_file(".".join(parts[:-1])), attr
+    for _ in range(4):  # re-export chains are short
+        tree = ast.parse((SGLANG_ROOT / _module_file(module)).read_text())
+        if any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == attr for n in tree.body):
+            break
+        source = next(
+            (n for n in tree.body if isinstance(n, ast.ImportFrom) and any(a.name == attr for a in n.names)), None
+        )
+        if source is None:
+            break
+        if source.level:  # relative: from .topk import ...
+            base = module.split(".") if _module_file(module).endswith("__init__.py") else module.split(".")[:-1]
+            base = base[: len(base) - source.level + 1]
+            module = ".".join([*base, source.module] if source.module else base)
+        else:
+            module = source.module
+    return _module_file(module), attr
 
 
 def test_every_hook_target_exists_with_the_parameters_we_rely_on():

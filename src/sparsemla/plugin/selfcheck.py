@@ -97,10 +97,39 @@ def _check_topk_transform(device: torch.device) -> float:
     return max(_mismatch(out, slots), _mismatch(raw, pos))
 
 
+def _check_topk_transform_v2(device: torch.device) -> float:
+    """sglang's v2 top-k entry as we serve it: our plan (a zeroed buffer of sglang's shape) then
+    ``topk_transform_paged_v2``, in both of its output modes (page-table slots + raw positions; raw positions only),
+    against the top-k reference plus the page transform in plain torch."""
+    from sparsemla.kernels.indexer.reference import indexer_topk_reference
+    from sparsemla.kernels.indexer.sglang_compat import PLAN_INTS_PER_ROW, plan_topk_v2, topk_transform_paged_v2
+
+    gen = torch.Generator().manual_seed(1357)
+    k, page_size, width = 512, 64, 1024
+    lens = torch.tensor([900, 511, 513, 0, 1024], dtype=torch.int32)
+    rows = lens.numel()
+    scores = torch.randn(rows, width, generator=gen)
+    tables = torch.stack([torch.randperm(64, generator=gen)[: width // page_size] for _ in range(rows)]).int()
+    plan = plan_topk_v2(lens.to(device))
+    if tuple(plan.shape) != (rows + 1, PLAN_INTS_PER_ROW) or plan.dtype != torch.int32:
+        return float("inf")
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    topk_transform_paged_v2(scores.to(device), lens.to(device), tables.to(device), out, page_size, plan, raw)
+    only_raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+    topk_transform_paged_v2(scores.to(device), lens.to(device), None, only_raw, page_size, plan)
+    pos = indexer_topk_reference(scores, lens, k).long()
+    pages = torch.gather(tables.long(), 1, pos.clamp(min=0) // page_size)
+    slots = torch.where(pos >= 0, pages * page_size + pos.clamp(min=0) % page_size, torch.full_like(pos, -1))
+    return max(_mismatch(out, slots), _mismatch(raw, pos), _mismatch(only_raw, pos))
+
+
 _CHECKS = {
     "sparsemla.kernels.sparse_decode.api:sparse_decode": (_check_decode, DECODE_RTOL),
     "sparsemla.kernels.indexer.api:indexer_logits": (_check_indexer, INDEXER_RTOL),
     "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged": (_check_topk_transform, TOPK_TOL),
+    "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged_v2": (_check_topk_transform_v2, TOPK_TOL),
+    "sparsemla.kernels.indexer.sglang_compat:plan_topk_v2": (_check_topk_transform_v2, TOPK_TOL),
 }
 
 

@@ -59,6 +59,8 @@ _DECODE_PARAMS = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_d
                   "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")  # fmt: skip
 _INDEXER_PARAMS = ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata", "max_seq_len",
                    "clean_logits")  # fmt: skip
+_TOPK_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices")
+_TOPK_OP = "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged"
 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(
@@ -101,11 +103,56 @@ HOOKS: tuple[HookSpec, ...] = (
     HookSpec(
         name="indexer_topk_torch",
         target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_pytorch_vectorized",
-        op="sparsemla.kernels.indexer.sglang_compat:topk_transform_paged",
+        op=_TOPK_OP,
         flag=flags.SPARSEMLA_TRITON_INDEXER,
         call="positional",
-        params=("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices"),
+        params=_TOPK_PARAMS,
         note="top-k + page transform of the torch top-k backend: torch.topk over the whole width -> real lengths",
+    ),
+    HookSpec(
+        name="indexer_topk_paged",
+        target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_paged",
+        op=_TOPK_OP,
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=_TOPK_PARAMS,
+        note="sglang's default top-k (--dsa-topk-backend sgl-kernel, v1): its JIT CUDA kernel -> our Triton top-k",
+    ),
+    HookSpec(
+        name="indexer_topk_paged_v2",
+        target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_paged_v2",
+        op="sparsemla.kernels.indexer.sglang_compat:topk_transform_paged_v2",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "metadata", "out_raw_indices"),
+        note="sglang's default top-k with SGLANG_OPT_USE_TOPK_V2 (its v2 JIT kernel); the routing plan is not needed",
+    ),
+    HookSpec(
+        name="indexer_topk_plan_v2",
+        target="sglang.kernels.ops.attention.dsv4.plan_topk_v2",
+        op="sparsemla.kernels.indexer.sglang_compat:plan_topk_v2",
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=("seq_lens", "static_threshold", "out"),
+        note="the v2 plan, built by a JIT kernel in sglang; ours is a zeroed buffer (imported at call time)",
+    ),
+    HookSpec(
+        name="indexer_topk_flashinfer",
+        target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_flashinfer_unfused",
+        op=_TOPK_OP,
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=_TOPK_PARAMS,
+        note="--dsa-topk-backend flashinfer, unfused (flashinfer.top_k, then the page transform in torch)",
+    ),
+    HookSpec(
+        name="indexer_topk_flashinfer_fused",
+        target="sglang.srt.layers.attention.dsv4.indexer.topk_transform_flashinfer_fused",
+        op=_TOPK_OP,
+        flag=flags.SPARSEMLA_TRITON_INDEXER,
+        call="positional",
+        params=_TOPK_PARAMS,
+        note="--dsa-topk-backend flashinfer, fused (flashinfer.top_k_page_table_transform)",
     ),
     HookSpec(
         name="indexer_deepgemm",

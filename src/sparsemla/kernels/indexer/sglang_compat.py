@@ -113,6 +113,22 @@ def topk_transform_paged_v2(
     topk_transform_paged(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
 
 
+# sglang's top-k v2 routing plan: [B + 1, 2] int32, row 0 = {cluster threshold, cluster items}, then {batch, length}
+# per row routed to its persistent cluster kernel.
+PLAN_INTS_PER_ROW = 2
+
+
+def plan_topk_v2(
+    seq_lens: torch.Tensor, static_threshold: int = -1, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Contract of sglang's ``plan_topk_v2`` for :func:`topk_transform_paged_v2`, which needs no plan: sglang's shape,
+    zeroed (no row routed to a cluster), written into ``out`` when given. Builds no JIT module and never syncs, so
+    sglang's v2 top-k path also runs where its CUDA kernels do not build."""
+    del static_threshold
+    plan = seq_lens.new_zeros(seq_lens.shape[0] + 1, PLAN_INTS_PER_ROW, dtype=torch.int32) if out is None else out
+    return plan.zero_()
+
+
 def _write_slots_torch(
     pos: torch.Tensor,
     page_tables: torch.Tensor,
