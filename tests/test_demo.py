@@ -38,14 +38,6 @@ def test_short_demo_matches_the_calibrated_ratio(tmp_path: Path) -> None:
     assert procs.running(run_dir) == {}  # everything the demo started is stopped
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-
-
 @pytest.mark.parametrize("prometheus", [False, True], ids=["sim-only", "with-prometheus"])
 def test_sigkill_of_the_demo_takes_its_services_down(tmp_path: Path, prometheus: bool) -> None:
     """SIGKILL runs no handler: the demo's simulator (and Prometheus) must still not outlive it."""
@@ -72,9 +64,9 @@ def test_sigkill_of_the_demo_takes_its_services_down(tmp_path: Path, prometheus:
         demo.send_signal(signal.SIGKILL)
         demo.wait(timeout=10)
         deadline = time.monotonic() + 20
-        while any(_alive(p) for p in services.values()) and time.monotonic() < deadline:
+        while any(procs.is_alive(p) for p in services.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [n for n, p in services.items() if _alive(p)], "services outlived the demo"
+        assert not [n for n, p in services.items() if procs.is_alive(p)], "services outlived the demo"
     finally:
         if demo.poll() is None:
             demo.kill()

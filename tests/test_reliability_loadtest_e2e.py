@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sparsemla import flags
+from sparsemla import flags, procs
 from sparsemla.loadtest.records import read_records
 from sparsemla.ops.sim.testing import run_sim
 
@@ -116,10 +116,8 @@ def locust_pids(run_dir: Path) -> list[int]:
     """Live Locust processes (master and forked workers) writing into ``run_dir``."""
     found = []
     for pid, cmdline in _cmdlines():
-        if b"locust" in cmdline and str(run_dir).encode() in cmdline:
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(pid)
+        if b"locust" in cmdline and str(run_dir).encode() in cmdline and procs.is_alive(pid):
+            found.append(pid)
     return found
 
 

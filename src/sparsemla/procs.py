@@ -151,11 +151,8 @@ def is_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
+    stat = _stat(pid)
+    return stat is None or stat.state != "Z"  # no /proc entry (not Linux): os.kill's answer stands
 
 
 def read_pid(name: str, run_dir: Path = DEFAULT_RUN_DIR) -> int | None:

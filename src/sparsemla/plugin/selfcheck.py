@@ -76,10 +76,21 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor) -> float:
     return float(differ.float().mean()) if differ.numel() else 0.0
 
 
+def _topk_reference(
+    scores: torch.Tensor, lens: torch.Tensor, tables: torch.Tensor, k: int, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, page-table slots) [rows, k] of the top-k reference, the page transform in plain torch; -1 pads."""
+    from sparsemla.kernels.indexer.reference import indexer_topk_reference
+
+    pos = indexer_topk_reference(scores, lens, k).long()
+    pages = torch.gather(tables.long(), 1, pos.clamp(min=0) // page_size)
+    slots = torch.where(pos >= 0, pages * page_size + pos.clamp(min=0) % page_size, torch.full_like(pos, -1))
+    return pos, slots
+
+
 def _check_topk_transform(device: torch.device) -> float:
     """``topk_transform_paged`` (the hook of sglang's torch top-k backend) against the top-k reference plus the page
     transform in plain torch: rows longer than k, shorter than k, exactly k and empty; slots and raw positions."""
-    from sparsemla.kernels.indexer.reference import indexer_topk_reference
     from sparsemla.kernels.indexer.sglang_compat import topk_transform_paged
 
     gen = torch.Generator().manual_seed(2468)
@@ -91,9 +102,7 @@ def _check_topk_transform(device: torch.device) -> float:
     out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
     raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
     topk_transform_paged(scores.to(device), lens.to(device), tables.to(device), out, page_size, raw)
-    pos = indexer_topk_reference(scores, lens, k).long()
-    pages = torch.gather(tables.long(), 1, pos.clamp(min=0) // page_size)
-    slots = torch.where(pos >= 0, pages * page_size + pos.clamp(min=0) % page_size, torch.full_like(pos, -1))
+    pos, slots = _topk_reference(scores, lens, tables, k, page_size)
     return max(_mismatch(out, slots), _mismatch(raw, pos))
 
 
@@ -101,7 +110,6 @@ def _check_topk_transform_v2(device: torch.device) -> float:
     """sglang's v2 top-k entry as we serve it: our plan (a zeroed buffer of sglang's shape) then
     ``topk_transform_paged_v2``, in both of its output modes (page-table slots + raw positions; raw positions only),
     against the top-k reference plus the page transform in plain torch."""
-    from sparsemla.kernels.indexer.reference import indexer_topk_reference
     from sparsemla.kernels.indexer.sglang_compat import PLAN_INTS_PER_ROW, plan_topk_v2, topk_transform_paged_v2
 
     gen = torch.Generator().manual_seed(1357)
@@ -118,9 +126,7 @@ def _check_topk_transform_v2(device: torch.device) -> float:
     topk_transform_paged_v2(scores.to(device), lens.to(device), tables.to(device), out, page_size, plan, raw)
     only_raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
     topk_transform_paged_v2(scores.to(device), lens.to(device), None, only_raw, page_size, plan)
-    pos = indexer_topk_reference(scores, lens, k).long()
-    pages = torch.gather(tables.long(), 1, pos.clamp(min=0) // page_size)
-    slots = torch.where(pos >= 0, pages * page_size + pos.clamp(min=0) % page_size, torch.full_like(pos, -1))
+    pos, slots = _topk_reference(scores, lens, tables, k, page_size)
     return max(_mismatch(out, slots), _mismatch(raw, pos), _mismatch(only_raw, pos))
 
 

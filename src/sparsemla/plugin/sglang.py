@@ -217,19 +217,19 @@ class _SelfCheck:
         self._lock = threading.Lock()
 
     def maybe_run(self, spec: HookSpec, device: Any) -> None:
-        if spec.name in self._done or not flags.SPARSEMLA_SELF_CHECK.get():
+        if spec.op in self._done or not flags.SPARSEMLA_SELF_CHECK.get():
             return
         import torch
 
         if getattr(device, "type", "cpu") != "cuda" or torch.cuda.is_current_stream_capturing():
             return  # CPU calls are the reference's job; under graph capture a check cannot synchronise
         with self._lock:
-            if spec.name in self._done:
+            if spec.op in self._done:  # several hooks share an op: its check runs once
                 return
             from sparsemla.plugin.selfcheck import run_self_check
 
             run_self_check(spec.op, device)
-            self._done.add(spec.name)
+            self._done.add(spec.op)
 
 
 _self_check = _SelfCheck()
