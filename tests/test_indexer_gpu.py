@@ -144,15 +144,17 @@ def test_fused_register_tiles(k, next_n):
     q[-1, 0] = torch.zeros(q.shape[2:], device=DEV).to(q.dtype)  # that row's logits are all 0.0: its first k win
     cap = pt.shape[1] * 64
     out = torch.full((len(seq) * next_n, k), -7, dtype=torch.int32, device=DEV)
-    tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out)
+    tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out, fuse=True)
     logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
     ref = indexer_topk_reference(logits.cpu(), row_lengths(seq_lens, len(seq), next_n, cap).cpu(), k)
     assert torch.equal(out.cpu(), ref)
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "logits-then-split-topk"])
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_fused_equals_unfused_and_is_graph_safe(next_n):
-    """The fused launch gives exactly top-k(logits); replays of a captured graph follow new lengths."""
+def test_fused_equals_unfused_and_is_graph_safe(next_n, fuse):
+    """Both decode schedules (the fused launch, and the logits launch then the split top-k that rows wider than
+    FUSED_MAX_COLS take) give exactly top-k(logits); replays of a captured graph follow new lengths."""
     seq = [9000, 0, 1, 65, 700, 30000]
     q, kv, w, seq_lens, pt = _inputs(seq, next_n, 2048, seed=next_n)
     cap = pt.shape[1] * 64
@@ -164,23 +166,95 @@ def test_fused_equals_unfused_and_is_graph_safe(next_n):
 
     out = torch.full((len(seq) * next_n, k), -7, dtype=torch.int32, device=DEV)
     for _ in range(2):  # counters must be reset by every launch
-        tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out)
+        tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, k, cap, out=out, fuse=fuse)
         assert torch.equal(out.cpu(), expected(seq_lens))
 
     lens = seq_lens.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out)
+        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out, fuse=fuse)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out)
+        tri.indexer_logits_topk_fwd(q, kv, w, lens, pt, k, cap, out=out, fuse=fuse)
     for new in ([100, 5, 0, 64, 9000, 29000], [30000, 30000, 2, 3, 4, 5]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), expected(lens))
+
+
+def _by_position(ref: torch.Tensor) -> torch.Tensor:
+    """The reference's sets in ascending position order, -1 padded (the ``sorted=False`` order)."""
+    big = torch.iinfo(torch.int32).max
+    pos = torch.where(ref >= 0, ref, big).sort(dim=1).values
+    return torch.where(pos == big, -1, pos)
+
+
+def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows for the split path: lengths around k and the span edges, long rows with heavy ties, an all-equal row, a
+    row of -inf, a row of NaN-free random logits."""
+    lengths = [0, 1, k - 1, k, k + 1, 1023, 1024, 1025, 4097, 9000, cols // 2, cols, cols, cols]
+    logits = _tied_rows(len(lengths), cols, seed)
+    logits[-2] = 0.25  # all equal: the first k positions win
+    logits[-1] = float("-inf")
+    return logits, torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("splits", [2, 4, 32])
+@pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
+@pytest.mark.parametrize("k", [512, 2048])
+def test_topk_split_rows(k, sort, splits):
+    """Rows shared by several programs (1024-position spans to reach many participants): exact sets, the order asked
+    for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero for the next launch."""
+    logits, lens = _split_rows(k, 70000, seed=k + splits)
+    ref = indexer_topk_reference(logits, lens, k)
+    expect = ref if sort else _by_position(ref)
+    g = torch.Generator().manual_seed(splits)
+    table = torch.randperm(len(lens) * 70016 // 64, generator=g).view(len(lens), -1).to(torch.int32)
+    out = torch.full((len(lens), k), -7, dtype=torch.int32, device=DEV)
+    slots = torch.full((len(lens), k), -7, dtype=torch.int32, device=DEV)
+    for _ in range(2):  # the workspace must come back to zero after every launch
+        topk.indexer_topk_fwd(
+            logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=slots,
+            sorted=sort, splits=splits, span=1024,
+        )  # fmt: skip
+        assert torch.equal(out.cpu(), expect)
+        p = expect.clamp(min=0).long()
+        assert torch.equal(
+            slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
+        )
+        ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
+        assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
+
+
+def test_topk_split_many_rows_and_graph_replay():
+    """More programs than the SMs hold at once (waves of split rows), the launcher's own split choice, and a captured
+    graph replayed with new lengths (the grid comes from shapes only)."""
+    rows, cols, k = 300, 40000, 512
+    assert topk.topk_splits(8, cols, topk.dev.device_info(torch.device(DEV))) > 1
+    logits = _tied_rows(rows, cols, seed=3).to(DEV)
+    lens = torch.randint(0, cols + 1, (rows,), dtype=torch.int32).to(DEV)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    topk.indexer_topk_fwd(logits, lens, k, out=out, splits=16, span=2048)
+    assert torch.equal(out.cpu(), indexer_topk_reference(logits.cpu(), lens.cpu(), k))
+
+    few, few_lens = logits[:8].contiguous(), lens[:8].clone()
+    few_out = torch.full((8, k), -7, dtype=torch.int32, device=DEV)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        topk.indexer_topk_fwd(few, few_lens, k, out=few_out, sorted=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk.indexer_topk_fwd(few, few_lens, k, out=few_out, sorted=False)
+    for new in ([cols] * 8, [0, 1, 511, 512, 513, 5000, 20000, cols]):
+        few_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(few_out.cpu(), _by_position(indexer_topk_reference(few.cpu(), few_lens.cpu(), k)))
 
 
 def test_sglang_topk_transform_contract():
@@ -193,7 +267,7 @@ def test_sglang_topk_transform_contract():
     slots = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
     raw = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
     sglang_compat.topk_transform_paged(scores.to(DEV), lengths.to(DEV), table.to(DEV), slots, 64, raw)
-    ref = indexer_topk_reference(scores, lengths, k)
+    ref = _by_position(indexer_topk_reference(scores, lengths, k))  # sglang's order is unspecified: ours by position
     assert torch.equal(raw.cpu(), ref)
     p = ref.clamp(min=0).long()
     assert torch.equal(slots.cpu().long(), torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))

@@ -90,15 +90,16 @@ def _topk_reference(
 
 def _check_topk_transform(device: torch.device) -> float:
     """``topk_transform_paged`` (the hook of sglang's torch top-k backend) against the top-k reference plus the page
-    transform in plain torch: rows longer than k, shorter than k, exactly k and empty; slots and raw positions."""
+    transform in plain torch: a row long enough to be split, rows longer than k, shorter than k, exactly k and empty;
+    slots and raw positions."""
     from sparsemla.kernels.indexer.sglang_compat import topk_transform_paged
 
     gen = torch.Generator().manual_seed(2468)
-    k, page_size, width = 512, 64, 1024
-    lens = torch.tensor([1000, 300, 512, 0], dtype=torch.int32)
+    k, page_size, width = 512, 64, 9216  # a 9000-long row: on a GPU, several programs share it (the split path)
+    lens = torch.tensor([9000, 1000, 300, 512, 0], dtype=torch.int32)
     rows = lens.numel()
     scores = torch.randn(rows, width, generator=gen)
-    tables = torch.stack([torch.randperm(64, generator=gen)[: width // page_size] for _ in range(rows)]).int()
+    tables = torch.stack([torch.randperm(256, generator=gen)[: width // page_size] for _ in range(rows)]).int()
     out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
     raw = torch.full((rows, k), -7, dtype=torch.int32, device=device)
     topk_transform_paged(scores.to(device), lens.to(device), tables.to(device), out, page_size, raw)

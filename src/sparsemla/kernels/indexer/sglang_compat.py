@@ -15,8 +15,9 @@ page-table width. The page table is the request's 256-token main pages; the comp
 position ``t`` maps to slot ``page_table[row, t // 64] * 64 + t % 64`` -- the same table the indexer keys use.
 
 Top-k outputs are the same *sets* as sglang's (exact top-k; ties at the threshold go to the smaller position); the
-order inside a row is by descending logit, where sglang's kernels leave it unspecified (and its torch fallback lists
-``0..L-1`` in order when ``L <= k``). The sparse-attention consumer is order-invariant.
+order inside a row is by ascending position (``sorted=False``: no sort), where sglang's kernels leave it
+unspecified (its torch fallback calls ``torch.topk(sorted=False)``, and lists ``0..L-1`` in order when ``L <= k``).
+The sparse-attention consumer is order-invariant.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def topk_transform_paged(
     lens = seq_lens.reshape(-1)[:rows]
     if select_backend(scores) == "reference":
         # plain CPU (no interpreter): positions from the reference, the page transform in torch
-        pos = indexer_topk(scores, lens, k)
+        pos = _position_order(indexer_topk(scores, lens, k))
         if page_tables is None:
             out_page_indices.copy_(pos)
             if out_raw_indices is not None:
@@ -91,12 +92,14 @@ def topk_transform_paged(
 
     if page_tables is None:
         target = out_page_indices if out_raw_indices is None else out_raw_indices
-        indexer_topk_fwd(scores, lens, k, out=target)
+        indexer_topk_fwd(scores, lens, k, out=target, sorted=False)
         if out_raw_indices is not None:
             out_page_indices.copy_(out_raw_indices)
         return
     idx = out_raw_indices if out_raw_indices is not None else _SCRATCH.get(scores.device, rows, k)
-    indexer_topk_fwd(scores, lens, k, out=idx, page_table=page_tables, page_size=page_size, out_slots=out_page_indices)
+    indexer_topk_fwd(
+        scores, lens, k, out=idx, page_table=page_tables, page_size=page_size, out_slots=out_page_indices, sorted=False
+    )
 
 
 def topk_transform_paged_v2(
@@ -127,6 +130,13 @@ def plan_topk_v2(
     del static_threshold
     plan = seq_lens.new_zeros(seq_lens.shape[0] + 1, PLAN_INTS_PER_ROW, dtype=torch.int32) if out is None else out
     return plan.zero_()
+
+
+def _position_order(pos: torch.Tensor) -> torch.Tensor:
+    """Each row's positions ascending, -1 padding last (the order the Triton path writes)."""
+    big = torch.iinfo(torch.int32).max
+    pos = torch.where(pos >= 0, pos, big).sort(dim=1).values
+    return torch.where(pos == big, -1, pos)
 
 
 def _write_slots_torch(

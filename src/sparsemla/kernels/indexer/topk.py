@@ -14,6 +14,21 @@ stay in registers for every radix pass and the compaction scan, and the search s
 threshold bin holds exactly the keys still needed (at most four passes); a longer row streams from memory once per
 pass (four passes plus the compaction). The tile sizes come from shapes only (``k``, the row capacity and, for the
 top-k kernel, the row count), so a captured CUDA graph replays for any lengths.
+
+Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than ``SPLIT_SPAN`` is shared by up to
+``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each
+owns a contiguous span, adds its span's 256-bin histogram of a radix pass into the row's histogram in a workspace
+(int32 atomics: exact, order-free), and waits at a per-row arrival counter until every participant has added its
+own; all participants then read the same merged histogram and take the same decisions (threshold bin, early stop).
+After the last pass each participant publishes its span's winner counts, and writes its winners at their
+position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when
+asked), writes the page slots, and zeroes the row's workspace for the next launch. Programs take their (row, part)
+from a start ticket, so every program a participant waits for has started before it: no deadlock while the SMs hold
+at least ``splits`` programs at once. The interpreter runs programs one after another, so it always uses one
+program per row.
+
+Order: ``sorted=True`` lists the winners by (value desc, position asc); ``sorted=False`` by ascending position (the
+same set; sglang's top-k leaves the order unspecified and its consumer is order-invariant), which skips the sort.
 """
 
 from __future__ import annotations
@@ -36,6 +51,14 @@ TOPK_SIZES = (512, 1024, 2048)
 TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
+# Split rows: a participant's span is at least SPLIT_SPAN positions; at most SPLITS_MAX programs share a row, and the
+# grid asks for about SPLIT_PROGRAMS_PER_SM programs per SM in all (a shape-only choice: graph-safe).
+SPLIT_SPAN = 4096
+SPLITS_MAX = 32
+SPLIT_PROGRAMS_PER_SM = 4
+_BINS, _PASSES = 256, 4  # radix digit bins and passes of the 32-bit keys
+HIST_BINS = tl.constexpr(_BINS)
+HIST_PASSES = tl.constexpr(_PASSES)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -161,6 +184,45 @@ def _select_streaming(src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
+def _finish_row(
+    src_ptr,
+    length,
+    idx_out_ptr,
+    slot_out_ptr,
+    pt_row_ptr,
+    K: tl.constexpr,
+    SORT: tl.constexpr,
+    WRITE_SLOTS: tl.constexpr,
+    WRITE_IDX: tl.constexpr,
+    PAGE_BITS: tl.constexpr,
+    FROM_L2: tl.constexpr,
+):
+    """Final output of one row whose winners sit in ``idx_out_ptr[0:K]`` in position order (when ``length > K``; a
+    shorter row needs no selection): sorted by (value desc, position asc) when ``SORT``, -1 padded, and the page slots
+    with ``WRITE_SLOTS``."""
+    o_k = tl.arange(0, K)
+    count = tl.minimum(length, K)
+    if length > K:
+        pos = tl.load(idx_out_ptr + o_k, cache_modifier=".cg")  # [K] the K winners, in position order
+    else:
+        pos = o_k
+    ok = o_k < count
+    if SORT:
+        v = _load_row(src_ptr + pos, ok, FROM_L2)  # [K]
+        key = tl.where(ok, _order_key(v), -2147483647 - 1)
+        packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - pos).to(tl.int64)
+        packed = tl.sort(packed, descending=True)
+        pos = 0x7FFFFFFF - packed.to(tl.int32)  # low 32 bits
+    tl.debug_barrier()
+    if WRITE_IDX:
+        tl.store(idx_out_ptr + o_k, tl.where(ok, pos, -1))
+    if WRITE_SLOTS:
+        page = tl.load(pt_row_ptr + (pos >> PAGE_BITS), mask=ok, other=0)
+        slots = (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1))
+        tl.store(slot_out_ptr + o_k, tl.where(ok, slots, -1))
+
+
+@triton.jit
 def _topk_row(
     src_ptr,
     length,
@@ -176,15 +238,15 @@ def _topk_row(
     WRITE_IDX: tl.constexpr,
     PAGE_BITS: tl.constexpr,
     FROM_L2: tl.constexpr,
+    SORT: tl.constexpr,
 ):
-    """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous) by (value desc, position asc), -1 padded.
+    """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
     The selection path is chosen per row on the device: ``length <= K`` needs none, ``length <= ROW_SMALL`` and
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows stream (compiled only with ``STREAM``). ``idx_out_ptr`` [K] int32 receives positions (it is also the
     selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
-    ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``."""
-    o_k = tl.arange(0, K)
+    ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
             _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2)
@@ -195,25 +257,103 @@ def _topk_row(
             if length > ROW_MAX:
                 _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
         tl.debug_barrier()
-        pos = tl.load(idx_out_ptr + o_k)  # [K] the K winners, in position order
-        valid = o_k < K
-    else:
-        pos = o_k
-        valid = o_k < length
-    v = _load_row(src_ptr + pos, valid, FROM_L2)  # [K]
-    key = tl.where(valid, _order_key(v), -2147483647 - 1)
-    packed = (key.to(tl.int64) << 32) | (0x7FFFFFFF - pos).to(tl.int64)
-    packed = tl.sort(packed, descending=True)
-    pos = 0x7FFFFFFF - packed.to(tl.int32)  # low 32 bits
-    count = tl.minimum(length, K)
-    ok = o_k < count
+    _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
+                FROM_L2)  # fmt: skip
+
+
+@triton.jit
+def _arrive_and_wait(bar_ptr, target):
+    """Counts this program's arrival at the row's counter and spins until ``target`` arrivals (all participants of
+    this phase). The CTA barrier before the release orders every thread's earlier stores and atomics before it."""
     tl.debug_barrier()
-    if WRITE_IDX:
-        tl.store(idx_out_ptr + o_k, tl.where(ok, pos, -1))
-    if WRITE_SLOTS:
-        page = tl.load(pt_row_ptr + (pos >> PAGE_BITS), mask=ok, other=0)
-        slots = (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1))
-        tl.store(slot_out_ptr + o_k, tl.where(ok, slots, -1))
+    n = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") + 1
+    while n < target:
+        n = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _select_split(
+    src_ptr,
+    lo,
+    hi,
+    part,
+    n_part,
+    hist_ptr,
+    cnt_ptr,
+    bar_ptr,
+    idx_out_ptr,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
+    passes of :func:`_select_streaming` over its span with the row's histogram merged through ``hist_ptr``
+    [HIST_PASSES, 256] int32 and ``bar_ptr``; then its span's winners go to their position-order slots of
+    ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]). Returns the barrier phases used."""
+    o_b = tl.arange(0, BLOCK)
+    o_bin = tl.arange(0, HIST_BINS)
+    prefix = lo * 0  # the threshold key, 8 bits at a time from the top (the same on every participant)
+    k_rem = lo * 0 + K
+    low = lo * 0 + 32
+    more = lo * 0 + 1
+    phase = lo * 0
+    for p in tl.static_range(HIST_PASSES):
+        if more != 0:
+            hist = tl.zeros([HIST_BINS], dtype=tl.int32)
+            for start in range(lo, hi, BLOCK):
+                offs = start + o_b
+                m = offs < hi
+                key = _order_key(_load_row(src_ptr + offs, m, False))  # [BLOCK]
+                if p == 0:
+                    digit = ((key >> 24) + 128) & 255
+                else:
+                    m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                    digit = (key >> (24 - 8 * p)) & 255
+                hist += tl.histogram(digit, HIST_BINS, mask=m)
+            tl.atomic_add(hist_ptr + p * HIST_BINS + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+            phase += 1
+            _arrive_and_wait(bar_ptr, phase * n_part)
+            merged = tl.load(hist_ptr + p * HIST_BINS + o_bin, cache_modifier=".cg")  # [256] the whole row's
+            d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
+            k_rem -= above
+            if p == 0:
+                prefix = (d - 128) << 24
+            else:
+                prefix = prefix | (d << (24 - 8 * p))
+            low = lo * 0 + (24 - 8 * p)
+            more = (in_bin != k_rem).to(tl.int32)
+    # span counts of keys above / equal to the threshold prefix, exchanged so each span knows its slots
+    thr = prefix >> low
+    n_gt = lo * 0
+    n_eq = lo * 0
+    for start in range(lo, hi, BLOCK):
+        offs = start + o_b
+        m = offs < hi
+        hk = _order_key(_load_row(src_ptr + offs, m, False)) >> low  # [BLOCK]
+        n_gt += tl.sum((m & (hk > thr)).to(tl.int32), axis=0)
+        n_eq += tl.sum((m & (hk == thr)).to(tl.int32), axis=0)
+    tl.store(cnt_ptr + part * 2, n_gt)
+    tl.store(cnt_ptr + part * 2 + 1, n_eq)
+    phase += 1
+    _arrive_and_wait(bar_ptr, phase * n_part)
+    o_s = tl.arange(0, SPLITS)
+    earlier = o_s < part
+    gt_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    eq_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    for start in range(lo, hi, BLOCK):
+        offs = start + o_b
+        m = offs < hi
+        hk = _order_key(_load_row(src_ptr + offs, m, False)) >> low  # [BLOCK]
+        gt = (m & (hk > thr)).to(tl.int32)
+        eq = (m & (hk == thr)).to(tl.int32)
+        eq_rank = eq_before + tl.cumsum(eq, axis=0) - eq  # ties before this one in the row
+        take = (gt != 0) | ((eq != 0) & (eq_rank < k_rem))
+        slot = gt_before + tl.cumsum(gt, axis=0) - gt + tl.minimum(eq_rank, k_rem)  # winners before this one
+        tl.store(idx_out_ptr + slot, offs, mask=take)
+        gt_before += tl.sum(gt, axis=0)
+        eq_before += tl.sum(eq, axis=0)
+    return phase
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -226,11 +366,13 @@ def _indexer_topk_kernel(
     pt_ptr,  # int32 [rows, max_pages] (WRITE_SLOTS only)
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
+    ws_ptr,  # int32 (SPLITS > 1): [ticket | rows arrival counters | rows x 4 x 256 hist | rows x SPLITS x 2 counts]
     stride_l,
     stride_pt,
     stride_idx,
     stride_slot,
     n_cols,
+    n_rows,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_SMALL: tl.constexpr,
@@ -238,26 +380,50 @@ def _indexer_topk_kernel(
     STREAM: tl.constexpr,
     WRITE_SLOTS: tl.constexpr,
     PAGE_BITS: tl.constexpr,
+    SORT: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPAN: tl.constexpr,
 ):
-    i_r = tl.program_id(0).to(tl.int64)
+    if SPLITS == 1:
+        i_r = tl.program_id(0).to(tl.int64)
+        part = 0
+    else:
+        # (row, part) in start order: every program a participant waits for has already started
+        ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed", scope="gpu")
+        if ticket == n_rows * SPLITS - 1:
+            tl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
+        i_r = (ticket // SPLITS).to(tl.int64)
+        part = ticket % SPLITS
     n = tl.load(lens_ptr + i_r)
     n = tl.minimum(tl.maximum(n, 0), n_cols)
-    _topk_row(
-        logits_ptr + i_r * stride_l,
-        n,
-        idx_ptr + i_r * stride_idx,
-        slot_ptr + i_r * stride_slot,
-        pt_ptr + i_r * stride_pt,
-        K,
-        BLOCK,
-        ROW_SMALL,
-        ROW_MAX,
-        STREAM,
-        WRITE_SLOTS,
-        True,
-        PAGE_BITS,
-        False,
-    )
+    src = logits_ptr + i_r * stride_l
+    p_idx = idx_ptr + i_r * stride_idx
+    p_slot = slot_ptr + i_r * stride_slot
+    p_pt = pt_ptr + i_r * stride_pt
+    n_part = tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS)
+    if (n <= K) | (n_part == 1):
+        if part == 0:
+            _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True, PAGE_BITS,
+                      False, SORT)  # fmt: skip
+    elif part < n_part:
+        p_bar = ws_ptr + 1 + i_r
+        p_hist = ws_ptr + 1 + n_rows + i_r * (HIST_PASSES * HIST_BINS)
+        p_cnt = ws_ptr + 1 + n_rows * (1 + HIST_PASSES * HIST_BINS) + i_r * (SPLITS * 2)
+        span = tl.cdiv(n, n_part)
+        lo = part * span
+        hi = tl.minimum(lo + span, n)
+        phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
+        if arrived == (phase + 1) * n_part:
+            # the last participant: every other one is past its last read of the row's workspace
+            # zero all of it: a later launch with another row count lays the workspace out differently
+            o_h = tl.arange(0, HIST_PASSES * HIST_BINS)
+            tl.store(p_hist + o_h, tl.zeros([HIST_PASSES * HIST_BINS], dtype=tl.int32), cache_modifier=".cg")
+            o_c = tl.arange(0, 2 * SPLITS)
+            tl.store(p_cnt + o_c, tl.zeros([2 * SPLITS], dtype=tl.int32), cache_modifier=".cg")
+            tl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
+            _finish_row(src, n, p_idx, p_slot, p_pt, K, SORT, WRITE_SLOTS, True, PAGE_BITS, False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -295,6 +461,43 @@ def _check_k(k: int) -> None:
         raise ValueError(f"k must be one of {TOPK_SIZES}, got {k}")
 
 
+def topk_splits(rows: int, n_cols: int, info: dev.DeviceInfo) -> int:
+    """Programs that may share one row (the grid's second factor), from shapes and the device only: enough for rows
+    of ``n_cols`` to be split into :data:`SPLIT_SPAN` spans, within about :data:`SPLIT_PROGRAMS_PER_SM` programs per SM
+    in all (at most :data:`SPLITS_MAX`, a power of two). One under the interpreter, which runs programs one at a
+    time (a participant would wait for one that never starts)."""
+    if info is dev.INTERPRETER or rows == 0:
+        return 1
+    want = triton.cdiv(max(n_cols, 1), SPLIT_SPAN)
+    room = max(info.num_sms * SPLIT_PROGRAMS_PER_SM // rows, 1)
+    splits = min(want, room, SPLITS_MAX)
+    return 1 if splits < 2 else triton.next_power_of_2(splits + 1) // 2  # the largest power of two <= splits
+
+
+class _SplitWorkspace:
+    """Grow-only, zero-filled int32 workspace per device for split rows: the start ticket, per-row arrival counters,
+    histograms and span counts. Every launch leaves all of it at zero (launches with other row counts lay it out
+    differently). Warm up every shape before CUDA-graph capture so that no growth happens inside one."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[torch.device, torch.Tensor] = {}
+
+    @staticmethod
+    def ints(rows: int, splits: int) -> int:
+        return 1 + rows * (1 + _PASSES * _BINS + 2 * splits)
+
+    def get(self, device: torch.device, rows: int, splits: int) -> torch.Tensor:
+        need = self.ints(rows, splits)
+        buf = self.bufs.get(device)
+        if buf is None or buf.numel() < need:
+            buf = torch.zeros(need, dtype=torch.int32, device=device)
+            self.bufs[device] = buf
+        return buf
+
+
+_SPLIT_WS = _SplitWorkspace()
+
+
 def indexer_topk_fwd(
     logits: torch.Tensor,
     lengths: torch.Tensor,
@@ -304,14 +507,18 @@ def indexer_topk_fwd(
     page_table: torch.Tensor | None = None,
     page_size: int = IDX_PAGE,
     out_slots: torch.Tensor | None = None,
+    sorted: bool = True,
     row_tiles: tuple[int, int] | None = None,
+    splits: int | None = None,
+    span: int = SPLIT_SPAN,
 ) -> torch.Tensor:
-    """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]`` (value desc, position asc), -1 padded.
+    """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
+    with ``sorted``, else by ascending position (the same set).
 
     With ``page_table`` [rows, max_pages] int32 also writes ``out_slots`` [rows, k] with
     ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
-    ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles` (tests use small tiles to reach every
-    path)."""
+    ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
+    :func:`topk_splits` and ``span`` :data:`SPLIT_SPAN` (tests and sweeps use them to reach every path)."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -337,19 +544,26 @@ def indexer_topk_fwd(
         return out
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
+    info = dev.launch_info(logits.device)
+    n_split = topk_splits(rows, logits.shape[1], info) if splits is None else splits
+    if n_split < 1 or n_split & (n_split - 1) or (n_split > 1 and info is dev.INTERPRETER):
+        raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
     tiles = row_tiles or _topk_row_tiles(rows, logits.device)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
-    _indexer_topk_kernel[(rows,)](
+    ws = _SPLIT_WS.get(logits.device, rows, n_split) if n_split > 1 else lengths
+    _indexer_topk_kernel[(rows * n_split,)](
         logits,
         lengths,
         pt,
         out,
         slots,
+        ws,
         logits.stride(0),
         pt.stride(0),
         out.stride(0),
         slots.stride(0),
         logits.shape[1],
+        rows,
         K=k,
         BLOCK=_topk_block(k),
         ROW_SMALL=row_small,
@@ -357,9 +571,12 @@ def indexer_topk_fwd(
         STREAM=stream,
         WRITE_SLOTS=write_slots,
         PAGE_BITS=max(page_size.bit_length() - 1, 0),
+        SORT=sorted,
+        SPLITS=n_split,
+        SPAN=span,
         num_warps=TOPK_WARPS,
     )
     return out
 
 
-__all__ = ["FUSED_ROW_TILES", "TOPK_ROW_TILES", "TOPK_SIZES", "TOPK_WARPS", "indexer_topk_fwd"]
+__all__ = ["FUSED_ROW_TILES", "TOPK_ROW_TILES", "TOPK_SIZES", "TOPK_WARPS", "indexer_topk_fwd", "topk_splits"]

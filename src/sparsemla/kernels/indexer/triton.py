@@ -27,13 +27,24 @@ import triton.language as tl
 
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import e4m3_bits_to_bf16_value
-from sparsemla.kernels.indexer.topk import FUSED_ROW_TILES, _check_k, _topk_block, _topk_paths, _topk_row
+from sparsemla.kernels.indexer.topk import (
+    FUSED_ROW_TILES,
+    _check_k,
+    _topk_block,
+    _topk_paths,
+    _topk_row,
+    indexer_topk_fwd,
+)
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
 PAGE_TOKENS = tl.constexpr(IDX_PAGE)  # tokens per key page
 SCALE_OFFSET = tl.constexpr(IDX_SCALE_OFFSET)  # bytes: the page's fp32 scale plane starts here
 
 DOT_FP8, DOT_BF16, DOT_FP32 = 0, 1, 2
+# Widest rows the fused launch selects in its tail (one program per row, the row in registers); wider rows take the
+# logits launch then the split top-k. H200, B=1, top-512, graph replay: fused 22 us at 4k but 108 us at 16k, where
+# the logits alone take 8.8 us (results/bench/explore/topk_breakdown-native-h200-2026-12-02.json).
+FUSED_MAX_COLS = FUSED_ROW_TILES[1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -73,6 +84,7 @@ def _indexer_logits_kernel(
     TOPK_ROW_SMALL: tl.constexpr,
     TOPK_ROW_MAX: tl.constexpr,
     TOPK_STREAM: tl.constexpr,
+    SORT: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_s = tl.program_id(1)
@@ -164,6 +176,7 @@ def _indexer_logits_kernel(
                     True,
                     6,
                     True,
+                    SORT,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
@@ -217,6 +230,15 @@ def _lens_2d(seq_lens: torch.Tensor, batch: int, next_n: int) -> tuple[torch.Ten
     return lens, per_row
 
 
+def _row_lengths(seq_lens: torch.Tensor, batch: int, next_n: int, max_seq_len: int) -> torch.Tensor:
+    """int32 ``[B * next_n]`` logits-row lengths, as the kernel derives them: per row when given, else causal
+    (``L - next_n + 1 + i``), clamped to ``[0, max_seq_len]``. Device ops only (graph-safe)."""
+    lens, per_row = _lens_2d(seq_lens, batch, next_n)
+    if not per_row:
+        lens = lens[:, :1] - next_n + 1 + torch.arange(next_n, device=lens.device, dtype=lens.dtype)
+    return lens.reshape(-1).clamp(0, max_seq_len).to(torch.int32)
+
+
 @dataclass(frozen=True)
 class LogitsConfig:
     """Launch shape of the logits kernel (also the fused logits + top-k launch).
@@ -268,6 +290,7 @@ def _launch_logits(
     idx_out: torch.Tensor | None = None,
     k: int = 512,
     row_tiles: tuple[int, int] | None = None,
+    sorted: bool = True,
     **overrides: int | bool,
 ) -> None:
     """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests)."""
@@ -315,6 +338,7 @@ def _launch_logits(
         TOPK_ROW_SMALL=row_small,
         TOPK_ROW_MAX=row_max,
         TOPK_STREAM=stream,
+        SORT=sorted,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -383,10 +407,16 @@ def indexer_logits_topk_fwd(
     max_seq_len: int | None = None,
     *,
     out: torch.Tensor | None = None,
+    sorted: bool = True,
+    fuse: bool | None = None,
     **tuning: int | tuple[int, int],
 ) -> torch.Tensor:
-    """Fused decode path: top-``k`` positions ``[B * next_n, k]`` int32 of the indexer logits (value desc, position
-    asc, -1 padded), in one launch; the logits live only in a reused workspace. ``tuning`` goes to the logits launch
+    """Decode path: top-``k`` positions ``[B * next_n, k]`` int32 of the indexer logits (order as in
+    :func:`~sparsemla.kernels.indexer.topk.indexer_topk_fwd`, -1 padded); the logits live only in a reused workspace.
+
+    Up to :data:`FUSED_MAX_COLS` positions one launch (the last logits program of a request selects its rows while
+    the logits are in L2); wider rows (``fuse`` overrides the choice) take the logits launch then the top-k kernel,
+    whose split rows use many SMs per row where the fused tail has one. ``tuning`` goes to the logits launch
     (``row_tiles`` overrides :data:`FUSED_ROW_TILES`)."""
     _check_k(k)
     batch, next_n, _ = _check_logits_inputs(q_fp8, kv_cache_fp8, weights, seq_lens, page_table)
@@ -402,6 +432,11 @@ def indexer_logits_topk_fwd(
     if max_seq_len == 0:
         return out.fill_(-1)
     scratch, counters = _WORKSPACE.get(q_fp8.device, rows, max_seq_len, batch)
+    if not (max_seq_len <= FUSED_MAX_COLS if fuse is None else fuse):
+        tuning.pop("row_tiles", None)
+        _launch_logits(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, scratch, max_seq_len, **tuning)
+        row_lens = _row_lengths(seq_lens, batch, next_n, max_seq_len)
+        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted)
     _launch_logits(
         q_fp8,
         kv_cache_fp8,
@@ -414,9 +449,17 @@ def indexer_logits_topk_fwd(
         counters=counters,
         idx_out=out,
         k=k,
+        sorted=sorted,
         **tuning,
     )
     return out
 
 
-__all__ = ["LogitsConfig", "choose_logits_config", "indexer_logits_fwd", "indexer_logits_topk_fwd", "num_splits_for"]
+__all__ = [
+    "FUSED_MAX_COLS",
+    "LogitsConfig",
+    "choose_logits_config",
+    "indexer_logits_fwd",
+    "indexer_logits_topk_fwd",
+    "num_splits_for",
+]
