@@ -1,5 +1,6 @@
 """The shared load-test options (one dataclass, declared once) reach the runner's config from every command; one
-default workload; the demo is the stack around `run_ab` (no simulator here: the stack and run_ab are stand-ins)."""
+default workload; the demo is the stack around a campaign (no simulator here: the stack and the campaign are
+stand-ins)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sparsemla.loadtest import ab, cli, runner, sweep
+from sparsemla.loadtest import ab, campaign, cli, runner, sweep
 from sparsemla.loadtest.ab import ABError, ABResult
+from sparsemla.loadtest.kernel_shares import KernelComparison, ProfileSnapshot
 from sparsemla.loadtest.options import DEFAULT_TARGET, LoadOptions, with_load_options
 from sparsemla.loadtest.report import Run, compare_runs
 from sparsemla.loadtest.runner import LoadTestConfig
@@ -150,7 +152,7 @@ def test_the_demo_workload_is_the_named_constant() -> None:
     assert "random:" not in (ROOT / "src/sparsemla/ops/demo.py").read_text()
 
 
-# -- the demo is stack up + run_ab (+ the calibration check) ------------------------------------------------------
+# -- the demo is stack up + a campaign (+ the calibration check) --------------------------------------------------
 
 
 def _run(name: str, path: Path, variant: str, flag: str, tok_s: dict[int, float]) -> Run:
@@ -164,59 +166,91 @@ def _run(name: str, path: Path, variant: str, flag: str, tok_s: dict[int, float]
     return Run(name, path, points)
 
 
+TOK_S = {"baseline": {1: 100.0, 8: 400.0}, "mma_decode": {1: 220.0, 8: 720.0},
+         "mma_decode+triton_indexer": {1: 440.0, 8: 2160.0}}  # fmt: skip
+
+
 @pytest.fixture
 def demo_stand_ins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
-    """The stack and run_ab replaced: records what the demo passes, returns a result with B/A tok/s = 2.2 and 1.8."""
+    """The stack and run_campaign replaced: records what the demo passes; every step's B/A tok/s is 2.2 and 1.8,
+    then 2.0 and 3.0, against a calibrated 2.0 everywhere."""
     monkeypatch.setenv("SPARSEMLA_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.delenv("GRAFANA_URL", raising=False)
     seen: dict[str, Any] = {"down": []}
 
     def fake_up(**kw: Any) -> stack.StackUrls:
         seen["up"] = kw
-        return stack.StackUrls(server="http://127.0.0.1:1234", prometheus=None, exporter=None)
+        return stack.StackUrls(server="http://127.0.0.1:1234", prometheus=None, exporter="http://127.0.0.1:9401")
 
     def fake_down(run_dir: Path) -> list[str]:
         seen["down"].append(run_dir)
         return ["server"]
 
-    def fake_ab(flag: str, points: list[int], repeat: int, cfg: LoadTestConfig, **kw: Any) -> ABResult:
-        seen["ab"] = dict(flag=flag, points=points, repeat=repeat, cfg=cfg, **kw)
+    def fake_campaign(variants: list[str], points: list[int], repeat: int, cfg: LoadTestConfig, **kw: Any) -> Any:
+        seen["campaign"] = dict(variants=variants, points=points, repeat=repeat, cfg=cfg, **kw)
         if seen.get("fail"):
             raise ABError("the simulator did not come back")
-        a = _run("a-flag-off", kw["run_dirs"][0], "baseline", "off", {1: 100.0, 8: 400.0})
-        b = _run("b-flag-on", kw["run_dirs"][1], "mma_decode", "on", {1: 220.0, 8: 720.0})
-        return ABResult(a, b, compare_runs(a, b), {"html": kw["report_dir"] / "report.html"})
+        out = kw["out_dir"]
+        done = {
+            v: campaign.VariantResult(v, _run(v, out / "runs" / v, v, "on" if v != "baseline" else "off", TOK_S[v]),
+                                      ProfileSnapshot(v, 8, error="a stand-in takes no snapshot"))
+            for v in variants
+        }  # fmt: skip
+        steps = []
+        for step in campaign.plan_steps(variants):
+            (out / "steps" / step.slug).mkdir(parents=True)
+            a, b = done[step.a], done[step.b]
+            files = {"html": out / "steps" / step.slug / "report.html"}
+            kernels = KernelComparison(a.snapshot, b.snapshot)
+            result = campaign.StepResult(step, compare_runs(a.run, b.run), files, kernels)
+            kw["on_step"](result)
+            steps.append(result)
+        return campaign.CampaignResult(out, points, done, steps)
 
     monkeypatch.setattr(stack, "up", fake_up)
     monkeypatch.setattr(stack, "down", fake_down)
-    monkeypatch.setattr(ab, "run_ab", fake_ab)
-    monkeypatch.setattr(demo, "calibrated_ratios", lambda variant, points: {c: 2.0 for c in points})
+    monkeypatch.setattr(campaign, "run_campaign", fake_campaign)
+    monkeypatch.setattr(demo, "calibrated_ratios", lambda a, b, points: {c: 2.0 for c in points})
     return seen
 
 
-def test_demo_is_stack_up_plus_run_ab(demo_stand_ins: dict[str, Any], tmp_path: Path) -> None:
+def test_demo_is_stack_up_plus_a_campaign(demo_stand_ins: dict[str, Any], tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = ["--point-seconds", "4", "--concurrency", "1 8", "--no-prometheus", "--port", "0", "--run-dir", str(run_dir)]
     result = CliRunner().invoke(demo.app, argv)
     assert result.exit_code == 0, result.output
     out = tmp_path / "results" / "demo"
-    seen = demo_stand_ins["ab"]
-    assert seen["flag"] == "SPARSEMLA_MMA_DECODE" and seen["points"] == [1, 8] and seen["repeat"] == 1
+    seen = demo_stand_ins["campaign"]
+    assert seen["variants"] == ["baseline", "mma_decode", "mma_decode+triton_indexer"]
+    assert seen["points"] == [1, 8] and seen["repeat"] == 1
     assert seen["cfg"] == LoadTestConfig(
         target="http://127.0.0.1:1234", concurrency=1, duration_s=4.0, workload=DEMO_WORKLOAD, warmup_s=1.0,
         request_timeout_s=120.0, metrics_port=demo_stand_ins["up"]["locust_metrics_port"],
     )  # fmt: skip
-    assert seen["restart"] == "sim" and seen["stack_run_dir"] == run_dir and seen["restore"] is False
-    assert seen["report_dir"] == out and seen["run_dirs"] == (out / "a-flag-off", out / "b-flag-on")
-    assert demo_stand_ins["up"]["sim_env"] == {"SPARSEMLA_MMA_DECODE": "0"} and demo_stand_ins["down"] == [run_dir]
+    assert seen["restart"] == "sim" and seen["fresh_start"] is True and seen["stack_run_dir"] == run_dir
+    assert seen["out_dir"] == out and seen["exporter"] == "http://127.0.0.1:9401"
+    up = demo_stand_ins["up"]
+    assert up["sim_env"] == {"SPARSEMLA_MMA_DECODE": "0", "SPARSEMLA_TRITON_INDEXER": "0"} and up["exporter"] is True
+    assert demo_stand_ins["down"] == [run_dir]
     info = json.loads((out / "demo.json").read_text())
-    assert info["variant_b"] == "mma_decode" and info["workload"] == DEMO_WORKLOAD
-    assert [(r["concurrency"], round(r["deviation"], 3)) for r in info["ratios"]] == [(1, 0.1), (8, -0.1)]
-    assert "Output tok/s" in result.output and "calibrated decode-step ratio" in result.output
+    assert info["variants"] == seen["variants"] and info["workload"] == DEMO_WORKLOAD
+    deviations = [[(r["concurrency"], round(r["deviation"], 3)) for r in s["ratios"]] for s in info["steps"]]
+    assert deviations == [[(1, 0.1), (8, -0.1)], [(1, 0.0), (8, 0.5)]]
+    assert [s["flag"] for s in info["steps"]] == ["SPARSEMLA_MMA_DECODE", "SPARSEMLA_TRITON_INDEXER"]
+    report = (out / "report.md").read_text()
+    assert "## Step 1: SPARSEMLA_MMA_DECODE" in report and "## Step 2: SPARSEMLA_TRITON_INDEXER" in report
+    assert "no kernel-share snapshot of baseline: a stand-in takes no snapshot" in report
+    assert "Output tok/s" in result.output and "calibrated decode-step speed-up ×2.00" in result.output
 
 
-def test_demo_stops_the_stack_when_run_ab_fails(demo_stand_ins: dict[str, Any], tmp_path: Path) -> None:
+def test_demo_stops_the_stack_when_the_campaign_fails(demo_stand_ins: dict[str, Any], tmp_path: Path) -> None:
     demo_stand_ins["fail"] = True
     result = CliRunner().invoke(demo.app, ["--no-prometheus", "--port", "0", "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 2 and "did not come back" in result.output
     assert demo_stand_ins["down"] == [tmp_path / "run"]
+
+
+def test_the_demo_refuses_a_campaign_that_is_not_one_flag_per_step(demo_stand_ins: dict[str, Any]) -> None:
+    result = CliRunner().invoke(demo.app, ["--variants", "baseline mma_decode+triton_indexer", "--no-prometheus"])
+    assert result.exit_code == 2 and "exactly one kernel switch" in " ".join(result.output.split())
+    assert "up" not in demo_stand_ins  # refused before anything started

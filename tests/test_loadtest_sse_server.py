@@ -178,7 +178,7 @@ if __name__ == "__main__":
 
 # -- tests of the fixture itself ------------------------------------------------------------------------------------
 def test_fixture_keeps_its_schedule_when_idle() -> None:
-    """One request at a time: chunk i arrives at ttft + i*itl (within 3 ms), so it can serve as a measuring stick."""
+    """One request at a time: chunk i arrives at ttft + i*itl, so it can serve as a measuring stick."""
     from fastapi.testclient import TestClient
 
     cfg = FixtureConfig(ttft=0.03, itl=0.01)
@@ -190,5 +190,11 @@ def test_fixture_keeps_its_schedule_when_idle() -> None:
                 if line.startswith("data: {"):
                     times.append(time.perf_counter() - t0)
     assert len(times) == 6
-    for i, t in enumerate(times):
-        assert abs(t - (cfg.ttft + i * cfg.itl)) < 0.01, (i, t)
+    # Chunk i at start + ttft + i*itl, where start is the client's own start-up (a few ms): the offset is the median
+    # of t_i - i*itl; most chunks within 3 ms of it, none more than 15 ms off (a loaded CI machine delays a wake-up
+    # now and then; a fixture that drifted or batched its chunks would miss the median bound by far).
+    offsets = sorted(t - i * cfg.itl for i, t in enumerate(times))
+    offset = offsets[len(offsets) // 2]
+    assert cfg.ttft - 0.001 <= offset < cfg.ttft + 0.03, times
+    errors = sorted(abs(t - i * cfg.itl - offset) for i, t in enumerate(times))
+    assert errors[len(errors) // 2] < 0.003 and errors[-1] < 0.015, (times, errors)

@@ -70,8 +70,12 @@ def test_lines_carry_the_kernel_receive_time() -> None:
         assert lines.kernel
         stamps, read_at = [], []
         for i in range(EVENTS):
-            # Be late on purpose: wake 40 ms after the event was due (the server sends one every 100 ms).
-            time.sleep(max(0.0, perf0 + (i + 1) * GAP_S + 0.04 - time.perf_counter()))
+            # Be late on purpose: read 40 ms after the server has sent the event (waiting for the send itself, not for
+            # its schedule: a loaded machine sends late, and an early read would block and not be late at all).
+            deadline = time.perf_counter() + 10
+            while len(sent) <= i and time.perf_counter() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.04)
             line, stamp = lines.readline()
             assert line == f"data: {i}\n".encode()
             stamps.append(stamp + (wall0 - perf0))

@@ -142,7 +142,7 @@ def test_the_gpu_tier_collects_where_only_the_runtime_is_installed(tmp_path):
     """`pytest -m gpu` on the GPU machine (runtime + torch, no ops extras): every module collects or skips."""
     script = tmp_path / "collect.py"
     ops_only = ("fastapi", "starlette", "uvicorn", "grafana_foundation_sdk", "locust", "gevent", "geventhttpclient")
-    blocked = sorted({*ops_only, "promql_parser", "sglang"})
+    blocked = sorted({*ops_only, "promql_parser", "sglang", "jsonschema_rs", "schemathesis"})
     script.write_text(_BLOCKED_RUNNER.format(blocked=blocked))
     out = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparsemla import flags, variant
+from sparsemla.ops.sim import calibrate_from_step, gpus, project
 from sparsemla.ops.sim import calibration as cal_mod
 from sparsemla.ops.sim.calibration import (
     PROVISIONAL_PATH,
@@ -120,3 +122,186 @@ def test_flag_overrides_path_and_variant(tmp_path: Path) -> None:
         assert load_calibration(target).state(variant.current()).variant == "mma_decode"
     with pytest.raises(CalibrationError, match="no state"):
         load_calibration(target).state("mma_decode+reference")
+
+
+# -- one calibration per GPU: measured / projected, provenance, baseline -----------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "results" / "bench"
+
+
+def _inputs() -> project.Inputs:
+    return project.Inputs.default(results_dir=BENCH)
+
+
+def test_the_selectable_gpus_are_one_list() -> None:
+    assert flags.SIM_GPUS == tuple(cal_mod.GPU_FILES) == tuple(gpus.GPUS) == tuple(gpus.BASELINES)
+    assert project.PROJECTABLE == tuple(g for g in flags.SIM_GPUS if g != "h200")
+
+
+@pytest.mark.parametrize("gpu", flags.SIM_GPUS)
+def test_each_gpu_file_says_measured_or_projected_and_what_flags_off_is(gpu: str) -> None:
+    cal = load_calibration(gpu=gpu)
+    assert cal.path == cal_mod.GPU_FILES[gpu]
+    assert cal.gpu == gpus.GPUS[gpu] and cal.baseline == gpus.BASELINES[gpu]
+    assert cal.kind == ("measured" if gpu == "h200" else "projected")
+    assert cal.provenance.provisional is (gpu != "h200")
+    assert ("PROJECTED" in cal.label()) is (gpu != "h200") and cal.baseline.label in cal.label()
+    # no file claims to model stock sglang's default path: none was measured
+    assert cal.baseline.models_default is False and "not" in cal.baseline.note
+    assert set(cal.states) == set(VARIANTS)
+    assert {n: s.description for n, s in cal.states.items()} == gpus.state_descriptions(gpu)
+    summary = cal.summary()
+    assert summary["kind"] == cal.kind and summary["gpu"]["key"] == gpu and summary["baseline"]["label"]
+    assert cal.provenance.method and cal.provenance.sources
+    for source in cal.provenance.sources:  # every source names a committed file, its sha256 and the sha it measured
+        path = ROOT / source.path if "/" in source.path else BENCH / source.path
+        assert path.is_file(), source
+        assert source.sha256 == calibrate_from_step.sha256_of(path), f"{source.path} changed: regenerate"
+        assert source.git_sha not in ("", "n/a"), source
+
+
+@pytest.mark.parametrize("gpu", project.PROJECTABLE)
+def test_projected_file_is_what_the_committed_measurements_give(gpu: str) -> None:
+    assert project.stale(gpu, _inputs()) is None, "run `sparsemla calibrate --project all`"
+    cal = load_calibration(gpu=gpu)
+    assert "sm_89-path / wgmma ratio" in cal.provenance.method and "Not modelled" in cal.provenance.notes
+    if gpu == "a100":
+        assert "bf16 variant" in cal.baseline.note and "never measured" in cal.baseline.note
+    if gpu == "rtx-pro-6000":
+        assert "FlashInfer SM120" in cal.baseline.sglang_default and "SGLANG_SM120_FLASHMLA_BACKEND=triton" in (
+            cal.baseline.label
+        )
+
+
+def test_measured_h200_file_is_what_its_step_result_gives(tmp_path: Path) -> None:
+    cal = load_calibration(gpu="h200")
+    (source,) = cal.provenance.sources
+    rebuilt = calibrate_from_step.calibrate(BENCH / source.path, tmp_path / "default.json")
+    assert json.loads(rebuilt.read_text()) == json.loads(cal_mod.DEFAULT_PATH.read_text()), (
+        "run `python -m sparsemla.ops.sim.calibrate_from_step`"
+    )
+
+
+def test_stale_check_notices_a_changed_measurement(tmp_path: Path) -> None:
+    inputs = _inputs()
+    doc = json.loads(inputs.decode.read_text())
+    for row in doc["rows"]:
+        if row["provider"] == "sparsemla_sm89path_graph":
+            row["us"] *= 1.5
+    changed = tmp_path / inputs.decode.name
+    changed.write_text(json.dumps(doc))
+    assert "differs" in project.stale("l40s", dataclasses.replace(inputs, decode=changed))
+
+
+def test_projection_follows_its_stated_method() -> None:
+    measured, cal = load_calibration(gpu="h200"), project.project_calibration("rtx-pro-6000", _inputs())
+    f = project.Factors.of("rtx-pro-6000")
+    assert f.bandwidth == pytest.approx(4.8 / 1.79) and f.sms == pytest.approx(132 / 188)
+    paths = project.CodePaths.from_docs(json.loads(_inputs().decode.read_text()),
+                                        json.loads(_inputs().indexer.read_text()))  # fmt: skip
+    assert paths.decode[1] == pytest.approx(14.496 / 14.88) and paths.decode[64] == pytest.approx(73.568 / 46.464)
+    both_h, both_p = measured.state("mma_decode+triton_indexer"), cal.state("mma_decode+triton_indexer")
+    b, j = both_h.batch.index(64), 0
+    gemm = "nvjet_sm90_tst_512x16_64x3_2x1_v_bz_TNT"  # weight streaming: x bandwidth
+    assert both_p.kernel_us[gemm][b][j] == pytest.approx(both_h.kernel_us[gemm][b][j] * f.bandwidth, rel=1e-6)
+    ours = both_h.kernel_us[project.OUR_DECODE][b][j] * paths.decode_ratio(64)  # more SMs do not help ours
+    assert both_p.kernel_us[project.OUR_DECODE][b][j] == pytest.approx(ours, rel=1e-6)
+    base_h, base_p = measured.state("baseline"), cal.state("baseline")  # sglang's per-head decode: x sm
+    sglang = base_h.kernel_us[project.SGLANG_DECODE][b][j] * f.sms
+    assert base_p.kernel_us[project.SGLANG_DECODE][b][j] == pytest.approx(sglang, rel=1e-6)
+    gap = both_h.step_us[b][j] - sum(g[b][j] for g in both_h.kernel_us.values())
+    assert both_p.step_us[b][j] == pytest.approx(sum(g[b][j] for g in both_p.kernel_us.values()) + gap, rel=1e-6)
+
+
+def test_projection_floors_kernels_at_their_bytes_over_bandwidth() -> None:
+    cal = project.project_calibration("l40s", _inputs())
+    state = cal.state("mma_decode+triton_indexer")
+    shape = project.StepShape(tuple(json.loads(_inputs().step.read_text())["model"]["compress_ratios"]))
+    for i, b in enumerate(state.batch):
+        for j, c in enumerate(state.context):
+            floor = shape.logits_bytes(b, c) / 0.86e12 * 1e6
+            assert state.kernel_us[project.OUR_LOGITS][i][j] >= floor * (1 - 1e-6)
+    b64, ctx64k = state.batch.index(64), state.context.index(65536)
+    big = shape.logits_bytes(64, 65536) / 0.86e12 * 1e6  # 21 layers x 64 x 16384 keys x 132 B: bandwidth-bound here
+    assert state.kernel_us[project.OUR_LOGITS][b64][ctx64k] == pytest.approx(big, rel=1e-6)
+
+
+@pytest.mark.parametrize("gpu", flags.SIM_GPUS)
+def test_flags_on_beats_flags_off_on_every_gpu_and_point(gpu: str) -> None:
+    cal = load_calibration(gpu=gpu)
+    base, both = cal.state("baseline"), cal.state("mma_decode+triton_indexer")
+    for b in (1, 16, 64):
+        for c in (4096, 65536):
+            assert both.step_seconds(b, c) < base.step_seconds(b, c) / 2
+
+
+def test_h200_cannot_be_projected_and_unknown_gpus_are_refused() -> None:
+    with pytest.raises(project.ProjectionError, match="h200 is measured"):
+        project.project_calibration("h200")
+    with pytest.raises(CalibrationError, match="unknown GPU 'v100'"):
+        load_calibration(gpu="v100")
+
+
+def test_gpu_selection_and_conflicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "mine.json"
+    target.write_text(PROVISIONAL_PATH.read_text())
+    with flags.SPARSEMLA_SIM_GPU.override("l40s"):
+        assert cal_mod.resolve_path() == cal_mod.GPU_FILES["l40s"]
+        assert cal_mod.resolve_path(gpu="a100") == cal_mod.GPU_FILES["a100"]  # the command line beats the variable
+        assert cal_mod.resolve_path(target) == target
+        with flags.SPARSEMLA_SIM_CALIBRATION.override(str(target)), pytest.raises(CalibrationError, match="both"):
+            cal_mod.resolve_path()
+    with pytest.raises(CalibrationError, match="not both"):
+        cal_mod.resolve_path(target, gpu="l40s")
+    monkeypatch.setenv("SPARSEMLA_SIM_GPU", "h100")
+    with pytest.raises(flags.FlagError, match="SPARSEMLA_SIM_GPU='h100' is not valid.*a100"):
+        load_calibration()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["provenance"].update(kind="guessed"), "kind"),
+        (lambda d: d["provenance"].update(provisional=False), "contradicts kind 'projected'"),
+        (lambda d: d["provenance"].update(method=""), "method and list its sources"),
+        (lambda d: d["provenance"].update(sources=[]), "method and list its sources"),
+        (lambda d: d.pop("baseline"), r"\$.baseline: missing"),
+        (lambda d: d.pop("gpu"), r"\$.gpu: missing"),
+        (lambda d: d["gpu"].update(sms=0), "sms"),
+        (lambda d: d["baseline"].update(models_default="no"), "models_default"),
+        (lambda d: d["provenance"]["sources"][0].pop("sha256"), "sha256: missing"),
+    ],
+)
+def test_projected_files_must_say_how_and_what(tmp_path: Path, mutate, message: str) -> None:
+    doc = json.loads(cal_mod.GPU_FILES["rtx-pro-6000"].read_text())
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match=message):
+        load_calibration(path)
+
+
+def test_older_files_without_the_new_blocks_still_load(tmp_path: Path) -> None:
+    doc = json.loads(cal_mod.DEFAULT_PATH.read_text())
+    for key in ("gpu", "baseline"):
+        doc.pop(key)
+    for key in ("kind", "method", "sources"):
+        doc["provenance"].pop(key)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    cal = load_calibration(path)
+    assert cal.kind == "measured" and cal.gpu is None and cal.baseline is None
+    assert load_calibration(PROVISIONAL_PATH).kind == "derived"
+
+
+def test_calibrate_check_command_passes_on_the_committed_files() -> None:
+    from typer.testing import CliRunner
+
+    from sparsemla.cli import app
+
+    result = CliRunner().invoke(app, ["calibrate", "--check"])
+    assert result.exit_code == 0, result.output
+    assert "current: rtx-pro-6000, l40s, a100" in result.output
+    refused = CliRunner().invoke(app, ["calibrate", "--project", "h200"])
+    assert refused.exit_code == 2

@@ -20,6 +20,7 @@ from sparsemla.console import UsageError, console, err_console, fail
 # and this module: there `sparsemla.ops`, `sparsemla.loadtest` and `sparsemla.dashboards` are absent).
 COMMAND_MODULES = (
     "sparsemla.ops.sim.cli",
+    "sparsemla.ops.sim.calibrate_cli",
     "sparsemla.loadtest.cli",
     "sparsemla.ops.cli",
     "sparsemla.dashboards.cli",

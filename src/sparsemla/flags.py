@@ -183,6 +183,13 @@ SPARSEMLA_TRITON_INDEXER = bool_flag(
     False,
     "Route sglang's DeepSeek-V4 indexer logits (paged MQA logits) to the Triton kernel that only scans real lengths.",
 )
+SPARSEMLA_DSA_V32 = bool_flag(
+    "SPARSEMLA_DSA_V32",
+    False,
+    "Give sglang's DeepSeek-V3.2 (DSA) backend a path on sm_80..sm_89 and sm_120: its auto-chosen backends without a "
+    "kernel there (trtllm, fa3) become flashmla_kv (fp8 KV) / flashmla_sparse (bf16 KV), and its FlashMLA calls run "
+    "sparsemla's V3.2 sparse decode and prefill kernels (on any GPU).",
+)
 SPARSEMLA_SPLIT_K = _register(
     Flag(
         "SPARSEMLA_SPLIT_K",
@@ -220,6 +227,16 @@ SPARSEMLA_SIM_CALIBRATION = str_flag(
     "Calibration JSON the simulator takes its step times from (default: sparsemla/ops/sim/calibration/default.json).",
     group="ops",
     allowed="a path to a calibration JSON file",
+)
+SIM_GPUS = ("h200", "rtx-pro-6000", "l40s", "a100")  # sparsemla.ops.sim.calibration.GPU_FILES has one file each
+SPARSEMLA_SIM_GPU = choice_flag(
+    "SPARSEMLA_SIM_GPU",
+    "h200",
+    SIM_GPUS,
+    "GPU whose shipped calibration the simulator runs (`sparsemla sim --gpu`): h200 is measured, the others are "
+    "projected from the H200 runs (`sparsemla calibrate --project`); setting it together with "
+    "SPARSEMLA_SIM_CALIBRATION is an error.",
+    group="ops",
 )
 SPARSEMLA_RESULTS_DIR = str_flag(
     "SPARSEMLA_RESULTS_DIR",

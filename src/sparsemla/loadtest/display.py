@@ -18,6 +18,7 @@ from sparsemla.console import UsageError, console
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from sparsemla.loadtest.kernel_shares import KernelComparison
     from sparsemla.loadtest.report import Row
     from sparsemla.loadtest.sweep import PointCallback
 
@@ -80,7 +81,7 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
         d = summary[key]
         table.add_row(
-            key, *[f"{d[k] * 1000:.1f} ms" if d[k] is not None else "–" for k in ("p50", "p90", "p99", "mean")]
+            key, *[f"{d[k] * 1000:.1f} ms" if d[k] is not None else "none" for k in ("p50", "p90", "p99", "mean")]
         )
     console.print(table)
     fails = summary["failures"]
@@ -93,13 +94,25 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     )
 
 
+def _ms(value: float | None, width: int) -> str:
+    """Seconds as ``   84.7 ms``; a point without the value says "none" (a 0.0 ms there would be a made-up number)."""
+    return f"{value * 1000:{width}.1f} ms" if value is not None else f"{'none':>{width + 3}}"
+
+
 def print_sweep(summaries: Sequence[dict[str, Any]]) -> None:
-    """One line per sweep point, by concurrency then repeat: tok/s, TTFT and ITL medians, failures."""
+    """One line per sweep point, by concurrency then repeat: tok/s, TTFT and ITL medians, failures; a median the
+    point could not measure is "none" and the line ends with why (:mod:`sparsemla.loadtest.report_cells`)."""
+    from sparsemla.loadtest.report_cells import no_value_reason
+
     for s in sorted(summaries, key=lambda s: (s["concurrency"], s.get("repeat", 1))):
+        ttft, itl = s["ttft_s"]["p50"], s["itl_s"]["p50"]
+        why = (
+            no_value_reason("ttft_p50", [s]) if ttft is None else no_value_reason("itl_p50", [s]) if itl is None else ""
+        )
         console.print(
             f"C={s['concurrency']:<4} r{s.get('repeat', 1)}  {s['output_tok_per_s']:9.1f} tok/s  "
-            f"TTFT p50 {(s['ttft_s']['p50'] or 0) * 1000:7.1f} ms  ITL p50 {(s['itl_s']['p50'] or 0) * 1000:6.1f} ms  "
-            f"failures {s['failures']['total']}"
+            f"TTFT p50 {_ms(ttft, 7)}  ITL p50 {_ms(itl, 6)}  failures {s['failures']['total']}"
+            + (f"  ({why.removeprefix('none: ')})" if why else "")
         )
 
 
@@ -118,6 +131,27 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     console.print(table)
 
 
+def print_grid(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str) -> None:
+    """A plain table of strings (the campaign's at-a-glance and kernel-share tables)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i == 0 else "right")
+    for cells in rows:
+        table.add_row(*cells)
+    console.print(table)
+
+
+def print_kernels(kernels: KernelComparison, title: str) -> None:
+    """A step's kernel-share categories before (A) and after (B), or why there are none."""
+    rows = kernels.category_rows()
+    if not rows:
+        console.print(f"[yellow]{kernels.headline()}[/]")
+        return
+    print_grid(["category", f"A {kernels.a.variant}", f"B {kernels.b.variant}", "B − A"], rows, title)
+
+
 def print_panels(report_dir: Path) -> None:
     """One line on the dashboard panels the report embeds (from its compare.json), or why there are none."""
     try:
@@ -126,8 +160,12 @@ def print_panels(report_dir: Path) -> None:
         return
     if not panels:
         return
-    count = sum(len(w["panels"]) for w in panels["windows"])
-    if count:
-        console.print(f"dashboard panels: {count} from {panels['prometheus']} in {report_dir / 'panels'}")
+    images = [p for w in panels["windows"] for p in w["panels"]]
+    if images:
+        empty = [p["title"] for p in images if not p["has_data"]]
+        console.print(
+            f"dashboard panels: {len(images)} from {panels['prometheus']} in {report_dir / 'panels'}"
+            + (f"; without data: {', '.join(empty)}" if empty else ", every one with data")
+        )
     if panels.get("error"):
         console.print(f"[yellow]{panels['error']}[/]")

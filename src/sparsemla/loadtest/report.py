@@ -4,7 +4,11 @@ A run is a directory of point summaries (a sweep, or a single `loadtest`). Per c
 is the mean over repeats with a Student-t interval when the run has >= 2 repeats of C, else the within-run interval
 stored in the point's summary (batch means for tok/s, bootstrap for latency percentiles, Wilson for goodput). B/A
 ratios carry a propagated interval; a difference is called only when A's and B's intervals do not overlap, otherwise
-the report says "no significant difference".
+the report says "no significant difference". A cell without a number says in words why the point measured none
+(:mod:`sparsemla.loadtest.report_cells`), never a bare dash.
+
+:func:`write_report` writes one A/B report; its pieces (:func:`body_md`, :func:`body_html`, :func:`html_page`) are
+also what a campaign report (:mod:`sparsemla.loadtest.report_campaign`) embeds once per step.
 """
 
 from __future__ import annotations
@@ -17,12 +21,17 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparsemla.loadtest import stats
-from sparsemla.loadtest.report_panels import PanelRenders, render_compare_panels
+from sparsemla.loadtest.calibration_label import calibration_label
+from sparsemla.loadtest.report_cells import no_value_reason, not_compared, ratio_text
+from sparsemla.loadtest.report_panels import PanelImage, PanelRenders, render_compare_panels
 from sparsemla.loadtest.runner import results_root, validate_run_id
 from sparsemla.loadtest.summary import write_json_atomic
+
+if TYPE_CHECKING:
+    from sparsemla.loadtest.kernel_shares import KernelComparison
 
 NO_DIFFERENCE = "no significant difference"
 
@@ -151,19 +160,26 @@ class Row:
     ratio: stats.Estimate
     verdict: str
     significant: bool
+    a_note: str = ""  # why A has no value (report_cells.no_value_reason); "" when it has one
+    b_note: str = ""
 
 
 def verdict(metric: Metric, a: stats.Estimate, b: stats.Estimate) -> tuple[str, bool]:
-    """(text, significant): "no significant difference" when the intervals overlap or one is missing."""
+    """(text, significant): "no significant difference" when the intervals overlap, "not compared: ..." when a side
+    has no value. A change is relative, except for shares (goodput), whose change is in percentage points (a share
+    that was 0 % has no relative change)."""
     if not (math.isfinite(a.value) and math.isfinite(b.value)):
-        return "missing", False
+        return not_compared(a.value, b.value), False
     if not (a.has_interval and b.has_interval):
         return "no CI (single sample)", False
     if stats.overlaps(a, b):
         return NO_DIFFERENCE, False
     better = (b.value > a.value) == metric.higher_is_better
-    change = (b.value / a.value - 1) * 100 if a.value else math.inf
-    return f"B {'better' if better else 'worse'} ({change:+.1f} %)", True
+    if metric.unit == "share":
+        change = f"{(b.value - a.value) * 100:+.1f} points"
+    else:
+        change = f"{(b.value / a.value - 1) * 100:+.1f} %" if a.value else "from 0"
+    return f"B {'better' if better else 'worse'} ({change})", True
 
 
 def compare_runs(a: Run, b: Run) -> list[Row]:
@@ -178,7 +194,9 @@ def compare_runs(a: Run, b: Run) -> list[Row]:
         for metric in METRICS:
             ea, eb = estimate(a.points[c], metric), estimate(b.points[c], metric)
             text, significant = verdict(metric, ea, eb)
-            rows.append(Row(c, metric, ea, eb, stats.ratio(ea, eb), text, significant))
+            notes = [no_value_reason(metric.key, run.points[c]) if not math.isfinite(e.value) else ""
+                     for run, e in ((a, ea), (b, eb))]  # fmt: skip
+            rows.append(Row(c, metric, ea, eb, stats.ratio(ea, eb), text, significant, *notes))
     return rows
 
 
@@ -192,16 +210,19 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.1f}"
 
 
-def _fmt_est(est: stats.Estimate, unit: str) -> str:
+def _fmt_est(est: stats.Estimate, unit: str, note: str = "") -> str:
+    if not math.isfinite(est.value):
+        return note or "none: no value"  # never a bare dash: the note says why (report_cells)
     text = _fmt(est.value, unit)
     if est.has_interval:
         text += f" [{_fmt(est.lo, unit)}, {_fmt(est.hi, unit)}]"
     return text
 
 
-def _fmt_ratio(est: stats.Estimate) -> str:
+def _fmt_ratio(row: Row) -> str:
+    est = row.ratio
     if not math.isfinite(est.value):
-        return "–"
+        return ratio_text(row.a.value, row.b.value) or "not computed"
     text = f"{est.value:.3f}"
     if est.has_interval:
         text += f" [{est.lo:.3f}, {est.hi:.3f}]"
@@ -211,8 +232,8 @@ def _fmt_ratio(est: stats.Estimate) -> str:
 def table_rows(rows: Sequence[Row]) -> list[list[str]]:
     """Rows as strings: C, metric, A, B, B/A, verdict."""
     return [
-        [str(r.concurrency), r.metric.label, _fmt_est(r.a, r.metric.unit), _fmt_est(r.b, r.metric.unit),
-         _fmt_ratio(r.ratio), r.verdict]
+        [str(r.concurrency), r.metric.label, _fmt_est(r.a, r.metric.unit, r.a_note),
+         _fmt_est(r.b, r.metric.unit, r.b_note), _fmt_ratio(r), r.verdict]
         for r in rows
     ]  # fmt: skip
 
@@ -229,80 +250,6 @@ def _marked(run: Run) -> list[str]:
     ]
 
 
-def plot(a: Run, b: Run, out_dir: Path) -> list[Path]:
-    """tok/s vs C, latency vs C, tok/s per user vs tok/s (PNG files, returned)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    runs = (("A", a, "tab:blue"), ("B", b, "tab:orange"))
-
-    def series(run: Run, metric: Metric) -> tuple[list[int], list[float], list[list[float]]]:
-        cs, vals, errs = [], [], [[], []]
-        for c in sorted(run.points):
-            est = estimate(run.points[c], metric)
-            if not math.isfinite(est.value):
-                continue
-            cs.append(c)
-            vals.append(est.value)
-            # matplotlib refuses negative error bars; an interval that misses its point shows as zero on that side
-            errs[0].append(max(0.0, est.value - est.lo) if est.has_interval else 0.0)
-            errs[1].append(max(0.0, est.hi - est.value) if est.has_interval else 0.0)
-        return cs, vals, errs
-
-    def finish_axes(ax: Any, xlabel: str, ylabel: str, title: str, legend_size: int, log_c: bool = True) -> None:
-        if log_c:  # concurrency points are powers of two
-            ax.set_xscale("log", base=2)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=legend_size)
-
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
-        files.append(out_dir / name)
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
-
-    tok = METRICS[0]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for side, run, color in runs:
-        cs, vals, errs = series(run, tok)
-        ax.errorbar(cs, vals, yerr=errs, marker="o", capsize=3, color=color, label=f"{side}: {run.name}")
-    finish_axes(ax, "concurrency (users)", "output tok/s", "Throughput vs concurrency (95 % CI)", 8)
-    save(fig, "throughput_vs_concurrency.png")
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, (p50, p99, title) in zip(
-        axes, ((METRICS[1], METRICS[2], "TTFT"), (METRICS[3], METRICS[4], "ITL")), strict=True
-    ):
-        for side, run, color in runs:
-            for metric, style in ((p50, "-"), (p99, "--")):
-                cs, vals, errs = series(run, metric)
-                ax.errorbar(
-                    cs, [v * 1000 for v in vals], yerr=[[e * 1000 for e in errs[0]], [e * 1000 for e in errs[1]]],
-                    marker="o", linestyle=style, capsize=3, color=color, label=f"{side} {metric.label}",
-                )  # fmt: skip
-        finish_axes(ax, "concurrency (users)", "ms", f"{title} vs concurrency", 7)
-    save(fig, "latency_vs_concurrency.png")
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for side, run, color in runs:
-        cs, vals, _ = series(run, tok)
-        per_user = [v / c for v, c in zip(vals, cs, strict=True)]
-        ax.plot(vals, per_user, marker="o", color=color, label=f"{side}: {run.name}")
-        for c, x, y in zip(cs, vals, per_user, strict=True):
-            ax.annotate(f"C={c}", (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
-    finish_axes(
-        ax, "output tok/s (total)", "output tok/s per user", "Per-user speed vs total throughput", 8, log_c=False
-    )
-    save(fig, "per_user_vs_throughput.png")
-    return files
-
-
 def _run_lines(side: str, run: Run) -> list[str]:
     flags = run.flags()
     distinct = {json.dumps(f, sort_keys=True) for f in flags}
@@ -312,13 +259,32 @@ def _run_lines(side: str, run: Run) -> list[str]:
         f"api `{first.get('api')}`, points {sorted(run.points)}, repeats "
         f"{max(len(v) for v in run.points.values())}",
         f"  - server_flags: `{' | '.join(sorted(distinct)) or '{}'}`",
+        *_calibration_lines(run),
     ]
 
 
-def _panels_md(panels: PanelRenders | None) -> list[str]:
+def _calibration_lines(run: Run) -> list[str]:
+    """The simulator's calibration of a run (``simulated: ... PROJECTED ...``), none for a real server (#16 item 3)."""
+    label = calibration_label(run.summaries)
+    return [f"  - calibration: **{label}**"] if label else []
+
+
+def _calibration_html(run: Run) -> str:
+    label = calibration_label(run.summaries)
+    return f"; calibration <b>{html.escape(label)}</b>" if label else ""
+
+
+def _no_data(image: PanelImage) -> str:
+    """What a panel's caption adds when it has no data: DCGM panels are fed only by the GPU compose profile."""
+    if image.has_data:
+        return ""
+    return " (no data: GPU profile only)" if image.profile == "gpu" else " (no data)"
+
+
+def _panels_md(panels: PanelRenders | None, prefix: str = "", level: int = 2) -> list[str]:
     if panels is None:
         return []
-    lines = ["## Dashboard panels", ""]
+    lines = ["#" * level + " Dashboard panels", ""]
     if panels.windows:
         pinned = ", ".join(f"{k}={v}" for k, v in panels.variables.items())
         lines += [
@@ -326,18 +292,18 @@ def _panels_md(panels: PanelRenders | None) -> list[str]:
             "",
         ]
     for window in panels.windows:
-        lines += [f"### {window.caption}", ""]
-        lines += [f"![{p.title}]({p.file})" + ("" if p.has_data else " (no data)") for p in window.panels]
+        lines += ["#" * (level + 1) + f" {window.caption}", ""]
+        lines += [f"![{p.title}]({prefix}{p.file}){_no_data(p)}" for p in window.panels]
         lines.append("")
     if panels.error:
         lines += [f"**Not embedded:** {panels.error}.", ""]
     return lines
 
 
-def _panels_html(panels: PanelRenders | None) -> str:
+def _panels_html(panels: PanelRenders | None, prefix: str = "", level: int = 2) -> str:
     if panels is None:
         return ""
-    parts = ["<h2>Dashboard panels</h2>"]
+    parts = [f"<h{level}>Dashboard panels</h{level}>"]
     if panels.windows:
         pinned = ", ".join(f"{k}={v}" for k, v in panels.variables.items())
         parts.append(
@@ -345,15 +311,109 @@ def _panels_html(panels: PanelRenders | None) -> str:
             f"dashboard's queries ({html.escape(pinned)}).</p>"
         )
     for window in panels.windows:
-        parts.append(f"<h3>{html.escape(window.caption)}</h3>")
+        parts.append(f"<h{level + 1}>{html.escape(window.caption)}</h{level + 1}>")
         parts += [
-            f'<figure><img src="{html.escape(p.file)}" alt="{html.escape(p.title)}"><figcaption>'
-            f"{html.escape(p.title)}{'' if p.has_data else ' (no data)'}</figcaption></figure>"
+            f'<figure><img src="{html.escape(prefix + p.file)}" alt="{html.escape(p.title)}"><figcaption>'
+            f"{html.escape(p.title)}{_no_data(p)}</figcaption></figure>"
             for p in window.panels
         ]
     if panels.error:
         parts.append(f"<p class='worse'><b>Not embedded:</b> {html.escape(panels.error)}.</p>")
     return "\n".join(parts)
+
+
+CI_NOTE = (
+    "Intervals are 95 % CIs: over repeats (Student t) when a point has >= 2 repeats, else within the run "
+    "(batch means for tok/s, bootstrap for percentiles, Wilson for goodput). A difference is called only when the "
+    f'intervals do not overlap; otherwise "{NO_DIFFERENCE}". A cell without a number says why the point measured '
+    "none (e.g. no request sent in the window finished in it)."
+)
+
+
+def failure_marks(a: Run, b: Run) -> list[str]:
+    """The points of A and B with more than 1 % failed requests, one line each."""
+    return [f"A {m}" for m in _marked(a)] + [f"B {m}" for m in _marked(b)]
+
+
+def body_md(
+    a: Run,
+    b: Run,
+    rows: Sequence[Row],
+    pngs: Sequence[Path],
+    panels: PanelRenders | None,
+    kernels: KernelComparison | None = None,
+    *,
+    prefix: str = "",
+    level: int = 2,
+) -> list[str]:
+    """The report below its title, in markdown: runs, failed-run marks, the table, plots, kernel shares, dashboard
+    panels. ``prefix`` goes before every file link (a campaign report embeds a step's report from the step's folder)
+    and ``level`` is the heading level of its sections."""
+    marks = failure_marks(a, b)
+    md = [*_run_lines("A", a), *_run_lines("B", b), ""]
+    if marks:
+        md += ["**Runs with more than 1 % failed requests:**", "", *[f"- {m}" for m in marks], ""]
+    md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    md += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
+    md += ["", CI_NOTE, "", *[f"![{p.stem}]({prefix}{p.name})" for p in pngs], ""]
+    if kernels is not None:
+        md += kernels.markdown(level)
+    return md + _panels_md(panels, prefix, level)
+
+
+def _cell(text: str, header: bool = False) -> str:
+    tag = "th" if header else "td"
+    cls = ""
+    if text.startswith("B better"):
+        cls = ' class="better"'
+    elif text.startswith("B worse"):
+        cls = ' class="worse"'
+    return f"<{tag}{cls}>{html.escape(text)}</{tag}>"
+
+
+def body_html(
+    a: Run,
+    b: Run,
+    rows: Sequence[Row],
+    pngs: Sequence[Path],
+    panels: PanelRenders | None,
+    kernels: KernelComparison | None = None,
+    *,
+    prefix: str = "",
+    level: int = 2,
+) -> str:
+    """:func:`body_md` as HTML."""
+    marks = failure_marks(a, b)
+    runs_html = "".join(
+        f"<li><b>{side}</b>: <code>{html.escape(run.name)}</code> — variant <code>{html.escape(run.variant())}</code>, "
+        f"points {sorted(run.points)}, server_flags <code>{html.escape(json.dumps(run.flags()[0], sort_keys=True))}"
+        f"</code>{_calibration_html(run)}</li>"
+        for side, run in (("A", a), ("B", b))
+    )
+    marks_html = "".join(f"<li class='worse'>{html.escape(m)}</li>" for m in marks)
+    failed = f"<h{level + 1}>Runs with more than 1 % failed requests</h{level + 1}><ul>{marks_html}</ul>"
+    return f"""<ul>{runs_html}</ul>
+{failed if marks else ""}
+<table><tr>{"".join(_cell(h, True) for h in HEADERS)}</tr>
+{"".join("<tr>" + "".join(_cell(c) for c in cells) + "</tr>" for cells in table_rows(rows))}</table>
+<p>{html.escape(CI_NOTE)}</p>
+{"".join(f'<div><img src="{html.escape(prefix + p.name)}" alt="{p.stem}"></div>' for p in pngs)}
+{kernels.html(level) if kernels is not None else ""}
+{_panels_html(panels, prefix, level)}"""
+
+
+def html_page(title: str, body: str) -> str:
+    """A whole report page around ``body`` (its title as ``<h1>``)."""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:8px 0}}
+td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}th{{background:#f3f3f3}}
+.better{{background:#e5f6e5}}.worse{{background:#fbe3e3}}img{{max-width:100%;margin:8px 0}}
+figure{{margin:0 0 12px 0}}figcaption{{font-size:12px;color:#555}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+{body}
+</body></html>
+"""
 
 
 def write_report(
@@ -363,67 +423,23 @@ def write_report(
     out_dir: Path,
     title: str = "A/B comparison",
     prometheus: str | None = None,
+    kernels: KernelComparison | None = None,
+    panels_until: float | None = None,
 ) -> dict[str, Path]:
     """report.md, report.html, compare.json and the PNGs in ``out_dir``; returns their paths.
 
-    With ``prometheus`` (base URL) the dashboard's compare panels over the runs' time are rendered into
-    ``out_dir/panels/`` and embedded (:mod:`sparsemla.loadtest.report_panels`); when it cannot be reached the report
-    says so and everything else is written as usual."""
+    With ``prometheus`` (base URL) the dashboard's compare panels over the runs' time (and up to ``panels_until``,
+    e.g. the time of a kernel-share snapshot taken after the runs) are rendered into ``out_dir/panels/`` and embedded
+    (:mod:`sparsemla.loadtest.report_panels`); when it cannot be reached the report says so and everything else is
+    written as usual. ``kernels`` adds the two sides' kernel shares (:mod:`sparsemla.loadtest.kernel_shares`)."""
+    from sparsemla.loadtest.report_plots import plot
+
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plot(a, b, out_dir)
-    panels = render_compare_panels(a, b, out_dir, prometheus) if prometheus else None
-    body = table_rows(rows)
-    marks = [f"A {m}" for m in _marked(a)] + [f"B {m}" for m in _marked(b)]
-    md = [f"# {title}", "", *_run_lines("A", a), *_run_lines("B", b), ""]
-    if marks:
-        md += ["**Runs with more than 1 % failed requests:**", "", *[f"- {m}" for m in marks], ""]
-    md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    md += ["| " + " | ".join(cells) + " |" for cells in body]
-    md += [
-        "",
-        "Intervals are 95 % CIs: over repeats (Student t) when a point has >= 2 repeats, else within the run "
-        "(batch means for tok/s, bootstrap for percentiles, Wilson for goodput). A difference is called only when the "
-        f'intervals do not overlap; otherwise "{NO_DIFFERENCE}".',
-        "",
-        *[f"![{p.stem}]({p.name})" for p in pngs],
-        "",
-        *_panels_md(panels),
-    ]
+    panels = render_compare_panels(a, b, out_dir, prometheus, until=panels_until) if prometheus else None
+    md = [f"# {title}", "", *body_md(a, b, rows, pngs, panels, kernels)]
     (out_dir / "report.md").write_text("\n".join(md))
-
-    def cell(text: str, header: bool = False) -> str:
-        tag = "th" if header else "td"
-        cls = ""
-        if text.startswith("B better"):
-            cls = ' class="better"'
-        elif text.startswith("B worse"):
-            cls = ' class="worse"'
-        return f"<{tag}{cls}>{html.escape(text)}</{tag}>"
-
-    runs_html = "".join(
-        f"<li><b>{side}</b>: <code>{html.escape(run.name)}</code> — variant <code>{html.escape(run.variant())}</code>, "
-        f"points {sorted(run.points)}, server_flags <code>{html.escape(json.dumps(run.flags()[0], sort_keys=True))}"
-        "</code></li>"
-        for side, run in (("A", a), ("B", b))
-    )
-    marks_html = "".join(f"<li class='worse'>{html.escape(m)}</li>" for m in marks)
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}th{{background:#f3f3f3}}
-.better{{background:#e5f6e5}}.worse{{background:#fbe3e3}}img{{max-width:100%;margin:8px 0}}
-figure{{margin:0 0 12px 0}}figcaption{{font-size:12px;color:#555}}</style></head>
-<body><h1>{html.escape(title)}</h1><ul>{runs_html}</ul>
-{"<h3>Runs with more than 1 % failed requests</h3><ul>" + marks_html + "</ul>" if marks else ""}
-<table><tr>{"".join(cell(h, True) for h in HEADERS)}</tr>
-{"".join("<tr>" + "".join(cell(c) for c in cells) + "</tr>" for cells in body)}</table>
-<p>95 % CIs over repeats (Student t) or within a run (batch means / bootstrap / Wilson). A difference is called only
-when the intervals do not overlap; otherwise: "{NO_DIFFERENCE}".</p>
-{"".join(f'<div><img src="{p.name}" alt="{p.stem}"></div>' for p in pngs)}
-{_panels_html(panels)}
-</body></html>
-"""
-    (out_dir / "report.html").write_text(page)
+    (out_dir / "report.html").write_text(html_page(title, body_html(a, b, rows, pngs, panels, kernels)))
     write_json_atomic(
         out_dir / "compare.json",
         {
@@ -438,11 +454,13 @@ when the intervals do not overlap; otherwise: "{NO_DIFFERENCE}".</p>
                     "ratio": r.ratio.to_json(),
                     "verdict": r.verdict,
                     "significant": r.significant,
+                    "cells": cells,
                 }
-                for r in rows
+                for r, cells in zip(rows, table_rows(rows), strict=True)
             ],
-            "failures_marked": marks,
+            "failures_marked": failure_marks(a, b),
             "panels": panels.to_json() if panels is not None else None,
+            "kernels": kernels.to_json() if kernels is not None else None,
         },
     )
     return {"md": out_dir / "report.md", "html": out_dir / "report.html", **{p.stem: p for p in pngs}}

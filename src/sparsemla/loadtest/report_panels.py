@@ -32,6 +32,7 @@ class PanelImage:
     title: str
     file: str  # relative to the report directory
     has_data: bool
+    profile: str | None = None  # the compose profile that feeds the panel ("gpu": DCGM), None: always fed
 
 
 @dataclass
@@ -63,6 +64,15 @@ class PanelRenders:
     def images(self) -> list[PanelImage]:
         return [p for w in self.windows for p in w.panels]
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PanelRenders:
+        """What :meth:`to_json` wrote (a report's compare.json), for a report that embeds another's panels."""
+        windows = [
+            PanelWindow(w["label"], w["start"], w["end"], [PanelImage(**image) for image in w.get("panels", [])])
+            for w in data.get("windows", [])
+        ]
+        return cls(data["prometheus"], windows, data.get("error"), data.get("variables") or {})
+
     def to_json(self) -> dict[str, Any]:
         return {
             "prometheus": self.prometheus,
@@ -77,13 +87,30 @@ def _one(values: set[str], fallback: str) -> str:
     return known[0] if known else fallback
 
 
-def windows_for(a: Run, b: Run, join_gap_s: float = JOIN_GAP_S, pad_s: float = PAD_S) -> list[tuple[str, float, float]]:
-    """(label, start, end) ranges to render: one covering both runs when they ran close together, else one each."""
+def windows_for(
+    a: Run, b: Run, join_gap_s: float = JOIN_GAP_S, pad_s: float = PAD_S, until: float | None = None
+) -> list[tuple[str, float, float]]:
+    """(label, start, end) ranges to render: one covering both runs when they ran close together, else one each.
+
+    ``until`` (unix seconds) extends the last range to that moment: a kernel-share snapshot taken after run B is
+    then inside it (the kernel-share panels are instant queries at the range's end)."""
     (a0, a1), (b0, b1) = a.span(), b.span()
     gap = max(a0, b0) - min(a1, b1)  # negative when the runs overlap
     if gap <= join_gap_s:
-        return [("A and B", min(a0, b0) - pad_s, max(a1, b1) + pad_s)]
-    return [("A", a0 - pad_s, a1 + pad_s), ("B", b0 - pad_s, b1 + pad_s)]
+        windows = [("A and B", min(a0, b0) - pad_s, max(a1, b1) + pad_s)]
+    else:
+        windows = [("A", a0 - pad_s, a1 + pad_s), ("B", b0 - pad_s, b1 + pad_s)]
+    if until is not None:
+        label, start, end = windows[-1]
+        windows[-1] = (label, start, max(end, until + pad_s))
+    return windows
+
+
+def panel_profiles() -> dict[str, str | None]:
+    """Panel title -> the compose profile it needs (``gpu`` for DCGM panels), from the dashboard spec."""
+    from sparsemla.dashboards import build
+
+    return {panel.title: panel.profile for row in build.serving_spec() for panel in row.panels}
 
 
 def pinned_variables(a: Run, b: Run) -> dict[str, str | list[str]]:
@@ -118,11 +145,12 @@ def render_compare_panels(
     *,
     settle_s: float | None = None,
     titles: tuple[str, ...] | None = None,
+    until: float | None = None,
 ) -> PanelRenders:
     """Render the compare panels for runs A and B into ``out_dir/panels/<window>/``; never raises for Prometheus.
 
     When a window ends less than one scrape ago, waits until Prometheus has scraped past it (``settle_s``, default the
-    scrape interval + 1 s), so the last seconds of run B are in the panels."""
+    scrape interval + 1 s), so the last seconds of run B are in the panels. ``until``: see :func:`windows_for`."""
     from sparsemla.dashboards import build, grafana_eval, render
 
     result = PanelRenders(prometheus.rstrip("/"))
@@ -131,7 +159,8 @@ def render_compare_panels(
         result.error = f"Prometheus at {result.prometheus} is not reachable ({reason}); no dashboard panels embedded"
         return result
     result.variables = pinned_variables(a, b)
-    windows = windows_for(a, b)
+    windows = windows_for(a, b, until=until)
+    profiles = panel_profiles()
     settle = grafana_eval.SCRAPE_INTERVAL_S + 1.0 if settle_s is None else settle_s
     wait = max(end for _, _, end in windows) - PAD_S + settle - time.time()
     if wait > 0:
@@ -149,7 +178,8 @@ def render_compare_panels(
             result.error = f"rendering the panels for {label} failed: {exc}"
             break
         window.panels = [
-            PanelImage(p.title, f"{PANELS_DIR}/{slug}/{p.file}", any(p.data)) for p in snap.panels
-        ]  # fmt: skip
+            PanelImage(p.title, f"{PANELS_DIR}/{slug}/{p.file}", any(p.data), profiles.get(p.title))
+            for p in snap.panels
+        ]
         result.windows.append(window)
     return result

@@ -9,6 +9,12 @@ One snapshot (on ``POST /snapshot``, ``sparsemla profile``, or every ``interval_
 3. wait until the ``<profile_id>*.trace.json.gz`` files (one per rank) exist, stop growing and parse;
 4. parse them with :mod:`sparsemla.traces` and publish the gauges (names in :mod:`sparsemla.metric_names`).
 
+The profiler counts forward steps, so an idle server writes no trace: the snapshot reads the server's activity
+(:func:`read_activity`: ``sglang:forward_execution_seconds_total`` and the running / queued requests on ``/metrics``)
+when it starts and when it times out, and a timeout with no forward step in between says that the server was idle
+(``Snapshot.idle``; ``sparsemla profile`` exits 3 then). ``POST /snapshot`` takes an optional JSON body
+``{"timeout_s": T}`` (at most the exporter's own ``--timeout``).
+
 Failures never escape: a missing trace (``timeout``: the server then gets ``POST /stop_profile`` so the profiler is
 never left running), a refused ``/start_profile``, any failure talking to the server (a dropped connection, a
 malformed reply, a socket timeout), a trace the server failed to write (a partial ``*.tmp``: a full disk), or a
@@ -104,6 +110,62 @@ class Snapshot:
     error: str | None = None
     files: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+    idle: bool = False  # timed out and the server ran no forward step meanwhile (see read_activity)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the server's ``/metrics`` says it is doing: forward seconds so far (all ranks and categories), requests
+    running and queued now."""
+
+    forward_s: float
+    running: float
+    queued: float
+
+    def ran_since(self, earlier: Activity) -> bool:
+        """Whether a forward step ran between ``earlier`` and this reading (or requests are in flight now)."""
+        return self.forward_s > earlier.forward_s or self.running > 0 or self.queued > 0
+
+
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
+NUM_RUNNING, NUM_QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"
+
+
+def parse_activity(metrics_text: str) -> Activity | None:
+    """The :class:`Activity` in a ``/metrics`` text, or None when it has none of those sglang series (a server
+    without ``--enable-metrics``, or text that does not parse). A declared counter without samples (sglang creates
+    the labelled series at the first step) counts as zero."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums = {FORWARD_SECONDS: 0.0, NUM_RUNNING: 0.0, NUM_QUEUED: 0.0}
+    families = {FORWARD_SECONDS.removesuffix("_total"), FORWARD_SECONDS, NUM_RUNNING, NUM_QUEUED}
+    seen = False
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            seen = seen or family.name in families
+            for sample in family.samples:
+                if sample.name in sums:
+                    sums[sample.name] += float(sample.value)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return Activity(sums[FORWARD_SECONDS], sums[NUM_RUNNING], sums[NUM_QUEUED]) if seen else None
+
+
+def read_activity(target: str, api_key: str = "", timeout: float = 10.0) -> Activity | None:
+    """The target's :class:`Activity` now, or None when ``/metrics`` is unreachable or does not say."""
+    try:
+        status, body = _http("GET", f"{target.rstrip('/')}/metrics", timeout=timeout, api_key=api_key)
+    except OSError:
+        return None
+    return parse_activity(body.decode(errors="replace")) if status == 200 else None
+
+
+def idle_message(timeout_s: float) -> str:
+    return (
+        f"the server was idle: it ran no forward step in {timeout_s:g}s ({FORWARD_SECONDS} unchanged, no running or "
+        "queued request). The profiler records forward steps, so an idle server writes no trace: profile while load "
+        "runs (e.g. `make loadtest` in another shell)"
+    )
 
 
 class SnapshotBusy(RuntimeError):
@@ -191,24 +253,28 @@ class KernelShareExporter:
         self._load_history()
 
     # -- one snapshot -------------------------------------------------------------------------------------------------
-    def take_snapshot(self) -> Snapshot:
-        """Profile, parse, publish. Raises SnapshotBusy if one is running; every other failure is in the result."""
+    def take_snapshot(self, timeout_s: float | None = None) -> Snapshot:
+        """Profile, parse, publish. Raises SnapshotBusy if one is running; every other failure is in the result.
+
+        ``timeout_s`` (at most the configured ``timeout_s``) shortens this one snapshot's wait for the traces."""
         if not self._lock.acquire(blocking=False):
             raise SnapshotBusy("a snapshot is already in progress")
         try:
-            return self._take_snapshot_locked()
+            wait = self.config.timeout_s if timeout_s is None else min(timeout_s, self.config.timeout_s)
+            return self._take_snapshot_locked(wait)
         finally:
             self._lock.release()
 
-    def _take_snapshot_locked(self) -> Snapshot:
+    def _take_snapshot_locked(self, timeout_s: float) -> Snapshot:
         cfg = self.config
         started = self.clock()
         snap = Snapshot(profile_id=f"sparsemla-{time.time_ns()}", variant=self.read_variant(), started_at=started)
         t0 = time.monotonic()
         started_profiler = False
+        before = read_activity(cfg.target, cfg.api_key, cfg.http_timeout_s)
         try:
             started_profiler = self._start_profile(snap.profile_id)
-            files = self._wait_for_traces(snap.profile_id, t0 + cfg.timeout_s)
+            files = self._wait_for_traces(snap.profile_id, t0 + timeout_s, timeout_s)
             snap.files = [str(f) for f in files]
             summary = traces.summarize(files, cfg.max_trace_bytes)
             snap.summary = summary.to_dict(cfg.top_n)
@@ -216,6 +282,10 @@ class KernelShareExporter:
             self._publish(snap.variant, summary, started)
         except TimeoutError as exc:
             snap.outcome, snap.error = "timeout", str(exc)
+            after = read_activity(cfg.target, cfg.api_key, cfg.http_timeout_s) if before is not None else None
+            if before is not None and after is not None and not after.ran_since(before):
+                snap.idle = True
+                snap.error = f"no trace of {snap.profile_id} in {cfg.trace_dir}: {idle_message(timeout_s)}"
         except (traces.TraceError, OSError, RuntimeError) as exc:
             snap.outcome, snap.error = "error", str(exc)
         except Exception as exc:  # a bug must not take the route or the schedule down: counted like any failure
@@ -333,7 +403,7 @@ class KernelShareExporter:
             except OSError as exc:
                 log.warning("could not delete %s: %s", path, exc)
 
-    def _wait_for_traces(self, profile_id: str, deadline: float) -> list[Path]:
+    def _wait_for_traces(self, profile_id: str, deadline: float, timeout_s: float) -> list[Path]:
         """The profile's trace files once they exist, have stopped growing for ``settle_s`` and parse.
 
         TimeoutError when none appeared before ``deadline``; TraceError when they exist but never parse."""
@@ -366,7 +436,7 @@ class KernelShareExporter:
                 if sig:
                     raise traces.TraceError(f"trace files of {profile_id} still changing at the deadline: {list(sig)}")
                 raise TimeoutError(
-                    f"no trace of {profile_id} in {cfg.trace_dir} after {cfg.timeout_s:.0f}s (is the server busy? "
+                    f"no trace of {profile_id} in {cfg.trace_dir} after {timeout_s:g}s (is the server busy? "
                     "the profiler counts forward steps, so an idle server writes nothing)"
                 )
             time.sleep(cfg.poll_s)
@@ -507,7 +577,12 @@ def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]
                 self._json(404, {"error": f"unknown path {path}; POST /snapshot takes a snapshot"})
                 return
             try:
-                snap = exporter.take_snapshot()
+                timeout_s = self._timeout_from_body()
+            except ValueError as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            try:
+                snap = exporter.take_snapshot(timeout_s)
             except SnapshotBusy as exc:
                 self._json(409, {"error": str(exc)})
                 return
@@ -517,6 +592,24 @@ def _make_handler(exporter: KernelShareExporter) -> type[BaseHTTPRequestHandler]
                 return
             status = {"ok": 200, "timeout": 504}.get(snap.outcome, 502)
             self._json(status, asdict(snap))
+
+        def _timeout_from_body(self) -> float | None:
+            """``timeout_s`` of an optional JSON body ``{"timeout_s": T}`` (T > 0 seconds); ValueError otherwise."""
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0:
+                return None
+            if length > 4096:
+                raise ValueError('the body of POST /snapshot is at most {"timeout_s": T}')
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError:
+                raise ValueError('the body of POST /snapshot must be JSON: {"timeout_s": T}') from None
+            value = body.get("timeout_s") if isinstance(body, dict) else None
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"timeout_s must be a positive number of seconds, got {value!r}")
+            return float(value)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (signature of the base class)
             log.debug("%s " + format, self.address_string(), *args)

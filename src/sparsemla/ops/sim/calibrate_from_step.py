@@ -18,24 +18,32 @@ Mapping (schema in :mod:`sparsemla.ops.sim.calibration`):
   than its serial kernels); ``provenance.notes`` counts such points.
 * ``prefill``: the step benchmark measures decode only; the prefill model is carried over from the shipped provisional
   calibration and the notes say so.
+* ``provenance.kind`` = ``measured``, ``method`` = the benchmark's method, ``sources`` = the step JSON (its name, the
+  git sha it measured, its sha256); ``gpu``, ``baseline`` and each state's ``description`` come from
+  :mod:`sparsemla.ops.sim.gpus` when the GPU is one it knows (else ``baseline`` is built from the JSON's ``impl``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from sparsemla import variant as kernel_variant
+from sparsemla.ops.sim import gpus
 from sparsemla.ops.sim.calibration import (
     DEFAULT_PATH,
     PROVISIONAL_PATH,
+    BaselineInfo,
     KernelSpec,
     ModelSpec,
     Provenance,
+    Source,
     StateCalibration,
     load_calibration,
     write_calibration,
@@ -114,8 +122,27 @@ def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | Non
     return state, raised, note
 
 
-def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """Keyword arguments of :func:`write_calibration` from a step-benchmark document."""
+def _baseline(doc: Mapping[str, Any], gpu_key: str | None) -> BaselineInfo:
+    if gpu_key is not None:
+        return gpus.BASELINES[gpu_key]
+    impl = doc.get("impl", {})
+    path = f"{impl.get('baseline_decode', 'unknown decode')} + {impl.get('baseline_indexer', 'unknown indexer')}"
+    return BaselineInfo(
+        label=path,
+        sglang_path=path,
+        sglang_default=f"not recorded for {doc['gpu']} (sparsemla.ops.sim.gpus has no entry for it)",
+        models_default=False,
+        note="Measured by the decode-step benchmark on this GPU; what stock sglang runs here was not recorded.",
+    )
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file's bytes (the ``sources`` of a calibration pin exactly what was read)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> dict[str, Any]:
+    """Keyword arguments of :func:`write_calibration` from a step-benchmark document (``sha256``: of its file)."""
     for key in ("op", "gpu", "git_sha", "date", "torch", "triton", "cuda", "cap", "model", "variant_rows"):
         if key not in doc:
             raise StepResultError(f"{source}: missing {key!r} (is this a step-benchmark result?)")
@@ -137,6 +164,10 @@ def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise StepResultError(f"{source}: no flag state has a complete batch grid of step times and kernel shares")
     model = doc["model"]
     prefill = load_calibration(PROVISIONAL_PATH).prefill
+    gpu_key = gpus.gpu_key_for_name(str(doc["gpu"]))
+    if gpu_key is not None:
+        described = gpus.state_descriptions(gpu_key)
+        states = {name: replace(st, description=described[name]) for name, st in states.items()}
     notes.insert(
         0,
         f"Measured by benchmarks/step.py ({model.get('deployment', '')}; {doc.get('method', '')}). "
@@ -163,8 +194,20 @@ def calibration_args(doc: Mapping[str, Any], source: str) -> dict[str, Any]:
             source=f"decode-step benchmark ({Path(source).name})",
             provisional=False,
             notes=" ".join(notes),
+            kind="measured",
+            method=f"benchmarks/step.py on the GPU: {doc.get('method', '')}",
+            sources=(
+                Source(
+                    Path(source).name,
+                    str(doc["git_sha"]),
+                    sha256 or "unknown",
+                    "decode-step benchmark result (results/bench/)",
+                ),
+            ),  # fmt: skip
         ),
         "states": states,
+        "gpu": gpus.GPUS[gpu_key] if gpu_key is not None else None,
+        "baseline": _baseline(doc, gpu_key),
     }
 
 
@@ -184,7 +227,7 @@ def calibrate(step_json: Path, out: Path = DEFAULT_PATH) -> Path:
         raise StepResultError(f"{step_json}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict):
         raise StepResultError(f"{step_json}: expected a JSON object")
-    return write_calibration(out, **calibration_args(doc, str(step_json)))
+    return write_calibration(out, **calibration_args(doc, str(step_json), sha256_of(step_json)))
 
 
 @app.command()

@@ -15,12 +15,22 @@ the last segment (decode cost keeps growing with B), outside the context range i
 use ``prefill``: ``fixed_us + per_token_us * tokens`` for a chunk of at most ``chunk_tokens``.
 
 ``provenance`` says where the numbers come from (GPU, date, torch/triton/CUDA versions, git sha, source, notes) and
-``provisional`` marks a file that was derived rather than measured end to end (see ``provisional.py``).
+``provisional`` marks a file that was derived rather than measured end to end (see ``provisional.py``). ``kind`` says
+how: ``measured`` (the decode-step benchmark on that GPU), ``projected`` (measured on another GPU and scaled, see
+``project.py``) or ``derived`` (``provisional.py``); ``method`` says how in words and ``sources`` lists the files the
+numbers come from (name, git sha of the code measured, sha256 of the file). A ``projected`` file must carry both.
 
-Writers (the GPU decode-step benchmark) call :func:`write_calibration`; readers call :func:`load_calibration`, which
-validates everything and raises :class:`CalibrationError` with the JSON path of the first problem. Path resolution:
-``SPARSEMLA_SIM_CALIBRATION`` if set, else ``calibration/default.json`` when the benchmark has produced it, else the
-shipped ``calibration/provisional.json``.
+``gpu`` names the GPU the file describes (key, name, arch, SMs, DRAM bandwidth, the code path our kernels take there)
+and ``baseline`` what the ``baseline`` state ("flags off") models on it: which sglang path, what stock sglang 0.5.23
+runs there by default and whether the file models that default. Each state may carry a ``description``. These blocks
+are optional when reading (older files lack them) and required in a ``projected`` file.
+
+Writers (the GPU decode-step benchmark, the projection) call :func:`write_calibration`; readers call
+:func:`load_calibration`, which validates everything and raises :class:`CalibrationError` with the JSON path of the
+first problem. Path resolution (:func:`resolve_path`): an explicit path or GPU (``sparsemla sim --calibration`` /
+``--gpu``), else ``SPARSEMLA_SIM_CALIBRATION``, else the file of ``SPARSEMLA_SIM_GPU`` (default ``h200``:
+``calibration/default.json`` when the benchmark has produced it, else the shipped ``calibration/provisional.json``;
+the other GPUs: ``calibration/<gpu>.json``).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import bisect
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +52,14 @@ SCHEMA_VERSION = 1
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_PATH = CALIBRATION_DIR / "default.json"
 PROVISIONAL_PATH = CALIBRATION_DIR / "provisional.json"
+KINDS = ("measured", "projected", "derived")
+# The GPUs `sparsemla sim --gpu` / SPARSEMLA_SIM_GPU select (flags.SIM_GPUS); h200 is the measured default.json.
+GPU_FILES: dict[str, Path] = {
+    "h200": DEFAULT_PATH,
+    "rtx-pro-6000": CALIBRATION_DIR / "rtx-pro-6000.json",
+    "l40s": CALIBRATION_DIR / "l40s.json",
+    "a100": CALIBRATION_DIR / "a100.json",
+}
 
 
 class CalibrationError(ValueError):
@@ -71,8 +89,19 @@ class PrefillModel:
 
 
 @dataclass(frozen=True)
+class Source:
+    """One file the numbers come from: its name, the git sha of the code it measured, its sha256, what it is."""
+
+    path: str
+    git_sha: str
+    sha256: str
+    what: str
+
+
+@dataclass(frozen=True)
 class Provenance:
-    """Where the numbers come from. ``provisional`` is True for derived (not end-to-end measured) files."""
+    """Where the numbers come from. ``provisional`` is True for files not measured end to end on their GPU
+    (``kind`` ``derived`` or ``projected``); ``kind`` "" means: from ``provisional`` (an older file)."""
 
     gpu: str
     date: str
@@ -83,6 +112,43 @@ class Provenance:
     source: str
     provisional: bool
     notes: str = ""
+    kind: str = ""
+    method: str = ""
+    sources: tuple[Source, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            object.__setattr__(self, "kind", "derived" if self.provisional else "measured")
+        if self.kind not in KINDS:
+            raise ValueError(f"provenance kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.provisional != (self.kind != "measured"):
+            raise ValueError(f"provenance: provisional={self.provisional} contradicts kind={self.kind!r}")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU a file describes: ``key`` as ``sparsemla sim --gpu`` takes it, DRAM bandwidth in TB/s, and the code path
+    our kernels take there (``wgmma`` on Hopper; ``mma.sync`` = the sm_89 path on sm_80..sm_120)."""
+
+    key: str
+    name: str
+    arch: str
+    sms: int
+    bandwidth_tb_s: float
+    code_path: str
+
+
+@dataclass(frozen=True)
+class BaselineInfo:
+    """What the ``baseline`` state (all flags off) models on this GPU: ``label`` (short, for reports), the sglang path
+    it runs (``sglang_path``), what stock sglang 0.5.23 runs there by default (``sglang_default``), whether the file
+    models that default (``models_default``) and what is and is not modelled (``note``)."""
+
+    label: str
+    sglang_path: str
+    sglang_default: str
+    models_default: bool
+    note: str
 
 
 @dataclass(frozen=True)
@@ -134,6 +200,7 @@ class StateCalibration:
     step_us: tuple[tuple[float, ...], ...]
     kernels: tuple[KernelSpec, ...]
     kernel_us: dict[str, tuple[tuple[float, ...], ...]]
+    description: str = ""  # which sglang path / kernels this state runs on the file's GPU
 
     def step_seconds(self, batch: int, context: float) -> float:
         """Decode step duration in seconds for ``batch`` running requests of mean context ``context`` tokens."""
@@ -164,6 +231,21 @@ class Calibration:
     states: dict[str, StateCalibration]
     schema_version: int = SCHEMA_VERSION
     path: Path | None = field(default=None, compare=False)
+    gpu: GpuInfo | None = None
+    baseline: BaselineInfo | None = None
+
+    @property
+    def kind(self) -> str:
+        """``measured``, ``projected`` or ``derived`` (see :class:`Provenance`)."""
+        return self.provenance.kind
+
+    def label(self) -> str:
+        """One line for logs and reports: GPU, measured/PROJECTED/PROVISIONAL, and what "flags off" is."""
+        gpu = self.gpu.name if self.gpu else self.provenance.gpu
+        how = {"measured": "measured", "projected": "PROJECTED (not measured on this GPU)",
+               "derived": "PROVISIONAL (derived, not measured end to end)"}[self.kind]  # fmt: skip
+        off = f"; flags off = {self.baseline.label}" if self.baseline else ""
+        return f"{gpu} calibration, {how}{off}"
 
     def state(self, variant: str) -> StateCalibration:
         """The state for a ``variant`` label; CalibrationError naming the file and the states it has otherwise."""
@@ -176,33 +258,53 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (schema version :data:`SCHEMA_VERSION`)."""
-        return {
+        doc: dict[str, Any] = {
             "schema_version": self.schema_version,
             "model": asdict(self.model),
             "prefill": asdict(self.prefill),
-            "provenance": asdict(self.provenance),
-            "states": {
-                name: {
-                    "flags": dict(s.flags),
-                    "batch": list(s.batch),
-                    "context": list(s.context),
-                    "step_us": [[round(v, 3) for v in row] for row in s.step_us],
-                    "kernels": [asdict(k) for k in s.kernels],
-                    "kernel_us": {n: [[round(v, 3) for v in row] for row in g] for n, g in s.kernel_us.items()},
-                }
-                for name, s in self.states.items()
-            },
+            "provenance": _provenance_dict(self.provenance),
         }
+        if self.gpu is not None:
+            doc["gpu"] = asdict(self.gpu)
+        if self.baseline is not None:
+            doc["baseline"] = asdict(self.baseline)
+        doc["states"] = {name: _state_dict(s) for name, s in self.states.items()}
+        return doc
 
     def summary(self) -> dict[str, Any]:
-        """What `/server_info` shows: file, schema, model, provenance, states."""
+        """What `/server_info` shows: file, schema, kind (measured / projected / derived), label, GPU, what the
+        baseline models, model, provenance, states and their descriptions."""
         return {
             "path": str(self.path) if self.path else None,
             "schema_version": self.schema_version,
+            "kind": self.kind,
+            "label": self.label(),
+            "gpu": asdict(self.gpu) if self.gpu else None,
+            "baseline": asdict(self.baseline) if self.baseline else None,
             "model": asdict(self.model),
-            "provenance": asdict(self.provenance),
+            "provenance": _provenance_dict(self.provenance),
             "states": sorted(self.states),
+            "state_descriptions": {n: s.description for n, s in sorted(self.states.items()) if s.description},
         }
+
+
+def _provenance_dict(p: Provenance) -> dict[str, Any]:
+    doc = asdict(p)
+    doc["sources"] = [asdict(s) for s in p.sources]
+    return doc
+
+
+def _state_dict(s: StateCalibration) -> dict[str, Any]:
+    doc: dict[str, Any] = {"description": s.description} if s.description else {}
+    doc.update(
+        flags=dict(s.flags),
+        batch=list(s.batch),
+        context=list(s.context),
+        step_us=[[round(v, 3) for v in row] for row in s.step_us],
+        kernels=[asdict(k) for k in s.kernels],
+        kernel_us={n: [[round(v, 3) for v in row] for row in g] for n, g in s.kernel_us.items()},
+    )
+    return doc
 
 
 # -- validation -----------------------------------------------------------------------------------------------------
@@ -291,17 +393,13 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
         per_token_us=ck.number(ck.get(p, "per_token_us", "$.prefill"), "$.prefill.per_token_us", 1e-9),
         chunk_tokens=ck.integer(p, "chunk_tokens", "$.prefill", 1),
     )
-    pv = ck.obj(ck.get(doc, "provenance", "$"), "$.provenance")
-    provisional = ck.get(pv, "provisional", "$.provenance")
-    if not isinstance(provisional, bool):
-        raise ck.fail("$.provenance.provisional", f"expected true or false, got {provisional!r}")
-    provenance = Provenance(
-        **{
-            k: ck.string(pv, k, "$.provenance") for k in ("gpu", "date", "torch", "triton", "cuda", "git_sha", "source")
-        },
-        provisional=provisional,
-        notes=ck.string(pv, "notes", "$.provenance") if "notes" in pv else "",
-    )
+    provenance = _provenance(ck, ck.obj(ck.get(doc, "provenance", "$"), "$.provenance"))
+    gpu = _gpu(ck, ck.obj(doc["gpu"], "$.gpu")) if "gpu" in doc else None
+    baseline = _baseline(ck, ck.obj(doc["baseline"], "$.baseline")) if "baseline" in doc else None
+    if provenance.kind == "projected":
+        for key, value in (("gpu", gpu), ("baseline", baseline)):
+            if value is None:
+                raise ck.fail(f"$.{key}", "missing (a projected file must say which GPU and which baseline it models)")
     states_doc = ck.obj(ck.get(doc, "states", "$"), "$.states")
     if not states_doc:
         raise ck.fail("$.states", "no states")
@@ -346,25 +444,100 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
                         f"step_us={step[i][j]:.1f}",
                     )
         flags_doc = ck.obj(ck.get(s, "flags", path), f"{path}.flags")
+        description = ck.string(s, "description", path) if "description" in s else ""
         states[name] = StateCalibration(
-            name, {str(k): str(v) for k, v in flags_doc.items()}, batch, context, step, tuple(kernels), kernel_us
-        )
-    return Calibration(model, prefill, provenance, states, SCHEMA_VERSION)
+            name, {str(k): str(v) for k, v in flags_doc.items()}, batch, context, step, tuple(kernels), kernel_us,
+            description,
+        )  # fmt: skip
+    return Calibration(model, prefill, provenance, states, SCHEMA_VERSION, gpu=gpu, baseline=baseline)
 
 
-def resolve_path(path: str | Path | None = None) -> Path:
-    """The file to use: ``path``, else ``SPARSEMLA_SIM_CALIBRATION``, else default.json, else provisional.json."""
+def _provenance(ck: _Checker, pv: Mapping[str, Any]) -> Provenance:
+    where = "$.provenance"
+    provisional = ck.get(pv, "provisional", where)
+    if not isinstance(provisional, bool):
+        raise ck.fail(f"{where}.provisional", f"expected true or false, got {provisional!r}")
+    kind = ck.string(pv, "kind", where) if "kind" in pv else ""
+    if kind and kind not in KINDS:
+        raise ck.fail(f"{where}.kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+    if kind and provisional != (kind != "measured"):
+        raise ck.fail(f"{where}.provisional", f"{provisional} contradicts kind {kind!r} (true unless measured)")
+    sources_doc = ck.get(pv, "sources", where) if "sources" in pv else []
+    if not isinstance(sources_doc, list):
+        raise ck.fail(f"{where}.sources", "expected a list")
+    sources = []
+    for i, raw in enumerate(sources_doc):
+        sp = f"{where}.sources[{i}]"
+        sd = ck.obj(raw, sp)
+        sources.append(Source(*(ck.string(sd, k, sp) for k in ("path", "git_sha", "sha256", "what"))))
+    method = ck.string(pv, "method", where) if "method" in pv else ""
+    if kind == "projected" and (not method.strip() or not sources):
+        raise ck.fail(where, "a projected file must say its method and list its sources")
+    return Provenance(
+        **{k: ck.string(pv, k, where) for k in ("gpu", "date", "torch", "triton", "cuda", "git_sha", "source")},
+        provisional=provisional,
+        notes=ck.string(pv, "notes", where) if "notes" in pv else "",
+        kind=kind,
+        method=method,
+        sources=tuple(sources),
+    )
+
+
+def _gpu(ck: _Checker, g: Mapping[str, Any]) -> GpuInfo:
+    where = "$.gpu"
+    bandwidth = ck.number(ck.get(g, "bandwidth_tb_s", where), f"{where}.bandwidth_tb_s", 1e-9)
+    return GpuInfo(
+        key=ck.string(g, "key", where),
+        name=ck.string(g, "name", where),
+        arch=ck.string(g, "arch", where),
+        sms=ck.integer(g, "sms", where, 1),
+        bandwidth_tb_s=bandwidth,
+        code_path=ck.string(g, "code_path", where),
+    )
+
+
+def _baseline(ck: _Checker, b: Mapping[str, Any]) -> BaselineInfo:
+    where = "$.baseline"
+    models_default = ck.get(b, "models_default", where)
+    if not isinstance(models_default, bool):
+        raise ck.fail(f"{where}.models_default", f"expected true or false, got {models_default!r}")
+    label, path, default, note = (ck.string(b, k, where) for k in ("label", "sglang_path", "sglang_default", "note"))
+    return BaselineInfo(label, path, default, models_default, note)
+
+
+def gpu_path(gpu: str) -> Path:
+    """The shipped file of a GPU key (:data:`GPU_FILES`): h200 is default.json (measured; provisional.json until the
+    decode-step benchmark has written it), the others their projected ``<gpu>.json``."""
+    key = gpu.strip().lower()
+    if key not in GPU_FILES:
+        raise CalibrationError(f"unknown GPU {gpu!r}; the simulator has calibrations for {', '.join(GPU_FILES)}")
+    path = GPU_FILES[key]
+    return PROVISIONAL_PATH if key == "h200" and not path.is_file() else path
+
+
+def resolve_path(path: str | Path | None = None, gpu: str | None = None) -> Path:
+    """The file to use: ``path`` or ``gpu`` (not both), else ``SPARSEMLA_SIM_CALIBRATION``, else the file of
+    ``SPARSEMLA_SIM_GPU`` (see :func:`gpu_path`; default h200). Both variables set is an error: they disagree."""
+    if path is not None and gpu is not None:
+        raise CalibrationError("give a calibration file or a GPU, not both (--calibration or --gpu)")
     if path is not None:
         return Path(path)
+    if gpu is not None:
+        return gpu_path(gpu)
     configured = flags.SPARSEMLA_SIM_CALIBRATION.get()
+    if configured and flags.SPARSEMLA_SIM_GPU.is_set():
+        raise CalibrationError(
+            f"SPARSEMLA_SIM_CALIBRATION={configured} and SPARSEMLA_SIM_GPU={flags.SPARSEMLA_SIM_GPU.get()} are both "
+            "set; unset one of them"
+        )
     if configured:
         return Path(configured)
-    return DEFAULT_PATH if DEFAULT_PATH.is_file() else PROVISIONAL_PATH
+    return gpu_path(flags.SPARSEMLA_SIM_GPU.get())
 
 
-def load_calibration(path: str | Path | None = None) -> Calibration:
+def load_calibration(path: str | Path | None = None, gpu: str | None = None) -> Calibration:
     """Read and validate a calibration file (see :func:`resolve_path`); CalibrationError with a clear message."""
-    resolved = resolve_path(path)
+    resolved = resolve_path(path, gpu)
     try:
         text = resolved.read_text()
     except OSError as exc:
@@ -373,8 +546,7 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CalibrationError(f"{resolved}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    cal = calibration_from_dict(doc, str(resolved))
-    return Calibration(cal.model, cal.prefill, cal.provenance, cal.states, cal.schema_version, resolved)
+    return replace(calibration_from_dict(doc, str(resolved)), path=resolved)
 
 
 def write_calibration(
@@ -384,12 +556,15 @@ def write_calibration(
     prefill: PrefillModel,
     provenance: Provenance,
     states: Mapping[str, StateCalibration],
+    gpu: GpuInfo | None = None,
+    baseline: BaselineInfo | None = None,
 ) -> Path:
-    """Validate and write a calibration JSON atomically (the decode-step benchmark's output: ``default.json``).
+    """Validate and write a calibration JSON atomically (the decode-step benchmark's output: ``default.json``; the
+    projection's ``<gpu>.json``).
 
     ``states`` maps variant names to :class:`StateCalibration`; the document is checked exactly like
     :func:`load_calibration` checks it before anything is written. Returns the path written."""
-    cal = Calibration(model, prefill, provenance, dict(states))
+    cal = Calibration(model, prefill, provenance, dict(states), gpu=gpu, baseline=baseline)
     doc = cal.to_dict()
     calibration_from_dict(doc, f"write_calibration({path})")  # refuse to write what could not be loaded
     return write_json_atomic(Path(path), doc, indent=1)

@@ -16,7 +16,13 @@ def sim(
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 to serve other machines)."),
     model_name: str = typer.Option("deepseek-ai/DeepSeek-V4-Flash", "--model-name", help="served_model_name label."),
     calibration: str = typer.Option(
-        None, "--calibration", help="Calibration JSON (default: SPARSEMLA_SIM_CALIBRATION, default.json, provisional)."
+        None, "--calibration", help="Calibration JSON (default: SPARSEMLA_SIM_CALIBRATION, else the --gpu file)."
+    ),
+    gpu: str = typer.Option(
+        None,
+        "--gpu",
+        help="Run the shipped calibration of this GPU: h200 (measured) | rtx-pro-6000 | l40s | a100 (projected from "
+        "the H200 runs). Default: SPARSEMLA_SIM_GPU (h200).",
     ),
     max_running_requests: int = typer.Option(256, "--max-running-requests", min=1, help="Max decode batch size."),
     max_total_tokens: int = typer.Option(1_048_576, "--max-total-tokens", min=1, help="KV pool size in tokens."),
@@ -41,11 +47,11 @@ def sim(
         fail("--api-key must not be empty", "give the key clients send as `Authorization: Bearer <key>`")
     try:
         flags.validate_all()
-        cal = load_calibration(calibration)
+        cal = load_calibration(calibration, gpu)
         config = SimConfig(model_name, max_running_requests, max_total_tokens, context_length, api_key=api_key)
         application = create_app(cal, config)
     except (CalibrationError, flags.FlagError) as exc:
-        fail(str(exc), "check SPARSEMLA_SIM_CALIBRATION / the flags (`sparsemla flags`)")
+        fail(str(exc), "check --calibration / --gpu, SPARSEMLA_SIM_CALIBRATION / SPARSEMLA_SIM_GPU (`sparsemla flags`)")
     if openapi:
         import json
         from pathlib import Path
@@ -54,10 +60,12 @@ def sim(
         console.print(f"wrote {openapi}")
         return
     prov = cal.provenance
-    label = "[bold yellow]PROVISIONAL[/] " if prov.provisional else ""
+    label = {"projected": "[bold yellow]PROJECTED[/] ", "derived": "[bold yellow]PROVISIONAL[/] "}.get(cal.kind, "")
     console.print(
         f"sim: {model_name} variant=[bold]{application.state.variant}[/] on http://{host}:{port}  "
         f"calibration {label}{cal.path} ({prov.gpu}, {prov.date}, {prov.git_sha[:12]})"
     )
+    if cal.baseline is not None:
+        console.print(f"  flags off on this GPU = {cal.baseline.label}")
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=120,
                 backlog=4096)  # fmt: skip

@@ -46,6 +46,7 @@ from sparsemla.ops.sim.calibration import (
     ModelSpec,
     PrefillModel,
     Provenance,
+    Source,
     StateCalibration,
     write_calibration,
 )
@@ -190,6 +191,10 @@ def provisional_calibration() -> Calibration:
         source="provisional: per-layer kernel anchors from h200-baselines.md + weight-streaming model",
         provisional=True,
         notes=" ".join((__doc__ or "").split()),
+        kind="derived",
+        method="derived by sparsemla.ops.sim.provisional: per-layer kernel anchors of one H200 run + a weight-stream "
+        "model of the rest of the step (the notes give the derivation)",
+        sources=(Source("shared/notes/h200-baselines.md", "n/a", "n/a", "per-layer kernel anchors, H200, 2026-11-29"),),
     )
     model = ModelSpec(MODEL_NAME, NUM_LAYERS, INDEXER_LAYERS, CONTEXT_LENGTH)
     return Calibration(model, prefill_model(), provenance, {v: build_state(v) for v in kernel_variant.VARIANTS})

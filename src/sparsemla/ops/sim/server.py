@@ -155,7 +155,8 @@ def create_app(calibration: Calibration, config: SimConfig | None = None) -> Fas
     metrics = SimMetrics(config.model_name)
     metrics.set_constants(config.max_total_tokens, context_length)
     profile_meta = {"variant": variant, "gpu": calibration.provenance.gpu, "calibration": str(calibration.path),
-                    "provisional": calibration.provenance.provisional}  # fmt: skip
+                    "provisional": calibration.provenance.provisional, "calibration_kind": calibration.kind,
+                    "calibration_label": calibration.label()}  # fmt: skip
     profiler = Profiler(state, profile_meta, flags.SGLANG_TORCH_PROFILER_DIR.get())
     pending_writes: set[asyncio.Task] = set()
 
