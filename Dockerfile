@@ -22,11 +22,26 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SGLANG_TORCH_PROFILER_DIR=/profiles \
     SPARSEMLA_RESULTS_DIR=/data
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY src ./src
-# Non-editable install of the whole package with the ops and loadtest extras; /app keeps the sources for
-# `locust -f /app/src/sparsemla/loadtest/locustfile.py`.
-RUN pip install --no-cache-dir "/app[ops,loadtest]" \
+COPY pyproject.toml ./
+# The dependencies (base + ops + loadtest, read from pyproject.toml) in a layer of their own, so that a change under
+# src/ or in the README rebuilds only the small install of the package below.
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+        x = p["optional-dependencies"]; print("\n".join(p["dependencies"] + x["ops"] + x["loadtest"]))' \
+        > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+# Everything but kernels/ and plugin/: they run inside sglang and import torch, which this image does not have, and
+# the `sparsemla` CLI imports the commands of every installed area, so with them installed no command could start.
+# /app keeps the sources for `locust -f /app/src/sparsemla/loadtest/locustfile.py`.
+COPY README.md ./
+COPY src/sparsemla/*.py ./src/sparsemla/
+COPY src/sparsemla/ops ./src/sparsemla/ops
+COPY src/sparsemla/loadtest ./src/sparsemla/loadtest
+COPY src/sparsemla/dashboards ./src/sparsemla/dashboards
+# The build fails unless every requirement is met and the CLI starts with the simulator's command.
+RUN pip install --no-cache-dir --no-deps /app \
+    && pip check \
+    && sparsemla sim --help > /dev/null \
     && useradd --create-home --uid 10001 sparsemla \
     && mkdir -p /profiles /data /prom \
     && chown sparsemla:sparsemla /profiles /data /prom

@@ -23,8 +23,8 @@ ARCH ?=
 FROM ?= now-15m
 TO ?= now
 
-.PHONY: help setup test test-gpu lint demo sim up down loadtest sweep compare ab profile exporter dashboards snapshot \
-	aot bench-decode bench-indexer bench-step clean
+.PHONY: help setup test test-gpu test-containers lint demo sim up down loadtest sweep compare ab profile exporter \
+	dashboards snapshot aot bench-decode bench-indexer bench-prefill bench-step clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -35,7 +35,11 @@ $(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract
 setup: $(STAMP) ## create .venv and install everything the targets need (torch CPU, sglang 0.5.23 contract tier, tools)
 
 test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpreter kernels, ops loop end to end)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu"
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu and not containers"
+
+# Root on Debian (apt-installs podman, debootstrap, runc); elsewhere see docs/deploy.md. Second runs reuse the images.
+test-containers: $(STAMP) ## build and run the sim image and the compose sim profile for real (podman, local base images)
+	bash scripts/containers-setup.sh "$(PYTHON)" "$(PY)" && $(PY) -m pytest -m containers -s tests/test_containers.py
 
 # On a GPU machine install the package first (`pip install -e ".[test]"`, or benchmarks/gpu-setup.sh).
 test-gpu: ## GPU tests in both code paths: native, then TRITON_OVERRIDE_ARCH=sm89 (the mma.sync code of sm_80..sm_120)
@@ -45,7 +49,7 @@ test-gpu: ## GPU tests in both code paths: native, then TRITON_OVERRIDE_ARCH=sm8
 lint: $(STAMP) ## ruff check + format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-demo: $(STAMP) ## the whole loop on the simulator, no GPU: sweep flags off, flip, sweep on, A/B report
+demo: $(STAMP) ## the whole loop on the simulator, no GPU: flip one kernel flag after another, sweep + profile each, A/B reports
 	$(CLI) demo
 
 sim: $(STAMP) ## run the simulated sglang server in the foreground (PORT=30000)
@@ -89,6 +93,9 @@ bench-decode: ## GPU: decode benchmark, native + sm89 code paths -> results/benc
 
 bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/bench/indexer-<gpu>-<date>.json
 	$(PYTHON) -m benchmarks.indexer
+
+bench-prefill: ## GPU: sparse-prefill benchmark, native + sm89 code paths -> results/bench/prefill-<gpu>-<date>.json
+	$(PYTHON) -m benchmarks.prefill
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
 	$(PYTHON) -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step

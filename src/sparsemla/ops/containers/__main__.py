@@ -1,0 +1,3 @@
+from sparsemla.ops.containers.cli import main
+
+main()
