@@ -35,6 +35,10 @@ REFERENCE = "reference"
 INFO_HELP = "Active sparsemla kernel flags (value 1)."
 
 # The boolean kernel switches that make up a variant, in name order.
+# SPARSEMLA_DSA_V32 is deliberately not one: it gives DeepSeek-V3.2 a path on GPUs where sglang has none (sm_8x,
+# sm_12x), so there is no sglang arm to A/B it against there; it serves another model than the DeepSeek-V4 A/B these
+# names, calibration states and dashboards describe; and adding it would double the closed set and rename nothing
+# measured. It is still a kernel flag: its value is a label of the flag-info series (``sparsemla_dsa_v32``).
 SWITCHES: tuple[flags.Flag[bool], ...] = (flags.SPARSEMLA_MMA_DECODE, flags.SPARSEMLA_TRITON_INDEXER)
 
 

@@ -211,6 +211,79 @@ def _topk_case(rows: int, cols: int, k: int) -> Callable[[], object]:
     return call
 
 
+PREFILL_TOKENS = (1024, 8192)
+PREFILL_HEADS = (16, 64, 128)  # per rank: 128 / TP 8, 128 / TP 2, the whole model
+PREFILL_TOPK = 2048
+
+
+def _prefill_case(s_q: int, heads: int, topk: int, d_qk: int = 576, sink: bool = False) -> Callable[[], object]:
+    from sparsemla.kernels.sparse_prefill.triton import sparse_prefill_fwd
+
+    def call() -> object:
+        # torch.empty: only shapes and strides reach the compiler, and an 8k-token q is 1.2 GB
+        q = torch.empty(s_q, heads, d_qk, dtype=torch.bfloat16)
+        kv = torch.empty(2 * s_q, 1, d_qk, dtype=torch.bfloat16)
+        idx = torch.empty(s_q, 1, topk, dtype=torch.int32)
+        lens = torch.empty(s_q, dtype=torch.int32)
+        attn_sink = torch.empty(heads) if sink else None
+        return sparse_prefill_fwd(q, kv, idx, d_qk**-0.5, 512, topk_length=lens, attn_sink=attn_sink)
+
+    return call
+
+
+def prefill_cases() -> dict[str, Callable[[], object]]:
+    """Sparse prefill (``flash_mla_sparse_fwd`` contract): 1k / 8k-token chunks x 16 / 64 / 128 heads, top-k 2048,
+    with topk_length as sglang passes it; plus d_qk 512 with a sink (the same entry without RoPE)."""
+    out: dict[str, Callable[[], object]] = {}
+    for s_q in PREFILL_TOKENS:
+        for h in PREFILL_HEADS:
+            out[f"sparse_prefill s_q{s_q} H{h} topk{PREFILL_TOPK}"] = _prefill_case(s_q, h, PREFILL_TOPK)
+    out[f"sparse_prefill s_q8192 H64 topk{PREFILL_TOPK} d512 sink"] = _prefill_case(8192, 64, PREFILL_TOPK, 512, True)
+    return out
+
+
+DECODE_V32_CASES = (  # (kv_format, B, H, s_q): every branch of choose_v32_config, split and unsplit, MTP s_q=2
+    ("fp8_656", 1, 16, 1),
+    ("fp8_656", 1, 128, 1),
+    ("fp8_656", 64, 16, 1),
+    ("fp8_656", 64, 128, 1),
+    ("fp8_656", 128, 16, 1),
+    ("fp8_656", 128, 128, 1),
+    ("fp8_656", 1, 128, 2),
+    ("fp8_656", 64, 128, 2),
+    ("bf16_576", 1, 16, 1),
+    ("bf16_576", 1, 128, 1),
+    ("bf16_576", 64, 128, 1),
+    ("bf16_576", 128, 16, 2),
+)
+DECODE_V32_TOPK = 2048
+
+
+def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int) -> Callable[[], object]:
+    from sparsemla.kernels.layouts import V32_DIM, V32_PAGE, v32_row_width
+    from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
+
+    def call() -> object:
+        # torch.empty: only shapes and strides reach the compiler
+        dtype = torch.uint8 if kv_format == "fp8_656" else torch.bfloat16
+        kv = torch.empty(4, V32_PAGE, 1, v32_row_width(kv_format), dtype=dtype)
+        q = torch.empty(batch, s_q, heads, V32_DIM, dtype=torch.bfloat16)
+        idx = torch.empty(batch, s_q, DECODE_V32_TOPK, dtype=torch.int32)
+        lens = torch.empty(batch, dtype=torch.int32)
+        return sparse_decode_v32_fwd(q, kv, idx, V32_DIM**-0.5, kv_format=kv_format, topk_length=lens)
+
+    return call
+
+
+def decode_v32_cases() -> dict[str, Callable[[], object]]:
+    """DeepSeek-V3.2 sparse decode (``sparse_decode_v32``): fp8_656 / bf16_576 caches, page 64, top-k 2048, 16 heads
+    (TP 8) and 128, B 1 / 64 / 128, s_q 1 and 2 (MTP), with topk_length."""
+    return {
+        f"decode_v32 {fmt} B{b} H{h} topk{DECODE_V32_TOPK} s_q{s}": _decode_v32_case(fmt, b, h, s)
+        for fmt, b, h, s in DECODE_V32_CASES
+    }
+
+
 def cases() -> dict[str, Callable[[], object]]:
     """Case name -> a call of the public launcher at that shape (CPU tensors; only shapes and strides matter)."""
     out: dict[str, Callable[[], object]] = {}
@@ -225,6 +298,8 @@ def cases() -> dict[str, Callable[[], object]]:
     for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
+    out.update(prefill_cases())
+    out.update(decode_v32_cases())
     return out
 
 

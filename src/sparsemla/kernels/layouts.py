@@ -203,3 +203,92 @@ def random_page_table(
         table[b, :n] = perm[start : start + n]
         start += n
     return table.to(torch.int32).to(device)
+
+
+# -- DeepSeek-V3.2 (DSA) sparse-MLA KV layouts ------------------------------------------------------------------------
+# A token's latent is 576 wide: 512 NoPE values (also the value vector, d_v = 512) then 64 RoPE values. The cache is
+# ``[num_blocks, page_size (64), 1, bytes_per_token]``; a slot id is ``block * page_size + offset``. Two formats:
+#
+#   "bf16_576": 576 bfloat16 values per token (1152 bytes), NoPE then RoPE.
+#   "fp8_656" (FlashMLA's "FP8 with scale", 656 bytes per token; dtype uint8 / int8 / float8_e4m3fn):
+#       offset       bytes   content
+#       [0, 512)     512     NoPE, float8_e4m3fn; tile t = values [128 t, 128 t + 128)
+#       [512, 528)   16      4 x float32 little-endian: the scale of NoPE tile t (value = e4m3 * scale[t])
+#       [528, 656)   128     RoPE, 64 x bfloat16 little-endian, not quantized
+#   Rows are 656 = 41 x 16 bytes, so every row of a contiguous page starts 16-byte aligned.
+V32_NOPE_DIM = 512
+V32_ROPE_DIM = 64
+V32_DIM = V32_NOPE_DIM + V32_ROPE_DIM  # 576: q.k width (d_qk)
+V32_TILE = 128  # NoPE values sharing one fp32 scale
+V32_NUM_SCALES = V32_NOPE_DIM // V32_TILE  # 4
+V32_SCALE_OFFSET = V32_NOPE_DIM  # 512: byte offset of the scales in an fp8 row
+V32_ROPE_OFFSET = V32_NOPE_DIM + 4 * V32_NUM_SCALES  # 528: byte offset of the bf16 RoPE in an fp8 row
+V32_FP8_BYTES = V32_ROPE_OFFSET + 2 * V32_ROPE_DIM  # 656
+V32_PAGE = 64
+V32_FORMATS = ("fp8_656", "bf16_576")
+
+
+def v32_row_width(kv_format: str) -> int:
+    """Last dimension of a V3.2 cache of ``kv_format``: 656 (bytes) or 576 (bf16 values)."""
+    if kv_format == "fp8_656":
+        return V32_FP8_BYTES
+    if kv_format == "bf16_576":
+        return V32_DIM
+    raise ValueError(f"kv_format must be one of {V32_FORMATS}, got {kv_format!r}")
+
+
+def quantize_v32_fp8(latent: torch.Tensor) -> torch.Tensor:
+    """``[..., 576]`` float latents -> ``[..., 656]`` uint8 rows of the fp8_656 format: per 128-value NoPE tile,
+    scale = amax / 448 (fp32; 1 for an all-zero tile) and e4m3 = round(x / scale); RoPE stored as bf16."""
+    if latent.shape[-1] != V32_DIM:
+        raise ValueError(f"latent must be [..., {V32_DIM}], got {list(latent.shape)}")
+    lead = latent.shape[:-1]
+    x = latent.reshape(-1, V32_DIM).float()
+    nope = x[:, :V32_NOPE_DIM].view(-1, V32_NUM_SCALES, V32_TILE)
+    amax = nope.abs().amax(dim=-1)  # [N, 4]
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q8 = (nope / scale[:, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(-1, V32_NOPE_DIM)
+    rope = x[:, V32_NOPE_DIM:].to(torch.bfloat16)
+    parts = [q8.view(torch.uint8), scale.contiguous().view(torch.uint8), rope.contiguous().view(torch.uint8)]
+    return torch.cat(parts, dim=1).view(*lead, V32_FP8_BYTES)
+
+
+def decode_v32_rows(kv_cache: torch.Tensor, slots: torch.Tensor, kv_format: str) -> torch.Tensor:
+    """The rows of ``slots`` (any shape, int, ``0 <= slot < num_blocks * page_size``) of a V3.2 ``kv_cache``,
+    dequantized: fp32 ``[*slots.shape, 576]`` (fp8_656: ``e4m3 * scale`` per tile, in fp32)."""
+    width = v32_row_width(kv_format)
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != width:
+        raise ValueError(f"kv_cache must be [num_blocks, page_size, 1, {width}], got {list(kv_cache.shape)}")
+    page_size = kv_cache.shape[1]
+    flat = slots.reshape(-1).long()
+    rows = kv_cache[flat // page_size, flat % page_size, 0]  # [N, width]
+    if kv_format == "bf16_576":
+        return rows.float().view(*slots.shape, V32_DIM)
+    raw = rows.view(torch.uint8)
+    nope = raw[:, :V32_NOPE_DIM].view(torch.float8_e4m3fn).float().view(-1, V32_NUM_SCALES, V32_TILE)
+    scale = raw[:, V32_SCALE_OFFSET:V32_ROPE_OFFSET].contiguous().view(torch.float32)  # [N, 4]
+    rope = raw[:, V32_ROPE_OFFSET:].contiguous().view(torch.bfloat16).float()
+    nope = (nope * scale[:, :, None]).view(-1, V32_NOPE_DIM)
+    return torch.cat([nope, rope], dim=-1).view(*slots.shape, V32_DIM)
+
+
+def random_v32_cache(
+    num_blocks: int,
+    kv_format: str,
+    *,
+    page_size: int = V32_PAGE,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+    tile_std: tuple[float, ...] = (0.5, 2.0, 8.0, 1.0),
+) -> torch.Tensor:
+    """A V3.2 cache ``[num_blocks, page_size, 1, 656]`` uint8 or ``[..., 576]`` bf16 of random latents: NoPE tile t ~
+    N(0, tile_std[t]^2) (so the four scales of a row differ), RoPE ~ N(0, 1); fp8_656 rows are quantized with
+    :func:`quantize_v32_fp8`. No zeros, no NaN."""
+    tokens = num_blocks * page_size
+    nope = torch.randn(tokens, V32_NUM_SCALES, V32_TILE, generator=generator)
+    nope = nope * torch.tensor(tile_std, dtype=torch.float32).view(1, V32_NUM_SCALES, 1)
+    rope = torch.randn(tokens, V32_ROPE_DIM, generator=generator)
+    latent = torch.cat([nope.view(tokens, V32_NOPE_DIM), rope], dim=1)
+    width = v32_row_width(kv_format)
+    rows = quantize_v32_fp8(latent) if kv_format == "fp8_656" else latent.to(torch.bfloat16)
+    return rows.view(num_blocks, page_size, 1, width).to(device)

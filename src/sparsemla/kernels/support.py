@@ -21,12 +21,20 @@ def decode_shared_need(info: dev.DeviceInfo) -> int:
     return max(shared_bytes(choose_config(info, h, r), info) for h, r in _DECODE_PROBES)
 
 
+# Flag of each op group, for the messages.
+_FLAG_OF_OP = {"decode": "SPARSEMLA_MMA_DECODE", "indexer": "SPARSEMLA_TRITON_INDEXER", "dsa_v32": "SPARSEMLA_DSA_V32"}
+
+
 def check_device(info: dev.DeviceInfo, ops: tuple[str, ...] = ("decode", "indexer")) -> None:
-    """Raise :class:`~sparsemla.kernels.device.UnsupportedDevice` naming the GPU, what it lacks and what to do."""
+    """Raise :class:`~sparsemla.kernels.device.UnsupportedDevice` naming the GPU, what it lacks and what to do.
+
+    ``dsa_v32`` (the DeepSeek-V3.2 decode and prefill kernels behind SPARSEMLA_DSA_V32) needs sm_80+ like the others;
+    their launch configurations are chosen per target to fit its shared memory (``make aot`` compiles every one)."""
     where = f"{info.name or 'this GPU'} (sm_{info.arch}, {info.smem_per_block:,} B shared memory per block)"
     if not info.supported:
+        named = ", ".join(_FLAG_OF_OP[op] for op in ops if op in _FLAG_OF_OP) or "the kernel flags"
         raise dev.UnsupportedDevice(
-            f"{where}: the sparsemla kernels need sm_80 or newer (bf16 tensor-core MMAs); unset the kernel flags"
+            f"{where}: the sparsemla kernels need sm_80 or newer (bf16 tensor-core MMAs); unset {named}"
         )
     needs = {}
     if "decode" in ops:

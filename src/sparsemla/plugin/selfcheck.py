@@ -131,12 +131,88 @@ def _check_topk_transform_v2(device: torch.device) -> float:
     return max(_mismatch(out, slots), _mismatch(raw, pos), _mismatch(only_raw, pos))
 
 
+def _v32_attention_reference(
+    q: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, sm_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 softmax attention of q [n, H, 576] over gathered rows [n, T, 576] (valid [n, T]): (out [n, H, 512], lse
+    [n, H], natural log, +inf for a row with no valid entry). Independent of the ops' own references."""
+    scores = torch.einsum("nhd,ntd->nht", q.float(), rows.float() * valid.unsqueeze(-1)) * sm_scale
+    scores = scores.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    lonely = torch.isneginf(lse)
+    weights = torch.exp(scores - lse.masked_fill(lonely, float("inf")).unsqueeze(-1))
+    out = torch.einsum("nht,ntv->nhv", weights, rows.float()[..., : layouts.V32_NOPE_DIM] * valid.unsqueeze(-1))
+    return out, lse.masked_fill(lonely, float("inf"))
+
+
+def _check_dsa_v32_decode(device: torch.device) -> float:
+    """sglang's flashmla_kv decode call as the plugin serves it (``flash_mla_with_kvcache`` drop-in, fp8 656-byte
+    cache, heads padded to 64, -1 padded indices and an all-invalid row) against fp32 attention over the rows
+    dequantized in torch; out and lse."""
+    from sparsemla.kernels.dsa_compat import flash_mla_with_kvcache, get_mla_metadata
+
+    gen = torch.Generator().manual_seed(3232)
+    blocks, tokens, heads, topk = 6, 3, 64, 128
+    cache = layouts.random_v32_cache(blocks, "fp8_656", generator=gen)
+    idx = torch.randint(0, blocks * layouts.V32_PAGE, (tokens, 1, topk), generator=gen, dtype=torch.int32)
+    idx[1, 0, 100:] = -1
+    idx[2] = -1
+    q = torch.randn(tokens, 1, heads, layouts.V32_DIM, generator=gen).to(torch.bfloat16)
+    lens = torch.tensor([topk, 100, 0], dtype=torch.int32)
+    sched, splits = get_mla_metadata(lens.to(device), heads, 1, heads, True, topk)
+    out, lse = flash_mla_with_kvcache(
+        q=q.to(device), k_cache=cache.to(device), block_table=torch.empty(tokens, 0, dtype=torch.int32, device=device),
+        cache_seqlens=lens.to(device), head_dim_v=512, tile_scheduler_metadata=sched, num_splits=splits,
+        softmax_scale=0.1352, indices=idx.to(device), is_fp8_kvcache=True, kv_format="V32",
+    )  # fmt: skip
+    valid = idx[:, 0] >= 0
+    rows = layouts.decode_v32_rows(cache, idx[:, 0].clamp(min=0), "fp8_656")
+    ref, ref_lse = _v32_attention_reference(q[:, 0], rows, valid, 0.1352)
+    return max(_rel_err(out[:, 0].cpu(), ref), _rel_err(lse.cpu()[:, :, 0], ref_lse))
+
+
+def _check_dsa_v32_prefill(device: torch.device) -> float:
+    """sglang's flashmla_sparse call as the plugin serves it (``flash_mla_sparse_fwd`` drop-in, bf16 576-wide KV,
+    topk_length shorter than the row, -1 pads) against fp32 attention; out and the base-2 lse sglang receives."""
+    from sparsemla.kernels.dsa_compat import LOG2E, flash_mla_sparse_fwd
+
+    gen = torch.Generator().manual_seed(2323)
+    s_kv, tokens, heads, topk = 300, 4, 16, 64
+    kv = torch.randn(s_kv, 1, layouts.V32_DIM, generator=gen).to(torch.bfloat16)
+    idx = torch.randint(0, s_kv, (tokens, 1, topk), generator=gen, dtype=torch.int32)
+    idx[3, 0, 10:] = -1
+    lens = torch.tensor([topk, 40, 1, topk], dtype=torch.int32)
+    q = torch.randn(tokens, heads, layouts.V32_DIM, generator=gen).to(torch.bfloat16)
+    out, _, lse = flash_mla_sparse_fwd(q.to(device), kv.to(device), idx.to(device), 0.1352, 512, None, lens.to(device))
+    pos = torch.arange(topk).view(1, topk)
+    valid = (idx[:, 0] >= 0) & (pos < lens.view(-1, 1))
+    ref, ref_lse = _v32_attention_reference(q, kv[idx[:, 0].clamp(min=0).long(), 0], valid, 0.1352)
+    return max(_rel_err(out.cpu(), ref), _rel_err(lse.cpu(), ref_lse * LOG2E))
+
+
+def _check_dsa_v32_schedule(device: torch.device) -> float:
+    """The schedule drop-in keeps sglang's CUDA-graph buffers shape-stable: a fixed schedule, ``num_splits [T + 1]``,
+    int32 zeros on the device (0.0 when so, inf otherwise)."""
+    from sparsemla.kernels.dsa_compat import get_mla_metadata
+
+    shapes = []
+    for rows in (1, 7):
+        sched, splits = get_mla_metadata(torch.ones(rows, dtype=torch.int32, device=device), 64, 1, 64, True, 2048)
+        ok = sched.dtype == splits.dtype == torch.int32 and splits.shape == (rows + 1,)
+        ok = ok and not sched.any() and not splits.any() and sched.device.type == splits.device.type == device.type
+        shapes.append(tuple(sched.shape) if ok else None)
+    return 0.0 if None not in shapes and shapes[0] == shapes[1] else float("inf")
+
+
 _CHECKS = {
     "sparsemla.kernels.sparse_decode.api:sparse_decode": (_check_decode, DECODE_RTOL),
     "sparsemla.kernels.indexer.api:indexer_logits": (_check_indexer, INDEXER_RTOL),
     "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged": (_check_topk_transform, TOPK_TOL),
     "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged_v2": (_check_topk_transform_v2, TOPK_TOL),
     "sparsemla.kernels.indexer.sglang_compat:plan_topk_v2": (_check_topk_transform_v2, TOPK_TOL),
+    "sparsemla.kernels.dsa_compat:flash_mla_with_kvcache": (_check_dsa_v32_decode, DECODE_RTOL),
+    "sparsemla.kernels.dsa_compat:flash_mla_sparse_fwd": (_check_dsa_v32_prefill, DECODE_RTOL),
+    "sparsemla.kernels.dsa_compat:get_mla_metadata": (_check_dsa_v32_schedule, 0.0),
 }
 
 

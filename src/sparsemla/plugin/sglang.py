@@ -42,7 +42,11 @@ class HookSpec:
     parameter order (the indexer logits functions share one positional contract); ``timer`` always runs the original
     and ``op`` wraps it (``op(original, *args, **kwargs)``). ``params`` are the original's parameter names our op
     relies on (the contract tests check them against the installed sglang). ``requires`` names a module that must be
-    importable for the target to exist (the hook is skipped, with a debug line, when it is not)."""
+    importable for the target to exist (the hook is skipped, with a debug line, when it is not); ``required``: the
+    flag cannot be honoured without this hook, so a flag that is on while ``requires`` is missing stops startup.
+    ``when`` (``module:function`` of the call's arguments by name -> bool, ``kwargs`` hooks only): with the flag on,
+    only calls it accepts go to our op, the others to sglang's original (one sglang entry point serves several
+    models, e.g. FlashMLA's decode serves DeepSeek-V4 and V3.2 caches)."""
 
     name: str
     target: str
@@ -53,14 +57,21 @@ class HookSpec:
     requires: str | None = None
     versions: tuple[str, ...] = SGLANG_VERSIONS
     note: str = ""
+    required: bool = False
+    when: str | None = None
 
 
 _DECODE_PARAMS = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale",
                   "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length")  # fmt: skip
 _INDEXER_PARAMS = ("q_fp8", "kvcache_fp8", "weight", "seq_lens", "page_table", "deep_gemm_metadata", "max_seq_len",
                    "clean_logits")  # fmt: skip
+_V32_DECODE_PARAMS = ("q", "k_cache", "block_table", "cache_seqlens", "head_dim_v", "tile_scheduler_metadata",
+                      "num_splits", "softmax_scale", "is_fp8_kvcache", "indices", "topk_length",
+                      "kv_format")  # fmt: skip
 _TOPK_PARAMS = ("scores", "seq_lens", "page_tables", "out_page_indices", "page_size", "out_raw_indices")
 _TOPK_OP = "sparsemla.kernels.indexer.sglang_compat:topk_transform_paged"
+_FLASHMLA = "sglang.kernels.ops.attention.flash_mla_interface"
+_DSA = "sparsemla.kernels.dsa_compat"
 
 HOOKS: tuple[HookSpec, ...] = (
     HookSpec(
@@ -81,6 +92,51 @@ HOOKS: tuple[HookSpec, ...] = (
         params=_DECODE_PARAMS,
         requires="flash_mla",
         note="DeepSeek-V4 decode on Hopper/Blackwell datacenter GPUs (bound into a partial at backend init)",
+        when=f"{_DSA}:is_not_v32_sparse_decode",  # the V3.2 calls of this entry point are dsa_v32_decode's
+    ),
+    HookSpec(
+        name="dsa_v32_resolution",
+        target="sglang.srt.arg_groups.overrides._dsa_split_backend_resolution",
+        op="sparsemla.plugin.dsa_v32:resolve_dsa_backends",
+        flag=flags.SPARSEMLA_DSA_V32,
+        call="timer",  # not a timer: it always runs sglang's pass and amends its result (see plugin/dsa_v32.py)
+        params=("view",),
+        note="DSA backend auto-resolution: on sm_8x/sm_12x, trtllm/fa3 (no kernel there) -> flashmla_kv/_sparse",
+    ),
+    HookSpec(
+        name="dsa_v32_decode",
+        target=f"{_FLASHMLA}.flash_mla_with_kvcache",
+        op=f"{_DSA}:flash_mla_with_kvcache",
+        flag=flags.SPARSEMLA_DSA_V32,
+        call="kwargs",
+        params=_V32_DECODE_PARAMS,
+        requires="flash_mla",
+        required=True,
+        when=f"{_DSA}:is_v32_sparse_decode",
+        note="DeepSeek-V3.2 sparse decode of the flashmla_kv impl (fp8 656 B/token cache; imported at call time)",
+    ),
+    HookSpec(
+        name="dsa_v32_schedule",
+        target=f"{_FLASHMLA}.get_mla_metadata",
+        op=f"{_DSA}:get_mla_metadata",
+        flag=flags.SPARSEMLA_DSA_V32,
+        call="kwargs",
+        params=("cache_seqlens", "num_q_tokens_per_head_k", "num_heads_k", "num_heads_q", "is_fp8_kvcache", "topk"),
+        requires="flash_mla",
+        required=True,
+        when=f"{_DSA}:is_v32_decode_schedule",
+        note="FlashMLA's split-KV schedule for flashmla_kv (a CUDA kernel with no sm_8x/sm_12x image); ours: zeros",
+    ),
+    HookSpec(
+        name="dsa_v32_prefill",
+        target=f"{_FLASHMLA}.flash_mla_sparse_fwd",
+        op=f"{_DSA}:flash_mla_sparse_fwd",
+        flag=flags.SPARSEMLA_DSA_V32,
+        call="kwargs",
+        params=("q", "kv", "indices", "sm_scale", "d_v", "attn_sink", "topk_length"),
+        requires="flash_mla",
+        required=True,
+        note="DeepSeek-V3.2 sparse prefill of the flashmla_sparse impl (bf16 576-wide KV; also its decode)",
     ),
     HookSpec(
         name="indexer_sm120_torch",
@@ -257,14 +313,23 @@ def make_around(spec: HookSpec) -> Callable[..., Any]:
                 cache["signature"] = None
         return cache["signature"]
 
+    def accepts(call_kwargs: dict[str, Any]) -> bool:
+        if spec.when is None:
+            return True
+        if "when" not in cache:
+            cache["when"] = _resolve(spec.when)
+        return bool(cache["when"](call_kwargs))
+
     def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not kernel_enabled(spec):
             return original(*args, **kwargs)
         if spec.call == "kwargs":
             call_kwargs = _flatten_kwargs(signature_of(original), args, kwargs)
+            if not accepts(call_kwargs):
+                return original(*args, **kwargs)
             _self_check.maybe_run(spec, getattr(call_kwargs.get("q"), "device", None))
             real = real_heads.current()
-            if real is not None and real < call_kwargs["q"].shape[2]:
+            if real is not None and "q" in call_kwargs and real < call_kwargs["q"].shape[2]:
                 call_kwargs["num_real_heads"] = real  # sglang padded q to more heads than the layer has
             return op()(**call_kwargs)
         if args:
@@ -290,7 +355,14 @@ def _target_available(spec: HookSpec) -> bool:
         return False
 
 
-_OPS_OF_FLAG = {flags.SPARSEMLA_MMA_DECODE.name: "decode", flags.SPARSEMLA_TRITON_INDEXER.name: "indexer"}
+_OPS_OF_FLAG = {
+    flags.SPARSEMLA_MMA_DECODE.name: "decode",
+    flags.SPARSEMLA_TRITON_INDEXER.name: "indexer",
+    flags.SPARSEMLA_DSA_V32.name: "dsa_v32",
+}
+# The flags whose hooks switch kernels (they obey SPARSEMLA_DISABLE): the variant's switches, plus SPARSEMLA_DSA_V32,
+# which is not a variant switch (see sparsemla.variant.SWITCHES) but routes sglang's V3.2 calls to our kernels.
+KERNEL_FLAGS: tuple[flags.Flag[bool], ...] = (*variant.SWITCHES, flags.SPARSEMLA_DSA_V32)
 
 
 def _check_kernels_runnable() -> None:
@@ -320,7 +392,7 @@ def _check_kernels_runnable() -> None:
 def hook_wanted(spec: HookSpec) -> bool:
     """True when ``spec``'s flag asks its hook to act: the kernel switches obey ``SPARSEMLA_DISABLE``
     (:func:`kernel_enabled`), the step-metrics switch does not (its hook only observes)."""
-    if any(spec.flag is switch for switch in variant.SWITCHES):
+    if any(spec.flag is switch for switch in KERNEL_FLAGS):
         return kernel_enabled(spec)
     return bool(spec.flag.get())
 
@@ -510,6 +582,13 @@ def _register() -> list[str]:
         hook = make_around(spec)
         HookRegistry.register(spec.target, hook, HookType.AROUND)
         installed.append((spec, hook))
+    missing = [s for s in specs if s.required and hook_wanted(s) and all(s is not i for i, _ in installed)]
+    if missing:
+        raise SystemExit(
+            "sparsemla: "
+            + "; ".join(f"{s.flag.name} needs {s.target}, but {s.requires} is not importable" for s in missing)
+            + ". Install sglang's pinned dependencies (sgl-flash-mla) or unset the flag."
+        )
     unhooked = sorted(set(wanted) - {spec.flag.name for spec, _ in installed})
     if unhooked:
         raise SystemExit(f"sparsemla: {', '.join(unhooked)} set but no hook for it exists on sglang {version} here")

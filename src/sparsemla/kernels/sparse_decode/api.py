@@ -8,7 +8,7 @@ import torch
 
 from sparsemla import flags
 from sparsemla.kernels.device import select_backend
-from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DIM
+from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DIM, V32_FORMATS, V32_NOPE_DIM
 
 # Keyword arguments sglang's DSv4 backend passes (sm120 entry and the FlashMLA entry on Hopper/Blackwell datacenter);
 # the FlashMLA-only ones are accepted and ignored in sparse mode, as FlashMLA itself ignores them there.
@@ -87,3 +87,54 @@ def sparse_decode(**kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
     num_splits = flags.SPARSEMLA_SPLIT_K.get()
     return sparse_decode_fwd(**args, num_splits=num_splits, num_real_heads=real)
+
+
+def sparse_decode_v32(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    kv_format: str,
+    d_v: int = V32_NOPE_DIM,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3.2 (DSA) sparse-MLA decode over FlashMLA's V3.2 KV formats, on every GPU from sm_80.
+
+    Args:
+        q: [B, s_q, H, 576] bf16 absorbed query (512 NoPE | 64 RoPE); any strides. Any H >= 1 (FlashMLA needs 64 or
+            128; no padding needed here). s_q > 1 (MTP): each query token has its own index row.
+        kv_cache: [num_blocks, page_size (64), 1, W] paged latent cache, addressed through its strides (last dim
+            contiguous). ``kv_format="fp8_656"``: W = 656 bytes (uint8, int8 or float8_e4m3fn), per token
+            ``[512 x e4m3 NoPE][4 x fp32 scale, one per 128 NoPE values][64 x bf16 RoPE]``, NoPE value = e4m3 *
+            scale; rows 4-byte aligned. ``kv_format="bf16_576"``: W = 576 bf16 (512 NoPE then 64 RoPE).
+        indices: [B, s_q, topk] int32 flat slot ids ``block * page_size + offset``, contiguous along topk. -1 (any
+            negative id, and any id >= num_blocks * page_size) = invalid, skipped. Duplicates count as listed.
+        sm_scale: softmax scale applied to q . k (576-wide dot).
+        kv_format: "fp8_656" or "bf16_576".
+        d_v: output width (V = the first d_v NoPE values; DeepSeek-V3.2: 512).
+        topk_length: [B] int32 or None: only the leftmost ``topk_length[b]`` entries of both s_q rows of request b
+            count (0 allowed; values above topk mean topk).
+
+    Returns:
+        out: [B, s_q, H, d_v] bf16 = softmax(sm_scale * q K^T) V over the valid entries.
+        lse: [B, H, s_q] fp32 contiguous, natural-log logsumexp of the scaled scores (FlashMLA's ``softmax_lse``).
+        A query token with no valid entry (all -1, or topk_length 0) gets out = 0 and lse = +inf, as FlashMLA's
+        sparse decode does.
+
+    Semantics: :func:`sparsemla.kernels.sparse_decode.reference.sparse_decode_v32_reference`.
+    """
+    if kv_format not in V32_FORMATS:
+        raise ValueError(f"kv_format must be one of {V32_FORMATS}, got {kv_format!r}")
+    if select_backend(q) == "reference":
+        from sparsemla.kernels.sparse_decode.reference import sparse_decode_v32_reference
+
+        return sparse_decode_v32_reference(
+            q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v, topk_length=topk_length
+        )
+    from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
+
+    return sparse_decode_v32_fwd(
+        q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v, topk_length=topk_length,
+        num_splits=flags.SPARSEMLA_SPLIT_K.get(),
+    )  # fmt: skip

@@ -1,4 +1,7 @@
-"""fp32 torch reference of DeepSeek-V4 sparse-MLA decode: the spec the Triton kernel is tested against.
+"""fp32 torch references of sparse-MLA decode: the specs the Triton kernels are tested against.
+
+DeepSeek-V3.2 (FlashMLA's V3.2 formats): :func:`sparse_decode_v32_reference` (semantics in its docstring).
+DeepSeek-V4, below.
 
 Semantics (those of sglang 0.5.23's DSv4 decode call, ``flash_mla_with_kvcache_sm120(**kwargs)``):
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from sparsemla.kernels.layouts import decode_v4_rows
+from sparsemla.kernels.layouts import V32_NOPE_DIM, decode_v4_rows, decode_v32_rows
 
 
 def _gather(
@@ -70,3 +73,39 @@ def sparse_decode_reference(
     out = torch.einsum("bsht,bstv->bshv", weights, kv[..., :head_dim_v])
     out = out.masked_fill(lonely.unsqueeze(-1), 0.0)
     return out.to(torch.bfloat16), lse.permute(0, 2, 1)
+
+
+def sparse_decode_v32_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    kv_format: str,
+    d_v: int = V32_NOPE_DIM,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3.2 sparse-MLA decode in fp32 (FlashMLA's sparse ``flash_mla_with_kvcache`` semantics, V3.2 formats).
+
+    ``q`` [B, s_q, H, 576] bf16; ``kv_cache`` a V3.2 cache (:mod:`sparsemla.kernels.layouts`, "fp8_656" or
+    "bf16_576"); ``indices`` [B, s_q, topk] int32 slot ids, one row per query token. Entry j of row (b, s) is valid
+    when ``0 <= slot < num_blocks * page_size`` and ``j < topk_length[b]`` (when given). ``score = sm_scale * q . k``
+    over 576 dims; ``lse`` = natural-log logsumexp over the valid entries; ``out = softmax . v[:, :d_v]`` (V = the
+    first ``d_v`` NoPE values). A query token with no valid entry gets ``out = 0`` and ``lse = +inf`` (FlashMLA).
+    Returns ``(out [B, s_q, H, d_v] bf16, lse [B, H, s_q] fp32 contiguous)``."""
+    batch, s_q, _, _ = q.shape
+    topk = indices.shape[-1]
+    num_slots = kv_cache.shape[0] * kv_cache.shape[1]
+    valid = (indices >= 0) & (indices < num_slots)
+    if topk_length is not None:
+        pos = torch.arange(topk, device=indices.device).view(1, 1, topk)
+        valid = valid & (pos < topk_length.view(batch, 1, 1).to(indices.device))
+    kv = decode_v32_rows(kv_cache, torch.where(valid, indices, 0), kv_format) * valid.unsqueeze(-1)
+    scores = torch.einsum("bshd,bstd->bsht", q.float(), kv) * sm_scale  # [B, s_q, H, topk]
+    scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, s_q, H]
+    lonely = torch.isneginf(lse)
+    weights = torch.exp(scores - lse.masked_fill(lonely, float("inf")).unsqueeze(-1))
+    out = torch.einsum("bsht,bstv->bshv", weights, kv[..., :d_v]).masked_fill(lonely.unsqueeze(-1), 0.0)
+    lse = lse.masked_fill(lonely, float("inf"))
+    return out.to(torch.bfloat16), lse.permute(0, 2, 1).contiguous()

@@ -1,0 +1,372 @@
+"""Head-batched tensor-core Triton kernel for DeepSeek-V3.2 sparse-MLA decode (FlashMLA's V3.2 KV formats).
+
+Same family as the V4 kernel (:mod:`sparsemla.kernels.sparse_decode.triton`): one program = (query row, head block,
+split); each gathered token row is loaded (and for fp8 dequantized) ONCE per program and shared by its ``BLOCK_H``
+heads; online softmax in base 2 with fp32 accumulation; split-K over the top-k list with an LSE-merge kernel; a
+configuration chosen from :class:`~sparsemla.kernels.device.DeviceInfo` and the shapes only (CUDA-graph safe, no host
+sync, deterministic). The KV layout is a constexpr (``KV_FP8``); byte layouts in :mod:`sparsemla.kernels.layouts`:
+
+* ``fp8_656``: a row is 512 e4m3 NoPE bytes, 4 fp32 scales (one per 128 values) and 64 bf16 RoPE values. The e4m3
+  bytes are read as uint8 and turned into bf16 with integer instructions (:func:`~sparsemla.kernels.dequant.
+  e4m3_bits_to_bf16`, exact), multiplied by the tile's fp32 scale in fp32 and rounded once to bf16 -- the same
+  numbers sglang's ``dequantize_k_cache`` produces. No e4m3 type is used, so sm_80/86 compile it.
+* ``bf16_576``: a row is 576 bf16 values.
+
+Per tile of ``BLOCK_N`` tokens: ``S = Q_nope K_nope^T + Q_rope K_rope^T`` ([BLOCK_H, 512] x [512, BLOCK_N] plus a
+64-deep dot) and ``acc += P V`` with V = K_nope ([BLOCK_N, 512]). Rows with no valid entry get out 0 and lse +inf
+(FlashMLA's convention). The Triton path never imports the fp32 reference (``reference.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sparsemla.kernels import device as dev
+from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16
+from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
+from sparsemla.kernels.sparse_decode.triton import choose_num_splits, combine_blocks
+
+LOG2E = 1.4426950408889634
+SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
+ROPE_OFF_BF16 = tl.constexpr(528 // 2)  # the bf16 RoPE starts at byte 528 of an fp8 row: 264 bf16 units
+
+
+@dataclass(frozen=True)
+class V32Config:
+    """Launch shape of the V3.2 decode kernel.
+
+    block_h / block_n: heads per program and tokens per tile; num_warps / num_stages: Triton launch options;
+    partial_bf16: split partials stored as bf16 (half the partial traffic) instead of fp32; int_dequant: e4m3 -> bf16
+    with integer ops (every target; the only path where Triton has no e4m3 type, sm_80/86) instead of the fp8
+    conversion instructions (sm_89+)."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    partial_bf16: bool = False
+    int_dequant: bool = True
+
+
+def shared_bytes_v32(cfg: V32Config, kv_format: str) -> int:
+    """Shared memory of the main kernel with ``cfg``: q staged as [block_h, 576] bf16 plus, per token of the tile,
+    512 B (fp8_656) or 2 KB (bf16_576), plus one raw row per token and extra pipeline stage. Equal to Triton 3.8's
+    ``metadata.shared`` on every target for the configurations :func:`choose_v32_config` returns (ahead-of-time
+    compile; tests/test_sparse_decode_v32.py keeps it from under-counting)."""
+    per_token = 512 if kv_format == "fp8_656" else 2048
+    row = V32_FP8_BYTES if kv_format == "fp8_656" else 2 * V32_DIM
+    return cfg.block_h * V32_DIM * 2 + cfg.block_n * per_token + (cfg.num_stages - 1) * cfg.block_n * row
+
+
+def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_format: str = "fp8_656") -> V32Config:
+    """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info``.
+
+    Every target, 8 warps, one pipeline stage: H <= 16: one 16-head program per row, 16-token tiles for <= 8 rows, 32
+    above; H > 16: 32-head blocks, 32-token tiles where they fit the shared memory (bf16_576 on the 101,376-B targets
+    gets 16). These tiles lower to mma.sync everywhere (wgmma needs 64-row blocks). The 64-head wgmma tile a Hopper
+    would want spills 224-328 B per thread on sm_90 at 8 warps (ahead-of-time compile, Triton 3.8: the [64, 512]
+    fp32 accumulator + the gathered row + the extra 64-wide RoPE dot), and 16 warps cap registers at 128 and spill
+    more; 32 heads x 32 tokens spill nothing on sm_80..sm_120 (8 B on sm_100). Interpreter: small tiles (fp32 dots)."""
+    if info is dev.INTERPRETER:
+        return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
+    if num_heads <= 16:
+        return V32Config(16, 16 if rows <= 8 else 32, 8, 1, partial_bf16=True)
+    wide = V32Config(32, 32, 8, 1, partial_bf16=True)
+    return wide if shared_bytes_v32(wide, kv_format) <= info.smem_per_block else V32Config(32, 16, 8, 1, True)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr, HAS_LEN: tl.constexpr):
+    """Valid length of row ``i_b``'s list (its leftmost ``topk_length`` entries) and this split's tiles [t_lo, t_hi)."""
+    n_valid = TOPK
+    if HAS_LEN:
+        n_valid = tl.minimum(tl.maximum(tl.load(length + i_b), 0), TOPK)
+    tiles = (n_valid + BLOCK_N - 1) // BLOCK_N
+    per = (tiles + num_splits - 1) // num_splits
+    t_lo = i_sp * per
+    return n_valid, t_lo, tl.minimum(t_lo + per, tiles)
+
+
+@triton.jit
+def _load_v32_tile(
+    kv, o_tok, m_n,
+    BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr,
+):  # fmt: skip
+    """The tile's rows as (NoPE [BLOCK_N, 512], RoPE [BLOCK_N, 64]), bf16 (fp32 under DOT_F32); masked rows are 0.
+
+    KV_FP8: ``kv`` is the uint8 cache, ``o_tok`` [BLOCK_N] the rows' byte offsets; NoPE = e4m3 * scale[tile] computed
+    in fp32 and rounded once. Else ``kv`` is the bf16 cache and ``o_tok`` the rows' element offsets."""
+    o_r = tl.arange(0, 64)
+    if KV_FP8:
+        o_c = tl.arange(0, 4)
+        o_d = tl.arange(0, 128)
+        o_k = o_tok[:, None, None] + (o_c * 128)[None, :, None] + o_d[None, None, :]
+        p_sc = kv.to(tl.pointer_type(tl.float32), bitcast=True)
+        o_sc = o_tok // 4 + SCALE_OFF_F32
+        b_sc = tl.load(p_sc + o_sc[:, None] + o_c[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 4] fp32
+        if DOT_F32:
+            p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+            b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, 4, 128] fp8
+            b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
+        else:
+            if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
+                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, 4, 128] uint8 (e4m3 bits)
+                two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
+                b_kb = e4m3_bits_to_bf16(b_k8) * two_120  # the e4m3 value, exact in bf16
+            else:
+                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+                b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, 4, 128]
+            b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
+        b_k = tl.reshape(b_k, [BLOCK_N, 512])
+        p_rope = kv.to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        o_rope = o_tok // 2 + ROPE_OFF_BF16
+        b_kr = tl.load(p_rope + o_rope[:, None] + o_r[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64]
+    else:
+        o_d = tl.arange(0, 512)
+        b_k = tl.load(kv + o_tok[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 512] bf16
+        b_kr = tl.load(kv + o_tok[:, None] + 512 + o_r[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64]
+        if DOT_F32:
+            b_k = b_k.to(tl.float32)
+    if DOT_F32:
+        b_kr = b_kr.to(tl.float32)
+    return b_k, b_kr
+
+
+@triton.jit
+def _sparse_decode_v32_kernel(
+    q, kv, idx, length, out, lse, o_part, lse_part,
+    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr,
+    HAS_LEN: tl.constexpr, SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+):  # fmt: skip
+    """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
+
+    Grid (B * S, cdiv(H, BLOCK_H), num_splits). q [BLOCK_H, 512 + 64], K tile [BLOCK_N, 512 + 64], acc
+    [BLOCK_H, 512]. SINGLE: write out (bf16) and lse (natural log, +inf when empty) directly; else the split's
+    normalised partial [rows, splits, H, DV] and its base-2 LSE (-inf when empty) for the combine kernel."""
+    i_r = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_sp = tl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_d = tl.arange(0, 512)
+    o_e = tl.arange(0, 64)
+    p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs + o_h.to(tl.int64)[:, None] * stride_qh
+    b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
+    b_qr = tl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+        b_qr = b_qr.to(tl.float32)
+
+    n_valid, t_lo, t_hi = _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N, HAS_LEN)
+    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
+    o_n = tl.arange(0, BLOCK_N)
+    # the slot ids of the next tile are loaded one iteration ahead (their latency hides behind this tile's math)
+    b_idx_next = tl.load(p_idx + t_lo * BLOCK_N + o_n, mask=t_lo * BLOCK_N + o_n < n_valid, other=-1)  # [BLOCK_N]
+    for i_t in range(t_lo, t_hi):
+        b_idx = b_idx_next
+        o_next = (i_t + 1) * BLOCK_N + o_n
+        b_idx_next = tl.load(p_idx + o_next, mask=o_next < n_valid, other=-1)  # [BLOCK_N]
+        m_n = (b_idx >= 0) & (b_idx < num_slots)
+        b_slot = tl.where(m_n, b_idx, 0)
+        o_tok = (b_slot // page_size).to(tl.int64) * stride_kb + (b_slot % page_size).to(tl.int64) * stride_kt
+        if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
+            o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
+        # [BLOCK_N, 512] NoPE (also V), [BLOCK_N, 64] RoPE
+        b_k, b_kr = _load_v32_tile(kv, o_tok, m_n, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32)
+        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
+        alpha = tl.math.exp2(m_i - m_use)
+        b_p = tl.math.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        m_i = m_new
+        if DOT_F32:
+            b_pd = b_p
+        else:
+            b_pd = b_p.to(tl.bfloat16)
+        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, 512]
+
+    lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
+    inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    m_o = m_h[:, None] & (o_d < DV)[None, :]
+    if SINGLE:
+        p_o = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]
+        b_lse = tl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
+        tl.store(lse + (i_b.to(tl.int64) * H + o_h) * S + i_s, b_lse, mask=m_h)  # lse [B, H, S]
+    else:
+        i_part = i_r.to(tl.int64) * num_splits + i_sp
+        p_o = o_part + (i_part * H + o_h[:, None]) * DV + o_d[None, :]
+        tl.store(lse_part + i_part * H + o_h, lse2, mask=m_h)
+    tl.store(p_o, (acc * inv_l[:, None]).to(p_o.dtype.element_ty), mask=m_o)
+
+
+@triton.jit
+def _sparse_decode_v32_combine_kernel(
+    o_part, lse_part, out, lse, S, H, num_splits,
+    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """LSE-merge of the splits: grid (B * S, cdiv(H, BLOCK_H), cdiv(DV, BLOCK_D)); every split's partial in one
+    [BLOCK_S, BLOCK_H, BLOCK_D] tile. Heads no split saw get out 0 and lse +inf."""
+    i_r = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_db = tl.program_id(2)
+    o_sp = tl.arange(0, BLOCK_S)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_d = i_db * BLOCK_D + tl.arange(0, BLOCK_D)
+    m_h = o_h < H
+    m_d = o_d < DV
+    m_sh = (o_sp < num_splits)[:, None] & m_h[None, :]
+    o_sh = (i_r.to(tl.int64) * num_splits + o_sp[:, None]) * H + o_h[None, :]  # [BLOCK_S, BLOCK_H]
+    b_lse = tl.load(lse_part + o_sh, mask=m_sh, other=float("-inf"))  # [BLOCK_S, BLOCK_H] base 2
+    m_max = tl.max(b_lse, 0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
+    b_w = tl.math.exp2(b_lse - m_use[None, :])  # [BLOCK_S, BLOCK_H]; 0 for empty splits
+    b_tot = tl.sum(b_w, 0)
+    p_o = o_part + o_sh[:, :, None] * DV + o_d[None, None, :]
+    b_o = tl.load(p_o, mask=m_sh[:, :, None] & m_d[None, None, :], other=0.0)  # [BLOCK_S, BLOCK_H, BLOCK_D]
+    b_acc = tl.sum(b_w[:, :, None] * b_o.to(tl.float32), 0)  # [BLOCK_H, BLOCK_D]
+    b_scale = tl.where(b_tot > 0.0, 1.0 / b_tot, 0.0)
+    p_out = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]
+    tl.store(p_out, (b_acc * b_scale[:, None]).to(out.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
+    if i_db == 0:
+        b_lse_out = tl.where(b_tot > 0.0, (m_use + tl.math.log2(b_tot)) * 0.6931471805599453, float("inf"))
+        i_b = i_r // S
+        i_s = i_r % S
+        tl.store(lse + (i_b.to(tl.int64) * H + o_h) * S + i_s, b_lse_out, mask=m_h)  # lse [B, H, S]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------------------------------------
+def _is_interpreted() -> bool:
+    """True when this module's kernels were defined for Triton's CPU interpreter."""
+    return type(_sparse_decode_v32_kernel).__name__ == "InterpretedFunction"
+
+
+def _cache_operand(kv_cache: torch.Tensor, kv_format: str) -> tuple[torch.Tensor, bool]:
+    """(what the kernel addresses: a uint8 view for fp8_656, the bf16 cache for bf16_576; rows 16-byte aligned)."""
+    width = v32_row_width(kv_format)
+    if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != width:
+        raise ValueError(f"kv_cache must be [num_blocks, page_size, 1, {width}] for {kv_format}, got "
+                         f"{list(kv_cache.shape)}")  # fmt: skip
+    if kv_cache.stride(3) != 1:
+        raise ValueError(f"kv_cache must be contiguous along its last dim, got strides {kv_cache.stride()}")
+    strides = (kv_cache.stride(0), kv_cache.stride(1))
+    if kv_format == "fp8_656":
+        if kv_cache.element_size() != 1:
+            raise ValueError(f"an fp8_656 kv_cache holds bytes (uint8/int8/float8_e4m3fn), got {kv_cache.dtype}")
+        if any(s % 4 for s in strides) or kv_cache.data_ptr() % 4:
+            raise ValueError(f"fp8_656 rows must start 4-byte aligned (fp32 scales), got strides {strides}")
+        raw = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
+        return raw, all(s % 16 == 0 for s in strides) and kv_cache.data_ptr() % 16 == 0
+    if kv_cache.dtype != torch.bfloat16:
+        raise ValueError(f"a bf16_576 kv_cache must be bf16, got {kv_cache.dtype}")
+    return kv_cache, all(s % 8 == 0 for s in strides) and kv_cache.data_ptr() % 16 == 0
+
+
+def sparse_decode_v32_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    kv_format: str,
+    d_v: int = V32_NOPE_DIM,
+    topk_length: torch.Tensor | None = None,
+    num_splits: int | str = "auto",
+    config: V32Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the V3.2 decode kernel(s): ``(out [B, s_q, H, d_v] bf16, lse [B, H, s_q] fp32 contiguous)``.
+
+    Arguments as :func:`sparsemla.kernels.sparse_decode.api.sparse_decode_v32`; ``num_splits``: "auto" or a positive
+    int (clamped to the tile count); ``config``: override the chosen :class:`V32Config`. Under Triton's CPU
+    interpreter the dots run in fp32 with small tiles."""
+    interpret = dev.interpreting()
+    if interpret != _is_interpreted():
+        raise RuntimeError(
+            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
+            f"TRITON_INTERPRET={int(interpret)} but the kernels were built for the "
+            f"{'interpreter' if not interpret else 'GPU'}"
+        )
+    if q.dim() != 4 or q.shape[-1] != V32_DIM or q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be [B, s_q, H, {V32_DIM}] bf16, got {list(q.shape)} {q.dtype}")
+    batch, s_q, heads, _ = q.shape
+    if indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, s_q) or indices.dtype != torch.int32:
+        raise ValueError(f"indices must be [B={batch}, s_q={s_q}, topk] int32, got {list(indices.shape)} "
+                         f"{indices.dtype}")  # fmt: skip
+    if indices.shape[2] and indices.stride(2) != 1:
+        raise ValueError("indices must be contiguous along topk")
+    if topk_length is not None and (
+        topk_length.dim() != 1 or topk_length.shape[0] != batch or topk_length.dtype not in (torch.int32, torch.int64)
+    ):
+        raise ValueError(f"topk_length must be [B={batch}] int32, got {list(topk_length.shape)} {topk_length.dtype}")
+    if not 0 < d_v <= V32_NOPE_DIM:
+        raise ValueError(f"d_v must be in 1..{V32_NOPE_DIM}, got {d_v}")
+    kv, aligned = _cache_operand(kv_cache, kv_format)
+
+    info = dev.launch_info(q.device)
+    cfg = config or choose_v32_config(info, heads, batch * s_q, kv_format)
+    if not cfg.int_dequant and not interpret and not info.has_fp8:
+        raise ValueError(f"sm_{info.arch} has no e4m3 type: int_dequant=False cannot compile there")
+    rows, topk = batch * s_q, indices.shape[2]
+    head_blocks = triton.cdiv(heads, cfg.block_h)
+    # programs one SM holds at once: registers bound it (8 warps x ~200-255 registers per thread fill an SM's 64K)
+    resident = max(1, min(info.smem_per_sm // shared_bytes_v32(cfg, kv_format), 65_536 // (cfg.num_warps * 32 * 192)))
+    splits = choose_num_splits(rows, head_blocks, triton.cdiv(topk, cfg.block_n), info.num_sms * resident, num_splits)
+
+    # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
+    out = torch.empty(batch, s_q, heads, d_v, dtype=torch.float32 if interpret else torch.bfloat16, device=q.device)
+    lse = torch.empty(batch, heads, s_q, dtype=torch.float32, device=q.device)
+    if splits > 1:
+        part_dtype = torch.bfloat16 if cfg.partial_bf16 and not interpret else torch.float32
+        o_part = torch.empty(rows, splits, heads, d_v, dtype=part_dtype, device=q.device)
+        lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = out, lse  # unused
+    _sparse_decode_v32_kernel[(rows, head_blocks, splits)](
+        q, kv, indices, topk_length if topk_length is not None else indices, out, lse, o_part, lse_part,
+        s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
+        kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
+        DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, KV_FP8=kv_format == "fp8_656",
+        INT_DEQUANT=cfg.int_dequant and not interpret, HAS_LEN=topk_length is not None, SINGLE=splits == 1,
+        ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        block_s, block_hc, block_d = combine_blocks(splits, heads)
+        _sparse_decode_v32_combine_kernel[(rows, triton.cdiv(heads, block_hc), triton.cdiv(d_v, block_d))](
+            o_part, lse_part, out, lse, s_q, heads, splits,
+            DV=d_v, BLOCK_S=block_s, BLOCK_H=block_hc, BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
+    return out.to(torch.bfloat16), lse
+
+
+def flops_and_bytes_v32(batch: int, s_q: int, heads: int, topk: int, kv_format: str) -> tuple[float, float]:
+    """(FLOPs, minimum HBM bytes) of one call: QK over 576 + PV over 512 (FlashMLA's count); KV rows read once per
+    query row, indices, q, out."""
+    row = V32_FP8_BYTES if kv_format == "fp8_656" else 2 * V32_DIM
+    n = batch * s_q
+    flops = 2.0 * n * heads * topk * (V32_DIM + V32_NOPE_DIM)
+    nbytes = n * topk * (row + 4) + n * heads * (V32_DIM * 2 + V32_NOPE_DIM * 2 + 4)
+    return flops, float(nbytes)
+
+
+__all__ = ["V32Config", "choose_v32_config", "flops_and_bytes_v32", "shared_bytes_v32", "sparse_decode_v32_fwd"]

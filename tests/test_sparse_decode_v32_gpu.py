@@ -1,0 +1,194 @@
+"""DeepSeek-V3.2 sparse-MLA decode on a CUDA GPU (``pytest -m gpu``): the real shapes (B up to 128, 16 / 128 heads,
+top-k 2048, page 64, s_q 1 and 2) against the fp32 reference for both KV formats, corner cases, every configuration
+the chooser returns for any target, CUDA-graph capture == eager, determinism. NaN-poisoned outputs. Skipped without
+CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparsemla import flags
+from sparsemla.kernels import device as dev
+from sparsemla.kernels import layouts
+from sparsemla.kernels.sparse_decode import api
+from sparsemla.kernels.sparse_decode import triton_v32 as v32
+from sparsemla.kernels.sparse_decode.reference import sparse_decode_v32_reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# relative Frobenius error of out: bf16 P in the PV dot, bf16 (partials and) output; fp8_656 also rounds the
+# dequantized e4m3 * scale to bf16 once (the reference keeps it in fp32)
+OUT_RTOL = {"bf16_576": 1e-2, "fp8_656": 1.5e-2}
+LSE_TOL = 2e-3
+SCALE = 576**-0.5
+TOPK = 2048
+
+
+def make_case(kv_format, batch, s_q, heads, topk=TOPK, *, invalid=0.02, lengths="short", seed=0):
+    """(args, kwargs) of ``sparse_decode_v32`` on the GPU: distinct random slots per query row from a cache of
+    2 x topk slots, some -1; topk_length in [topk / 2, topk] ("short") or None."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = max(2, 2 * topk // layouts.V32_PAGE)
+    kv = layouts.random_v32_cache(blocks, kv_format, generator=gen)
+    num_slots = blocks * layouts.V32_PAGE
+    idx = torch.stack([torch.randperm(num_slots, generator=gen)[:topk] for _ in range(batch * s_q)])
+    idx = idx.to(torch.int32).view(batch, s_q, topk)
+    if invalid:
+        idx[torch.rand(idx.shape, generator=gen) < invalid] = -1
+    q = torch.randn(batch, s_q, heads, layouts.V32_DIM, generator=gen).to(torch.bfloat16)
+    length = None
+    if lengths == "short":
+        length = torch.randint(topk // 2, topk + 1, (batch,), generator=gen, dtype=torch.int32).cuda()
+    args = [q.cuda(), kv.cuda(), idx.cuda(), SCALE]
+    return args, dict(kv_format=kv_format, d_v=512, topk_length=length)
+
+
+def check(args, kw, out, lse):
+    want_out, want_lse = sparse_decode_v32_reference(*args, **kw)
+    assert out.shape == want_out.shape and out.dtype == torch.bfloat16
+    assert lse.shape == want_lse.shape and lse.is_contiguous()
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    assert not torch.isnan(lse).any(), "unwritten or NaN lse"
+    err = float((out.float() - want_out.float()).norm() / want_out.float().norm().clamp_min(1e-30))
+    assert err < OUT_RTOL[kw["kv_format"]] or torch.equal(out, want_out), f"out rel err {err:.2e}"
+    assert torch.equal(torch.isposinf(lse), torch.isposinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=LSE_TOL, rtol=LSE_TOL)
+
+
+GRID = [
+    pytest.param(fmt, b, s, h, id=f"{fmt}-B{b}-s{s}-H{h}")
+    for fmt in layouts.V32_FORMATS
+    for b in (1, 8, 64, 128)
+    for h in (16, 128)
+    for s in (1, 2)
+]
+
+
+@pytest.mark.parametrize("kv_format,batch,s_q,heads", GRID)
+def test_real_shapes_match_reference(nan_empty, kv_format, batch, s_q, heads):
+    args, kw = make_case(kv_format, batch, s_q, heads, seed=batch * 1000 + heads + s_q)
+    out, lse = api.sparse_decode_v32(*args, **kw)
+    check(args, kw, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+@pytest.mark.parametrize("heads", [1, 3, 17, 33, 64, 127])
+def test_odd_head_counts(nan_empty, kv_format, heads):
+    args, kw = make_case(kv_format, 5, 2, heads, topk=576, seed=heads)
+    out, lse = api.sparse_decode_v32(*args, **kw)
+    check(args, kw, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+@pytest.mark.parametrize("splits", ["auto", 1, 3, 17, 64])
+def test_splits(nan_empty, kv_format, splits):
+    args, kw = make_case(kv_format, 2, 2, 128, seed=7)
+    with flags.SPARSEMLA_SPLIT_K.override(splits):
+        out, lse = api.sparse_decode_v32(*args, **kw)
+    check(args, kw, out, lse)
+
+
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_corner_cases(nan_empty, kv_format):
+    """All -1 rows and topk_length 0 -> out 0, lse +inf; entries past topk_length ignored; slots past the cache
+    invalid; non-contiguous q; a padded (unaligned) page stride."""
+    args, kw = make_case(kv_format, 6, 2, 16, lengths=None, seed=4)
+    q, kv, idx, _ = args
+    kw["topk_length"] = torch.full((6,), TOPK, dtype=torch.int32, device="cuda")
+    idx[0] = -1
+    kw["topk_length"][1] = 0
+    kw["topk_length"][2] = 100
+    idx[3, :, ::5] = kv.shape[0] * kv.shape[1] + 12345
+    big = torch.randn(6, 2, 32, 1152, device="cuda").to(torch.bfloat16)
+    big[:, :, ::2, 1::2] = q
+    args[0] = big[:, :, ::2, 1::2]
+    for splits in (1, 4):
+        with flags.SPARSEMLA_SPLIT_K.override(splits):
+            out, lse = api.sparse_decode_v32(*args, **kw)
+        assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.isposinf(lse[:2]).all()
+        check(args, kw, out, lse)
+    pad = 4 if kv_format == "fp8_656" else 2
+    page = kv.shape[1] * kv.shape[3]
+    buf = torch.zeros(kv.shape[0], page + pad, dtype=kv.dtype, device="cuda")
+    buf[:, :page] = kv.reshape(kv.shape[0], page)
+    unaligned = api.sparse_decode_v32(args[0], buf[:, :page].view(kv.shape), idx, SCALE, **kw)
+    assert torch.equal(unaligned[0], out) and torch.equal(unaligned[1], lse)
+
+
+def _every_chosen_config() -> list[v32.V32Config]:
+    configs = {
+        v32.choose_v32_config(info, h, r, fmt)
+        for info in dev.TARGETS.values()
+        for h in (16, 128)
+        for r in (1, 128)
+        for fmt in layouts.V32_FORMATS
+    }
+    return sorted(configs, key=lambda c: (c.block_h, c.block_n, c.num_warps))
+
+
+@pytest.mark.parametrize("cfg", _every_chosen_config(), ids=lambda c: f"{c.block_h}x{c.block_n}-w{c.num_warps}")
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_every_targets_config_matches_reference(nan_empty, cfg, kv_format, splits):
+    """The tiles sm_80..sm_120 get, run here (they are mma.sync tiles on every target)."""
+    args, kw = make_case(kv_format, 3, 2, 128, seed=55 + splits)
+    out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+    check(args, kw, out, lse)
+
+
+def test_integer_dequant_is_bit_identical_to_the_fp8_type():
+    """The integer e4m3 -> bf16 path (every target) equals the fp8 conversion instructions (sm_89+) bit for bit,
+    NoPE bytes drawn from all 254 non-NaN e4m3 values."""
+    if not dev.device_info().has_fp8:
+        pytest.skip("needs a GPU with an e4m3 type for the comparison path")
+    args, kw = make_case("fp8_656", 4, 2, 128, seed=77)
+    kv = args[1]
+    nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8, device="cuda")
+    pick = torch.randint(0, nan_free.numel(), kv[..., :512].shape, device="cuda")
+    kv[..., :512] = nan_free[pick]
+    args[0] = args[0] * 0.01
+    base = v32.V32Config(32, 32, 8, 1)
+    a = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=base)
+    b = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=v32.V32Config(32, 32, 8, 1, int_dequant=False))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    check(args, kw, *a)
+
+
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+@pytest.mark.parametrize("batch,heads", [(1, 128), (64, 16), (128, 128)])
+def test_cuda_graph_replay_equals_eager(kv_format, batch, heads):
+    args, kw = make_case(kv_format, batch, 2, heads, seed=batch)
+    eager = api.sparse_decode_v32(*args, **kw)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        api.sparse_decode_v32(*args, **kw)  # warm up (compile) on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = api.sparse_decode_v32(*args, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+    fresh, fresh_kw = make_case(kv_format, batch, 2, heads, seed=batch + 1)
+    args[0].copy_(fresh[0])
+    args[2].copy_(fresh[2])
+    kw["topk_length"].copy_(fresh_kw["topk_length"])
+    graph.replay()
+    torch.cuda.synchronize()
+    want = api.sparse_decode_v32(*args, **kw)
+    assert torch.equal(captured[0], want[0]) and torch.equal(captured[1], want[1])
+    assert not torch.equal(captured[0], eager[0])
+
+
+def test_deterministic():
+    args, kw = make_case("fp8_656", 8, 2, 128, seed=8)
+    a = api.sparse_decode_v32(*args, **kw)
+    for _ in range(3):
+        b = api.sparse_decode_v32(*args, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
