@@ -1,0 +1,138 @@
+"""The top-k benchmark without a GPU: its CLI validates before touching CUDA, the issue's targets are evaluated from
+measured rows (never hard-coded verdicts), and docs/performance.md renders its JSON or says it is not measured yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from benchmarks import report, report_topk, topk
+
+
+def _row(provider: str, b: int, length: int, k: int | None, us: float | None, path: str = "native", **kw) -> dict:
+    us20 = kw.pop("us20", None if us is None else us / 2)
+    row = {"path": path, "provider": provider, "B": b, "length": length, "cap": max(length, 65536), "k": k}
+    return {**row, "us_graph": us, "us_graph20": us20, "exact": kw.pop("exact", True), **kw}
+
+
+def _verdict(verdicts: list[dict], target: str, path: str = "native", method: str = "graph") -> dict:
+    (v,) = [v for v in verdicts if (v["target"], v["path"], v["method"]) == (target, path, method)]
+    return v
+
+
+SYNTHETIC = [
+    _row("sparsemla_split", 64, 4096, 512, 8.0),
+    _row("torch_topk", 64, 4096, 512, 20.0),
+    _row("sparsemla_split", 64, 16384, 512, 25.0),  # over the 20 us limit
+    _row("torch_topk", 64, 16384, 512, 60.0),
+    _row("sparsemla_split", 64, 4096, 2048, 15.0),  # over 13 us, but faster than sglang's v2 below
+    _row("sglang_jit_v2", 64, 4096, 2048, 20.0),
+    _row("sglang_jit_v1", 64, 4096, 2048, None, error="RuntimeError: topk_v1.cuh supports k <= 1024"),
+    _row("sparsemla_split", 64, 16384, 2048, 17.0),  # over 16 us and no sglang row: unknown
+    _row("sparsemla_split", 64, 65536, 2048, 30.0, exact=False),  # fast but wrong
+    _row("sparsemla_fused", 1, 4096, 512, 16.0),
+    _row("sparsemla_logits_topk", 1, 4096, 512, 14.0),
+    _row("sparsemla_logits", 1, 4096, None, 7.0),
+    _row("sparsemla_split", 64, 4096, 512, 9.0, path="sm89", us20=12.0),
+]
+
+
+def test_targets_are_the_issue_constants_in_one_dict():
+    limits = {tid: t["limit_us"] for tid, t in topk.TARGETS.items()}
+    assert limits == {
+        "k512_B64_4k": 10.0, "k512_B64_16k": 20.0, "k512_B64_64k": 40.0,
+        "k2048_B64_4k": 13.0, "k2048_B64_16k": 16.0, "k2048_B64_64k": 38.0,
+        "fused_k512_B1_4k": 15.0,
+    }  # fmt: skip
+    assert all(topk.TARGETS[f"k512_B64_{n}"]["ratio_to"] == ("torch_topk", 0.5) for n in ("4k", "16k", "64k"))
+
+
+def test_target_evaluation_from_synthetic_rows():
+    verdicts = topk.evaluate_targets(SYNTHETIC)
+    # every target x path x method gets a verdict
+    assert len(verdicts) == len(topk.TARGETS) * 2 * len(topk.METHODS)
+    v = _verdict(verdicts, "k512_B64_4k")
+    assert v["pass"] is True and v["measured_us"] == 8.0 and v["conditions"][1]["ref_us"] == 20.0
+    assert _verdict(verdicts, "k512_B64_16k")["pass"] is False  # 25 > 20 (although < 60 / 2)
+    missing = _verdict(verdicts, "k512_B64_64k")
+    assert missing["pass"] is None and missing["why"] == "not measured"
+    assert _verdict(verdicts, "k2048_B64_4k")["pass"] is True  # "any": faster than sglang v2 (v1's error row ignored)
+    unknown = _verdict(verdicts, "k2048_B64_16k")
+    assert unknown["pass"] is None and "published 16.0 us" in unknown["conditions"][1]["why"]
+    assert _verdict(verdicts, "k2048_B64_64k")["pass"] is False  # not exact: fails whatever the time
+    fused = _verdict(verdicts, "fused_k512_B1_4k")
+    assert fused["pass"] is True and fused["provider"] == "sparsemla_logits_topk" and fused["measured_us"] == 14.0
+    # the sm89 path is judged on its own rows against the native torch.topk of the same run, per method
+    assert _verdict(verdicts, "k512_B64_4k", "sm89", "graph")["pass"] is True  # 9 <= 10 and <= 20 / 2
+    s89 = _verdict(verdicts, "k512_B64_4k", "sm89", "graph20")
+    assert s89["pass"] is False and s89["measured_us"] == 12.0  # 12 > 10
+    assert _verdict(verdicts, "k512_B64_4k", "native", "graph20")["measured_us"] == 4.0
+
+
+def test_combine_modes():
+    assert topk._combine([True, None], "all") is None
+    assert topk._combine([True, False, None], "all") is False
+    assert topk._combine([False, None], "any") is None
+    assert topk._combine([False, True], "any") is True
+
+
+def test_cli_rejects_a_bad_provider_with_the_valid_ones():
+    result = CliRunner().invoke(topk.app, ["--providers", "sparsemla_split,bogus"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "bogus" in text and all(p in text.replace(", ", ",").replace(" ", "") for p in topk.PROVIDERS)
+
+
+@pytest.mark.parametrize("args", [["--ks", "512,7"], ["--batches", "x"], ["--paths", "ampere"]])
+def test_cli_rejects_bad_shapes_and_paths(args):
+    assert CliRunner().invoke(topk.app, args).exit_code == 2
+
+
+def test_cli_parses_and_lists_its_options():
+    result = CliRunner().invoke(topk.app, ["--help"])
+    assert result.exit_code == 0
+    for opt in ("--providers", "--batches", "--lengths", "--ks", "--paths", "--sglang-src", "--git-sha"):
+        assert opt in result.output
+    assert topk.parse_providers(" torch_topk,sglang_jit_v2 ,torch_topk") == ["torch_topk", "sglang_jit_v2"]
+
+
+def test_child_argv_replaces_the_parents_path_options():
+    argv = topk._child_argv(["--paths", "native,sm89", "--ks=512", "--child-out=/x"], "sm89", Path("/tmp/o.json"))
+    assert argv[1:] == ["-m", "benchmarks.topk", "--ks=512", "--paths", "sm89", "--child-out", "/tmp/o.json"]
+
+
+def _synthetic_json() -> dict:
+    return {
+        "op": "topk", "gpu": "NVIDIA H200", "git_sha": "0123456789abcdef", "date": "2026-12-03", "torch": "2.11.0",
+        "triton": "3.6.0", "cuda": "13.0", "nvcc": "release 13.0, V13.0.88", "methods": topk.METHODS,
+        "shapes": {"cap": "max(length, 65536)"}, "rows": SYNTHETIC, "target_results": topk.evaluate_targets(SYNTHETIC),
+        "sglang_jit": {"nvcc": "release 13.0, V13.0.88", "tvm_ffi": "0.1.11", "v1": {"built": True, "build_s": 9.9},
+                       "v2": {"error": "RuntimeError: Failed to build JIT module\nnvcc fatal"}},
+        "sglang_published": topk.SGLANG_PUBLISHED,
+    }  # fmt: skip
+
+
+def test_section_renders_a_synthetic_json():
+    md = report_topk.topk_section(_synthetic_json())
+    assert md.startswith(report_topk.TITLE)
+    assert "**k = 512**" in md and "**k = 2048**" in md
+    assert "| 64 | 4096 | 8.0 / 4.0 | 9.0 / 12.0 |" in md  # native and sm_89 split side by side, both methods
+    assert "30.0 / 15.0 ≠" in md  # the inexact row is marked
+    assert "err" in md  # sglang v1 at k = 2048
+    assert "| k512_B64_16k | native | graph | 25.0 | sparsemla_split |" in md and "**fail**" in md
+    assert "v2 not built: `RuntimeError: Failed to build JIT module`" in md and "13 µs at 4096" in md
+    assert "Logits + top-k at length 4k" in md and "7.0 / 3.5" in md
+    for name in topk.METHODS:
+        assert f"- `{name}`:" in md
+
+
+def test_report_renders_the_json_when_present_else_not_measured(tmp_path):
+    assert "topk" in report.PENDING and "topk" not in report.SECTIONS  # no committed JSON yet: see report.PENDING
+    empty = report.render(tmp_path)
+    assert report_topk.TITLE in empty and "Not measured yet" in empty
+    (tmp_path / "topk-h200-2026-12-03.json").write_text(json.dumps(_synthetic_json()))
+    page = report.render(tmp_path)
+    assert "Not measured yet" not in page and "Source: `" in page and "topk-h200-2026-12-03.json" in page
