@@ -24,7 +24,7 @@ FROM ?= now-15m
 TO ?= now
 
 .PHONY: help setup test test-gpu test-containers lint demo sim up down loadtest sweep compare ab profile exporter \
-	dashboards snapshot aot bench-decode bench-indexer bench-prefill bench-step clean
+	dashboards snapshot aot bench-decode bench-indexer bench-prefill bench-step bench-topk clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -96,6 +96,10 @@ bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/be
 
 bench-prefill: ## GPU: sparse-prefill benchmark, native + sm89 code paths -> results/bench/prefill-<gpu>-<date>.json
 	$(PYTHON) -m benchmarks.prefill
+
+# Here first: `bash benchmarks/gpu-sglang-jit.sh` (sglang's JIT top-k sources + wheels into .gpu/, carried there).
+bench-topk: ## GPU: top-k of every provider (ours, torch, sglang JIT), native + sm89 -> results/bench/topk-<gpu>-<date>.json
+	$(PYTHON) -m benchmarks.topk
 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
 	$(PYTHON) -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step

@@ -134,14 +134,18 @@ def load_sglang_triton(path: Path):
     return mod.flash_mla_sparse_decode_triton
 
 
-def flashmla_call(flash_mla, kw: dict[str, Any], pad_heads: int) -> Any:
-    """A FlashMLA (legacy SM90) call on the same inputs; q and sink padded to ``pad_heads`` when H is smaller."""
+def flashmla_call(flash_mla, kw: dict[str, Any], pad_heads: int, meta: Any = None) -> Any:
+    """A FlashMLA (legacy SM90) call on the same inputs; q and sink padded to ``pad_heads`` when H is smaller.
+
+    ``meta``: the ``FlashMLASchedMeta`` to use (FlashMLA fills an empty one on its first call and requires the same
+    shapes and lengths on every reuse); a new one when None."""
     q, sink = kw["q"], kw["attn_sink"]
     H = q.shape[2]
     if pad_heads > H:
         q = torch.cat([q, q.new_zeros(*q.shape[:2], pad_heads - H, q.shape[3])], dim=2)
         sink = torch.cat([sink, sink.new_full((pad_heads - H,), float("-inf"))])
-    meta = flash_mla.get_mla_metadata()[0]
+    if meta is None:
+        meta = flash_mla.get_mla_metadata()[0]
 
     def run():
         return flash_mla.flash_mla_with_kvcache(
@@ -152,6 +156,64 @@ def flashmla_call(flash_mla, kw: dict[str, Any], pad_heads: int) -> Any:
         )  # fmt: skip
 
     return run
+
+
+def load_flash_mla(device: torch.device) -> tuple[Any, str]:
+    """(the ``flash_mla`` module of sgl-flash-mla, "") where its decode can run on ``device``, else (None, why not)."""
+    try:
+        import flash_mla  # type: ignore[import-not-found]
+    except Exception as exc:  # noqa: BLE001 -- ImportError, or the CUDA extension failing to load (OSError, symbols)
+        return None, (
+            f"flash_mla is not importable ({type(exc).__name__}: {str(exc)[:200]}); it comes from the sgl-flash-mla "
+            "1.0.0 wheel (.gpu/wheels, installed by benchmarks/gpu-setup.sh)"
+        )
+    if device.type != "cuda":
+        return None, f"FlashMLA's decode kernels need a CUDA GPU (sm_90 or sm_100); this run is on {device.type}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return None, f"sgl-flash-mla's sparse decode is built for sm_90 and sm_100; this GPU is sm_{major}{minor}"
+    return flash_mla, ""
+
+
+def flashmla_pad_heads(heads: int) -> int:
+    """The head count FlashMLA's decode is called with: 64 or 128 (sglang pads smaller counts to 64 on SM90)."""
+    return 64 if heads <= 64 else 128
+
+
+class FlashMLADecode:
+    """sglang 0.5.23's DeepSeek-V4 decode on Hopper behind the sparse-decode kwargs contract (a ``DecodeFn``).
+
+    Each call is :func:`flashmla_call`: ``flash_mla.flash_mla_with_kvcache(..., is_fp8_kvcache=True,
+    use_legacy=True)`` with the kwargs ``DeepseekV4AttnBackend._forward_attention`` passes for the V4 (non-interleaved)
+    layout. sglang keeps one ``FlashMLASchedMeta`` per compress ratio per forward batch, filled by the first layer of
+    that ratio; here one per call geometry (q, cache and index shapes: one per layer type within a step), emptied by
+    :meth:`new_step` when ``per_step`` (so a captured step computes the split schedule once per layer type, as sglang's
+    captured step does), else kept from the first step on (the schedule is computed once, outside later steps).
+    Make one instance per set of inputs: a kept schedule is only valid for the lengths it was computed from."""
+
+    def __init__(self, flash_mla: Any, per_step: bool = True) -> None:
+        self.flash_mla = flash_mla
+        self.per_step = per_step
+        self._metas: dict[tuple, Any] = {}
+
+    def new_step(self) -> None:
+        if self.per_step:
+            self._metas.clear()
+
+    def __call__(self, q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale, extra_k_cache=None,
+                 extra_indices_in_kvcache=None, extra_topk_length=None):  # fmt: skip
+        if head_dim_v != 512:
+            raise ValueError(f"FlashMLA's decode takes head_dim_v = 512 only, got {head_dim_v}")
+        geometry = (q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache)
+        key = tuple(None if t is None else tuple(t.shape) for t in geometry)
+        if key not in self._metas:
+            self._metas[key] = self.flash_mla.get_mla_metadata()[0]
+        kw = dict(q=q, k_cache=k_cache, indices=indices, topk_length=topk_length, attn_sink=attn_sink,
+                  softmax_scale=softmax_scale, extra_k_cache=extra_k_cache,
+                  extra_indices_in_kvcache=extra_indices_in_kvcache, extra_topk_length=extra_topk_length)  # fmt: skip
+        heads = q.shape[2]
+        out, lse = flashmla_call(self.flash_mla, kw, flashmla_pad_heads(heads), self._metas[key])()
+        return out[:, :, :heads], lse[:, :heads]
 
 
 def graphed(call):
@@ -214,7 +276,7 @@ def bench_shape(
             for kw in sets
         ]
     if "flashmla" in providers and flash_mla is not None:
-        pad = 64 if shape.H <= 64 else 128
+        pad = flashmla_pad_heads(shape.H)
         fns["flashmla"] = [flashmla_call(flash_mla, kw, pad) for kw in sets]
     if "reference" in providers and shape.is_target and shape.B <= 128:
         fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
@@ -329,10 +391,7 @@ def main(
     if code_path != "native":
         provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
-    try:
-        import flash_mla  # type: ignore[import-not-found]
-    except ImportError:
-        flash_mla = None
+    flash_mla, _ = load_flash_mla(torch.device("cuda"))
     split_arg: int | str = "auto" if splits == "auto" else int(splits)
     shapes = [
         Shape(int(b), int(h), swa_topk, int(x))

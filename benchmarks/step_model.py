@@ -39,6 +39,13 @@ re-implementations in :mod:`benchmarks.indexer`; both follow the cap, not the co
 ``triton_indexer`` is on (then our kernels through sglang's call contract,
 :mod:`sparsemla.kernels.indexer.sglang_compat`).
 
+Reference states (:data:`REFERENCES`, not sparsemla flag states: never a simulator state): what stock sglang runs
+where the GPU has a fast path. ``flashmla_decode+triton_indexer`` is the flags-on step with the decode swapped for
+sglang's Hopper decode, FlashMLA's ``flash_mla_with_kvcache`` (sgl-flash-mla, legacy SM90 kernel,
+:class:`benchmarks.decode.FlashMLADecode`); its indexer is ours, standing in for DeepGEMM's ``fp8_paged_mqa_logits``
++ sglang's JIT ``topk_transform_paged_v2`` (DeepGEMM does not load on the benchmark machine), so flags on vs it
+compares the two decodes with everything else equal.
+
 Approximations (the same in every state, so they shift both step times alike): weights are bf16 (the checkpoint is
 fp8, so weight-streaming GEMMs take up to 2x their fp8 time); the mHC hyper-connections (``hc_mult`` 4) and MTP are
 not modelled; glue that sglang fuses (KV quant+write, compressor pooling, q rotation+quant) is a few plain torch
@@ -65,10 +72,27 @@ VARIANTS = kernel_variant.VARIANTS
 MAIN_VARIANTS = {kernel_variant.BASELINE: "baseline", kernel_variant.ALL_ON: "sparsemla"}
 
 
+# Reference states measured next to the flag states (see the module docstring), with what each one is.
+FLASHMLA_REFERENCE = "flashmla_decode+triton_indexer"
+REFERENCES: dict[str, str] = {
+    FLASHMLA_REFERENCE: "sglang's fast decode on Hopper (FlashMLA) with our Triton indexer standing in for DeepGEMM's",
+}
+# Which decode a state runs: sglang's fallback (the baseline decode), ours, or FlashMLA's.
+DECODE_BASELINE, DECODE_SPARSEMLA, DECODE_FLASHMLA = "baseline", "sparsemla", "flashmla"
+
+
 def variant_flags(name: str) -> tuple[bool, bool]:
     """(decode kernel on, indexer kernels on) of a variant name; ValueError (VariantError) outside the closed set."""
     state = kernel_variant.parse(name)
     return state.is_on(flags.SPARSEMLA_MMA_DECODE), state.is_on(flags.SPARSEMLA_TRITON_INDEXER)
+
+
+def state_kernels(name: str) -> tuple[str, bool]:
+    """(which decode: DECODE_*, our Triton indexer on) of a flag state or a reference state; ValueError otherwise."""
+    if name == FLASHMLA_REFERENCE:
+        return DECODE_FLASHMLA, True
+    mma, triton_indexer = variant_flags(name)
+    return (DECODE_SPARSEMLA if mma else DECODE_BASELINE), triton_indexer
 
 
 @dataclass(frozen=True)
@@ -384,16 +408,24 @@ class DecodeStep:
         inputs: StepInputs,
         variant: str,
         baseline_decode: DecodeFn,
+        fast_decode: DecodeFn | None = None,
     ) -> None:
+        """``variant``: a flag state or a reference state; ``fast_decode``: the FlashMLA decode a reference state runs
+        (one per inputs: it may keep a schedule; its ``new_step()``, if any, is called at the start of every step)."""
         self.shape, self.layers, self.lm_head, self.final_norm, self.inp = shape, layers, lm_head, final_norm, inputs
         self.variant = variant
-        mma, triton_indexer = variant_flags(variant)
-        if mma:
+        decode, triton_indexer = state_kernels(variant)
+        if decode == DECODE_SPARSEMLA:
             from sparsemla.kernels import sparse_decode
 
             self.decode: DecodeFn = sparse_decode
+        elif decode == DECODE_FLASHMLA:
+            if fast_decode is None:
+                raise ValueError(f"state {variant} runs FlashMLA's decode: pass fast_decode")
+            self.decode = fast_decode
         else:
             self.decode = baseline_decode
+        self._new_step: Callable[[], Any] | None = getattr(self.decode, "new_step", None)
         self.triton_indexer = triton_indexer
         if triton_indexer:
             from sparsemla.kernels.indexer.sglang_compat import fp8_paged_mqa_logits, topk_transform_paged
@@ -468,6 +500,8 @@ class DecodeStep:
         return routed * s.routed_scale + sh
 
     def __call__(self) -> torch.Tensor:
+        if self._new_step is not None:
+            self._new_step()
         x = self.inp.x
         for ratio in self.shape.compress_ratios:
             w = self.layers[ratio]

@@ -16,6 +16,10 @@ Mapping (schema in :mod:`sparsemla.ops.sim.calibration`):
   short names (``name [category]`` when one short name falls in two categories). Where a profiled replay's kernels
   add up to more than the median replay (run-to-run noise), ``step_us`` is raised to that sum (a step cannot be shorter
   than its serial kernels); ``provenance.notes`` counts such points.
+* reference states (``references`` / rows whose state is no flag variant, e.g. ``flashmla_decode+triton_indexer``:
+  sglang's fast decode on Hopper): never a simulator state (the simulator's states are the flag variants); their
+  step times, and the flags-on speed-up over them, are recorded in ``provenance.notes`` (or why they are missing), so
+  the calibration of a result with them equals the one without them but for that sentence.
 * ``prefill``: the step benchmark measures decode only; the prefill model is carried over from the shipped provisional
   calibration and the notes say so.
 * ``provenance.kind`` = ``measured``, ``method`` = the benchmark's method, ``sources`` = the step JSON (its name, the
@@ -122,6 +126,35 @@ def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | Non
     return state, raised, note
 
 
+def reference_notes(doc: Mapping[str, Any]) -> list[str]:
+    """One sentence per reference state of a step result: its measured step times and the flags-on speed-up over
+    them, or why it was not measured."""
+    rows = {(r["variant"], int(r["ctx"]), int(r["B"])): float(r["us"]) for r in doc["variant_rows"]}
+    declared = doc.get("references", {}) or {}
+    names = list(declared) + sorted({v for v, _, _ in rows if v not in kernel_variant.VARIANTS} - set(declared))
+    out = []
+    for name in names:
+        entry = declared.get(name, {})
+        points = sorted((c, b) for v, c, b in rows if v == name)
+        if not points:
+            out.append(f"Reference state {name} not measured: {entry.get('reason') or 'no step times in the result'}.")
+            continue
+        kernels = doc.get("impl", {}).get("states", {}).get(name, {})
+        what = "; ".join(f"{k} {kernels[k]}" for k in ("decode", "indexer_logits", "top_k") if k in kernels)
+        cells = []
+        for c, b in points:
+            us = rows[(name, c, b)]
+            on = rows.get((kernel_variant.ALL_ON, c, b))
+            vs = f" (it / flags on = {us / on:.3f}x)" if on else ""
+            cells.append(f"ctx {c} B={b}: {us:.1f} us{vs}")
+        out.append(
+            f"Reference state {name} ({entry.get('description') or 'a reference state'}"
+            f"{'; ' + what if what else ''}), measured in the same run and not a simulator state (the simulator's "
+            f"states are the flag variants): step_us {'; '.join(cells)}."
+        )
+    return out
+
+
 def _baseline(doc: Mapping[str, Any], gpu_key: str | None) -> BaselineInfo:
     if gpu_key is not None:
         return gpus.BASELINES[gpu_key]
@@ -176,6 +209,7 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
         f"the provisional calibration (derived). Points whose step time was raised to the profiled kernel sum: "
         f"{raised_total}.",
     )
+    notes += reference_notes(doc)
     return {
         "model": ModelSpec(
             name=str(model["name"]),

@@ -62,8 +62,37 @@ GPU_FILES: dict[str, Path] = {
 }
 
 
+# Multi-GPU servers (`sparsemla sim --gpus 8 --tp 8` / `--dp-attention`): measured by `python -m benchmarks.step
+# --ranks 8` and written by `python -m sparsemla.ops.sim.calibrate_ranks`. Nothing is projected for them: a missing
+# file is refused (CalibrationAbsent), never replaced by the 1-GPU one.
+DEPLOYMENT_FILES: dict[tuple[str, int, str], Path] = {
+    ("h200", 8, "tp"): CALIBRATION_DIR / "h200x8-tp8.json",
+    ("h200", 8, "dp-attention"): CALIBRATION_DIR / "h200x8-dp-attention-ep8.json",
+}
+
+
 class CalibrationError(ValueError):
     """A calibration file is missing, malformed or inconsistent; the message names the file and the field."""
+
+
+class CalibrationAbsent(CalibrationError):
+    """No measured calibration exists for the asked multi-GPU deployment; ``hint`` says what to run."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The server a multi-GPU file describes: GPUs, TP size, DP attention (then EP = GPUs), and what the ``batch``
+    axis counts (``server``: the whole server's running requests, N x the per-rank B under DP attention)."""
+
+    gpus: int
+    tp: int
+    dp_attention: bool
+    ep: int
+    batch_axis: str
 
 
 @dataclass(frozen=True)
@@ -233,6 +262,7 @@ class Calibration:
     path: Path | None = field(default=None, compare=False)
     gpu: GpuInfo | None = None
     baseline: BaselineInfo | None = None
+    deployment: Deployment | None = None  # None: one GPU
 
     @property
     def kind(self) -> str:
@@ -245,6 +275,9 @@ class Calibration:
         how = {"measured": "measured", "projected": "PROJECTED (not measured on this GPU)",
                "derived": "PROVISIONAL (derived, not measured end to end)"}[self.kind]  # fmt: skip
         off = f"; flags off = {self.baseline.label}" if self.baseline else ""
+        d = self.deployment
+        if d is not None:
+            gpu = f"{d.gpus}x {gpu} ({f'DP-attention + EP {d.ep}' if d.dp_attention else f'TP {d.tp}'})"
         return f"{gpu} calibration, {how}{off}"
 
     def state(self, variant: str) -> StateCalibration:
@@ -268,6 +301,8 @@ class Calibration:
             doc["gpu"] = asdict(self.gpu)
         if self.baseline is not None:
             doc["baseline"] = asdict(self.baseline)
+        if self.deployment is not None:
+            doc["deployment"] = asdict(self.deployment)
         doc["states"] = {name: _state_dict(s) for name, s in self.states.items()}
         return doc
 
@@ -281,6 +316,7 @@ class Calibration:
             "label": self.label(),
             "gpu": asdict(self.gpu) if self.gpu else None,
             "baseline": asdict(self.baseline) if self.baseline else None,
+            "deployment": asdict(self.deployment) if self.deployment else None,
             "model": asdict(self.model),
             "provenance": _provenance_dict(self.provenance),
             "states": sorted(self.states),
@@ -396,6 +432,7 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
     provenance = _provenance(ck, ck.obj(ck.get(doc, "provenance", "$"), "$.provenance"))
     gpu = _gpu(ck, ck.obj(doc["gpu"], "$.gpu")) if "gpu" in doc else None
     baseline = _baseline(ck, ck.obj(doc["baseline"], "$.baseline")) if "baseline" in doc else None
+    deployment = _deployment(ck, ck.obj(doc["deployment"], "$.deployment")) if "deployment" in doc else None
     if provenance.kind == "projected":
         for key, value in (("gpu", gpu), ("baseline", baseline)):
             if value is None:
@@ -449,7 +486,9 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
             name, {str(k): str(v) for k, v in flags_doc.items()}, batch, context, step, tuple(kernels), kernel_us,
             description,
         )  # fmt: skip
-    return Calibration(model, prefill, provenance, states, SCHEMA_VERSION, gpu=gpu, baseline=baseline)
+    return Calibration(
+        model, prefill, provenance, states, SCHEMA_VERSION, gpu=gpu, baseline=baseline, deployment=deployment
+    )
 
 
 def _provenance(ck: _Checker, pv: Mapping[str, Any]) -> Provenance:
@@ -505,6 +544,41 @@ def _baseline(ck: _Checker, b: Mapping[str, Any]) -> BaselineInfo:
     return BaselineInfo(label, path, default, models_default, note)
 
 
+def _deployment(ck: _Checker, d: Mapping[str, Any]) -> Deployment:
+    where = "$.deployment"
+    dp = ck.get(d, "dp_attention", where)
+    if not isinstance(dp, bool):
+        raise ck.fail(f"{where}.dp_attention", f"expected true or false, got {dp!r}")
+    gpus, tp, ep = (ck.integer(d, k, where, 1) for k in ("gpus", "tp", "ep"))
+    axis = ck.string(d, "batch_axis", where)
+    if axis != "server":
+        raise ck.fail(f"{where}.batch_axis", f"expected 'server', got {axis!r}")
+    return Deployment(gpus, tp, dp, ep, axis)
+
+
+def deployment_path(gpu: str, gpus: int, deployment: str) -> Path:
+    """The measured file of a multi-GPU server (:data:`DEPLOYMENT_FILES`); CalibrationAbsent (with what to run) when
+    the deployment is unknown or not measured yet."""
+    key = (gpu.strip().lower(), gpus, deployment)
+    run = (
+        f"measure it: `python -m benchmarks.step --ranks {gpus} --deployment {deployment}` on a {gpus}-GPU "
+        f"{gpu.upper()} machine (docs/performance.md, decode step: the device command), then "
+        f"`python -m sparsemla.ops.sim.calibrate_ranks RESULT.json`"
+    )
+    if key not in DEPLOYMENT_FILES:
+        known = ", ".join(f"--gpu {g} --gpus {n} {'--tp ' + str(n) if d == 'tp' else '--dp-attention'}"
+                          for g, n, d in DEPLOYMENT_FILES)  # fmt: skip
+        raise CalibrationAbsent(f"no {gpus}-GPU {deployment} calibration is defined for {gpu}", f"known: {known}")
+    path = DEPLOYMENT_FILES[key]
+    if not path.is_file():
+        raise CalibrationAbsent(
+            f"no {gpus}-GPU calibration is measured for {gpu} {deployment} ({path.name} is absent); the simulator "
+            "does not project one from the 1-GPU step",
+            run,
+        )
+    return path
+
+
 def gpu_path(gpu: str) -> Path:
     """The shipped file of a GPU key (:data:`GPU_FILES`): h200 is default.json (measured; provisional.json until the
     decode-step benchmark has written it), the others their projected ``<gpu>.json``."""
@@ -558,13 +632,14 @@ def write_calibration(
     states: Mapping[str, StateCalibration],
     gpu: GpuInfo | None = None,
     baseline: BaselineInfo | None = None,
+    deployment: Deployment | None = None,
 ) -> Path:
     """Validate and write a calibration JSON atomically (the decode-step benchmark's output: ``default.json``; the
     projection's ``<gpu>.json``).
 
     ``states`` maps variant names to :class:`StateCalibration`; the document is checked exactly like
     :func:`load_calibration` checks it before anything is written. Returns the path written."""
-    cal = Calibration(model, prefill, provenance, dict(states), gpu=gpu, baseline=baseline)
+    cal = Calibration(model, prefill, provenance, dict(states), gpu=gpu, baseline=baseline, deployment=deployment)
     doc = cal.to_dict()
     calibration_from_dict(doc, f"write_calibration({path})")  # refuse to write what could not be loaded
     return write_json_atomic(Path(path), doc, indent=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from sparsemla.console import console, fail
@@ -24,6 +26,15 @@ def sim(
         help="Run the shipped calibration of this GPU: h200 (measured) | rtx-pro-6000 | l40s | a100 (projected from "
         "the H200 runs). Default: SPARSEMLA_SIM_GPU (h200).",
     ),
+    gpus: int = typer.Option(
+        1,
+        "--gpus",
+        min=1,
+        help="GPUs of the simulated server: 1 (the 1-GPU calibrations) or 8 with --tp 8 or "
+        "--dp-attention (measured multi-rank calibration only: refused with exit 2 while none is measured).",
+    ),
+    tp: int = typer.Option(None, "--tp", min=1, help="TP size of a multi-GPU server (must equal --gpus)."),
+    dp_attention: bool = typer.Option(False, "--dp-attention", help="DP attention + EP over the --gpus GPUs."),
     max_running_requests: int = typer.Option(256, "--max-running-requests", min=1, help="Max decode batch size."),
     max_total_tokens: int = typer.Option(1_048_576, "--max-total-tokens", min=1, help="KV pool size in tokens."),
     context_length: int = typer.Option(None, "--context-length", min=2, help="Default: the calibration's."),
@@ -45,6 +56,9 @@ def sim(
 
     if api_key is not None and not api_key.strip():
         fail("--api-key must not be empty", "give the key clients send as `Authorization: Bearer <key>`")
+    if gpus > 1 or tp not in (None, 1) or dp_attention:  # -- multi-GPU: a measured deployment file or nothing --
+        calibration = str(_deployment_file(gpus, tp, dp_attention, calibration, gpu))
+        gpu = None
     try:
         flags.validate_all()
         cal = load_calibration(calibration, gpu)
@@ -54,7 +68,6 @@ def sim(
         fail(str(exc), "check --calibration / --gpu, SPARSEMLA_SIM_CALIBRATION / SPARSEMLA_SIM_GPU (`sparsemla flags`)")
     if openapi:
         import json
-        from pathlib import Path
 
         Path(openapi).write_text(json.dumps(application.openapi(), indent=1) + "\n")
         console.print(f"wrote {openapi}")
@@ -67,5 +80,25 @@ def sim(
     )
     if cal.baseline is not None:
         console.print(f"  flags off on this GPU = {cal.baseline.label}")
+    if cal.deployment is not None:
+        console.print(f"  server = {cal.label()}")
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=120,
                 backlog=4096)  # fmt: skip
+
+
+def _deployment_file(gpus: int, tp: int | None, dp_attention: bool, calibration: str | None, gpu: str | None) -> Path:
+    """The measured multi-GPU calibration of ``--gpus N --tp N`` / ``--dp-attention``; exit 2 with what to run when
+    it is not measured (the 1-GPU calibration is never passed off as an N-GPU server)."""
+    from sparsemla.ops.sim.calibration import CalibrationAbsent, deployment_path
+
+    if calibration is not None:
+        fail("--calibration and --gpus/--tp/--dp-attention both given", "give one: the file, or the deployment")
+    if gpus < 2:
+        fail(f"--tp {tp} / --dp-attention need --gpus > 1", "e.g. --gpus 8 --tp 8, or --gpus 8 --dp-attention")
+    if tp is not None and tp != gpus:
+        fail(f"--tp {tp} with --gpus {gpus}: sglang's --tp is the server's GPU count in both deployments",
+             f"--gpus {gpus} --tp {gpus} (or --dp-attention)")  # fmt: skip
+    try:
+        return deployment_path(gpu or "h200", gpus, "dp-attention" if dp_attention else "tp")
+    except CalibrationAbsent as exc:
+        fail(str(exc), exc.hint)
