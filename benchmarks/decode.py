@@ -351,7 +351,6 @@ def main(
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
     import sys
-    import tempfile
 
     from sparsemla.console import fail
 
@@ -364,21 +363,13 @@ def main(
     gpu = torch.cuda.get_device_name()
     ceilings = measure_ceilings() if child_out is None else {}
     if child_out is None:
-        rows: list[dict[str, Any]] = []
-        checks: list[dict[str, Any]] = []
-        with tempfile.TemporaryDirectory() as tmp:
-            for path in path_list:
-                doc = code_paths.run_child("benchmarks.decode", sys.argv[1:], path, Path(tmp) / f"{path}.json")
-                rows += doc["rows"]
-                checks += [{**x, "code_path": path} for x in doc["checks"]]
+        rows, checks = code_paths.run_children("benchmarks.decode", sys.argv[1:], path_list)
         floors = []
         for key in dict.fromkeys((r["B"], r["H"], r["swa_topk"], r["extra_topk"]) for r in rows):
             fl, _, _ = floor_us(Shape(*key), ceilings)
             floors.append({**Shape(*key).__dict__, "provider": "floor", "us": round(fl, 3)})
         rows += floors
-        out_dir.mkdir(parents=True, exist_ok=True)
-        slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-        path = out_dir / f"decode-{slug}-{_dt.date.today().isoformat()}.json"
+        path = result_path(out_dir, "decode", gpu)
         _write(path, gpu, git_sha, ceilings, rows, checks, path_list)
         _print_table(rows)
         print(f"wrote {path}")
@@ -411,32 +402,56 @@ def main(
 
 
 def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
+    code_paths_doc = {
+        p: (
+            "wgmma (this GPU's own)"
+            if p == "native"
+            else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, the configurations chosen for sm_{p[2:]}"
+        )
+        for p in paths
+    }  # fmt: skip
+    method = (
+        f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
+        "sets (the method of notes/h200-baselines.md); `*_graph` = one CUDA-graph replay per rep; each code path "
+        "in its own process; `shared_bytes` = metadata.shared of the decode kernel as launched"
+    )
+    write_doc(path, "decode", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
+
+
+def result_path(out_dir: Path, op: str, gpu: str) -> Path:
+    """``out_dir/<op>-<gpu>-<date>.json`` (``out_dir`` created)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
+    return out_dir / f"{op}-{slug}-{_dt.date.today().isoformat()}.json"
+
+
+def write_doc(
+    path: Path,
+    op: str,
+    gpu: str,
+    git_sha: str,
+    ceilings: dict,
+    rows: list,
+    checks: list,
+    code_paths_doc: dict,
+    method: str,
+) -> None:
+    """The JSON of a kernel benchmark run (decode, prefill): the device, versions and ceilings, then the rows."""
     import triton
 
     from sparsemla.kernels import device as dev
 
     doc = {
-        "op": "decode",
+        "op": op,
         "gpu": gpu,
         "device": dev.device_info().__dict__,
-        "code_paths": {
-            p: (
-                "wgmma (this GPU's own)"
-                if p == "native"
-                else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, the configurations chosen for sm_{p[2:]}"
-            )
-            for p in paths
-        },  # fmt: skip
+        "code_paths": code_paths_doc,
         "git_sha": git_sha or artifacts.git_sha() or "unknown",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "ceilings": ceilings,
-        "method": (
-            f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
-            "sets (the method of notes/h200-baselines.md); `*_graph` = one CUDA-graph replay per rep; each code path "
-            "in its own process; `shared_bytes` = metadata.shared of the decode kernel as launched"
-        ),
+        "method": method,
         "rows": rows,
         "checks": checks,
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from sparsemla import flags
@@ -28,8 +29,8 @@ def provider(name: str, path: str) -> str:
     return name.replace("sparsemla", f"sparsemla_{path}path", 1)
 
 
-def run_child(module: str, argv: list[str], path: str, out: Path) -> dict:
-    """Run ``python -m module argv --paths path --child-out out`` with the path's environment; its JSON."""
+def child_argv(module: str, argv: list[str], path: str, out: Path) -> list[str]:
+    """``python -m module argv --paths path --child-out out``, with the parent's own --paths / --child-out dropped."""
     cleaned, skip = [], False
     for a in argv:  # drop the parent's own --paths / --child-out
         if skip:
@@ -41,7 +42,23 @@ def run_child(module: str, argv: list[str], path: str, out: Path) -> dict:
         if a.startswith(("--paths=", "--child-out=")):
             continue
         cleaned.append(a)
+    return [sys.executable, "-m", module, *cleaned, "--paths", path, "--child-out", str(out)]
+
+
+def run_child(module: str, argv: list[str], path: str, out: Path) -> dict:
+    """Run ``python -m module argv --paths path --child-out out`` with the path's environment; its JSON."""
     env = flags.child_env({"TRITON_OVERRIDE_ARCH": None if path == "native" else path})
-    cmd = [sys.executable, "-m", module, *cleaned, "--paths", path, "--child-out", str(out)]
-    subprocess.run(cmd, env=env, check=True)
+    subprocess.run(child_argv(module, argv, path, out), env=env, check=True)
     return json.loads(out.read_text())
+
+
+def run_children(module: str, argv: list[str], paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """:func:`run_child` for each path in turn: every child's rows, and its checks tagged with their ``code_path``."""
+    rows: list[dict] = []
+    checks: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            doc = run_child(module, argv, path, Path(tmp) / f"{path}.json")
+            rows += doc["rows"]
+            checks += [{**x, "code_path": path} for x in doc["checks"]]
+    return rows, checks

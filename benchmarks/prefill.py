@@ -24,7 +24,6 @@ repetition) over ``ROTATE`` input sets used in turn. Writes ``results/bench/pref
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 import typer
 
 from benchmarks import paths as code_paths
-from sparsemla import artifacts
+from benchmarks.decode import measure_ceilings, rel_err, result_path, write_doc
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -69,20 +68,6 @@ def make_inputs(shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]
     )
 
 
-def measure_ceilings() -> dict[str, float]:
-    """Device copy bandwidth (bytes read + written per second) and bf16 8192^3 matmul rate, medians of do_bench."""
-    from triton.testing import do_bench
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    bw = 2 * src.numel() / (ms * 1e-3)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
-    return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * 8192**3 / (ms * 1e-3)}
-
-
 def floor_us(shape: Shape, ceilings: dict[str, float]) -> float:
     from sparsemla.kernels.sparse_prefill.triton import flops_and_bytes
 
@@ -106,10 +91,6 @@ def flashmla_call(flash_mla, kw: dict[str, Any]):
         )  # fmt: skip
 
     return run
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
@@ -205,7 +186,6 @@ def main(
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
     import sys
-    import tempfile
 
     from sparsemla.console import fail
 
@@ -218,18 +198,10 @@ def main(
     gpu = torch.cuda.get_device_name()
     if child_out is None:
         ceilings = measure_ceilings()
-        rows: list[dict[str, Any]] = []
-        checks: list[dict[str, Any]] = []
-        with tempfile.TemporaryDirectory() as tmp:
-            for path in path_list:
-                doc = code_paths.run_child("benchmarks.prefill", sys.argv[1:], path, Path(tmp) / f"{path}.json")
-                rows += doc["rows"]
-                checks += [{**x, "code_path": path} for x in doc["checks"]]
+        rows, checks = code_paths.run_children("benchmarks.prefill", sys.argv[1:], path_list)
         for key in dict.fromkeys((r["s_q"], r["H"], r["topk"], r["s_kv"]) for r in rows):
             rows.append({**Shape(*key).__dict__, "provider": "floor", "us": round(floor_us(Shape(*key), ceilings), 2)})
-        out_dir.mkdir(parents=True, exist_ok=True)
-        slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-        path = out_dir / f"prefill-{slug}-{_dt.date.today().isoformat()}.json"
+        path = result_path(out_dir, "prefill", gpu)
         _write(path, gpu, git_sha, ceilings, rows, checks, path_list)
         _print_table(rows)
         print(f"wrote {path}")
@@ -254,31 +226,15 @@ def main(
 
 
 def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
-    import triton
-
-    from sparsemla.kernels import device as dev
-
-    doc = {
-        "op": "prefill",
-        "gpu": gpu,
-        "device": dev.device_info().__dict__,
-        "code_paths": {
-            p: "this GPU's own" if p == "native" else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, sm_{p[2:]}'s configurations"
-            for p in paths
-        },
-        "git_sha": git_sha or artifacts.git_sha() or "unknown",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "ceilings": ceilings,
-        "method": (
-            f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
-            "sets; each code path in its own process; tflops = 2*s_q*H*topk*(576+512) / time"
-        ),
-        "rows": rows,
-        "checks": checks,
+    code_paths_doc = {
+        p: "this GPU's own" if p == "native" else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, sm_{p[2:]}'s configurations"
+        for p in paths
     }
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    method = (
+        f"triton.testing.do_bench median of eager calls (L2 flushed before each rep), inputs rotated over {ROTATE} "
+        "sets; each code path in its own process; tflops = 2*s_q*H*topk*(576+512) / time"
+    )
+    write_doc(path, "prefill", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
 
 
 if __name__ == "__main__":

@@ -242,18 +242,7 @@ def child_env(path: str) -> dict[str, str]:
 
 
 def _child_argv(argv: list[str], path: str, out: Path) -> list[str]:
-    cleaned, skip = [], False
-    for a in argv:  # drop the parent's own --paths / --child-out
-        if skip:
-            skip = False
-            continue
-        if a in ("--paths", "--child-out"):
-            skip = True
-            continue
-        if a.startswith(("--paths=", "--child-out=")):
-            continue
-        cleaned.append(a)
-    return [sys.executable, "-m", "benchmarks.topk", *cleaned, "--paths", path, "--child-out", str(out)]
+    return code_paths.child_argv("benchmarks.topk", argv, path, out)
 
 
 # -- sglang's JIT top-k ------------------------------------------------------------------------------------------------

@@ -174,6 +174,24 @@ def interpreting() -> bool:
     return flags.TRITON_INTERPRET.get()
 
 
+def defined_interpreted(kernel: object) -> bool:
+    """True when ``kernel`` (a ``triton.jit`` function) was defined for Triton's CPU interpreter."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_interpreting(defined: bool, built: str = "the kernels were built") -> bool:
+    """:func:`interpreting`, or RuntimeError when it differs from how a module's kernels were ``defined``
+    (:func:`defined_interpreted`): TRITON_INTERPRET changed after triton.jit read it. ``built`` words the message."""
+    interpret = interpreting()
+    if interpret != defined:
+        raise RuntimeError(
+            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
+            f"TRITON_INTERPRET={int(interpret)} but {built} for the "
+            f"{'interpreter' if not interpret else 'GPU'}"
+        )
+    return interpret
+
+
 def launch_info(device: torch.device) -> DeviceInfo:
     """The facts a launch on ``device`` is configured for: :data:`INTERPRETER` under the interpreter, else
     :func:`device_info` (the innermost :func:`assume`'d record included)."""

@@ -118,6 +118,11 @@ class StepResult:
     def report_dir(self) -> Path:
         return self.report["html"].parent
 
+    def summary(self) -> dict[str, Any]:
+        """The step's entry in campaign.json and demo.json: index, flipped flag, A and B, the report's HTML."""
+        s = self.step
+        return {"index": s.index, "flag": s.flag, "a": s.a, "b": s.b, "report": str(self.report["html"])}
+
 
 @dataclass
 class CampaignResult:

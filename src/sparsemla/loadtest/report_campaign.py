@@ -176,17 +176,6 @@ def campaign_json(
             }
             for name, v in result.variants.items()
         },
-        "steps": [
-            {
-                "index": s.step.index,
-                "flag": s.step.flag,
-                "a": s.step.a,
-                "b": s.step.b,
-                "report": str(s.report["html"]),
-                "cells": table_rows(s.rows),
-                "kernels": s.kernels.to_json(),
-            }
-            for s in result.steps
-        ],  # fmt: skip
+        "steps": [s.summary() | {"cells": table_rows(s.rows), "kernels": s.kernels.to_json()} for s in result.steps],
         "notes": list(notes),
     }

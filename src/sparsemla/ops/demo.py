@@ -273,17 +273,7 @@ def demo_summary(
         "points": result.points,
         "point_seconds": point_seconds,
         "workload": workload,
-        "steps": [
-            {
-                "index": s.step.index,
-                "flag": s.step.flag,
-                "a": s.step.a,
-                "b": s.step.b,
-                "report": str(s.report["html"]),
-                "ratios": checks.get(s.step.index, []),
-            }
-            for s in result.steps
-        ],
+        "steps": [s.summary() | {"ratios": checks.get(s.step.index, [])} for s in result.steps],
         # where each snapshot is and whether it worked; the kernel tables themselves are in campaign.json
         "snapshots": {name: v.snapshot.to_json() | {"snapshot": None} for name, v in result.variants.items()},
         "elapsed_s": elapsed,

@@ -98,6 +98,35 @@ def _pick_bin(hist, k_rem, BIG: tl.constexpr):
 
 
 @triton.jit
+def _span_histogram(src_ptr, lo, hi, prefix, P: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr):
+    """256-bin histogram of radix pass ``P`` (bits ``31 - 8P .. 24 - 8P`` of the keys, the top digit offset so signed
+    order is bin order) over ``src_ptr[lo:hi]``, counting only keys whose higher digits equal ``prefix``'s."""
+    o_b = tl.arange(0, BLOCK)
+    hist = tl.zeros([256], dtype=tl.int32)
+    for start in range(lo, hi, BLOCK):
+        offs = start + o_b
+        m = offs < hi
+        key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
+        if P == 0:
+            digit = ((key >> 24) + 128) & 255
+        else:
+            m = m & ((key >> (32 - 8 * P)) == (prefix >> (32 - 8 * P)))
+            digit = (key >> (24 - 8 * P)) & 255
+        hist += tl.histogram(digit, 256, mask=m)
+    return hist
+
+
+@triton.jit
+def _with_digit(prefix, d, P: tl.constexpr):
+    """The threshold prefix with pass ``P``'s digit ``d`` set (the top digit undoes its +128 offset)."""
+    if P == 0:
+        out = (d - 128) << 24
+    else:
+        out = prefix | (d << (24 - 8 * P))
+    return out
+
+
+@triton.jit
 def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
@@ -147,25 +176,12 @@ def _select_streaming(src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.c
     prefix = length * 0  # int32 scalar: the threshold key, built 8 bits at a time from the top
     k_rem = length * 0 + K
     for p in tl.static_range(4):
-        hist = tl.zeros([256], dtype=tl.int32)
-        for start in range(0, length, BLOCK):
-            offs = start + o_b
-            m = offs < length
-            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
-            if p == 0:
-                digit = ((key >> 24) + 128) & 255
-            else:
-                m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                digit = (key >> (24 - 8 * p)) & 255
-            hist += tl.histogram(digit, 256, mask=m)
+        hist = _span_histogram(src_ptr, 0, length, prefix, p, BLOCK, FROM_L2)  # [256]
         # bins with at least k_rem keys at or above them form [0, d]; d is the k-th key's digit
         ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [256]
         d = tl.sum((ge >= k_rem).to(tl.int32), axis=0) - 1
         k_rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
-        if p == 0:
-            prefix = (d - 128) << 24
-        else:
-            prefix = prefix | (d << (24 - 8 * p))
+        prefix = _with_digit(prefix, d, p)
     # keys > prefix all win; k_rem of the keys == prefix win, smallest positions first
     n_sel = length * 0
     n_eq = length * 0
@@ -300,27 +316,14 @@ def _select_split(
     phase = lo * 0
     for p in tl.static_range(HIST_PASSES):
         if more != 0:
-            hist = tl.zeros([HIST_BINS], dtype=tl.int32)
-            for start in range(lo, hi, BLOCK):
-                offs = start + o_b
-                m = offs < hi
-                key = _order_key(_load_row(src_ptr + offs, m, False))  # [BLOCK]
-                if p == 0:
-                    digit = ((key >> 24) + 128) & 255
-                else:
-                    m = m & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                    digit = (key >> (24 - 8 * p)) & 255
-                hist += tl.histogram(digit, HIST_BINS, mask=m)
+            hist = _span_histogram(src_ptr, lo, hi, prefix, p, BLOCK, False)  # [256] this span's
             tl.atomic_add(hist_ptr + p * HIST_BINS + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
             phase += 1
             _arrive_and_wait(bar_ptr, phase * n_part)
             merged = tl.load(hist_ptr + p * HIST_BINS + o_bin, cache_modifier=".cg")  # [256] the whole row's
             d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
             k_rem -= above
-            if p == 0:
-                prefix = (d - 128) << 24
-            else:
-                prefix = prefix | (d << (24 - 8 * p))
+            prefix = _with_digit(prefix, d, p)
             low = lo * 0 + (24 - 8 * p)
             more = (in_bin != k_rem).to(tl.int32)
     # span counts of keys above / equal to the threshold prefix, exchanged so each span knows its slots

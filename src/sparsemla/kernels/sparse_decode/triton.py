@@ -419,7 +419,7 @@ def _check_rows(t: torch.Tensor | None, batch: int, name: str) -> torch.Tensor |
 
 def _is_interpreted() -> bool:
     """True when this module's kernels were defined for Triton's CPU interpreter."""
-    return type(_sparse_decode_kernel).__name__ == "InterpretedFunction"
+    return dev.defined_interpreted(_sparse_decode_kernel)
 
 
 def sparse_decode_fwd(
@@ -448,13 +448,7 @@ def sparse_decode_fwd(
     parallelism and reads back only the real ones): the kernel attends for those, the pad heads' out is 0 and their
     lse -inf, and the configuration is the real head count's.
     """
-    interpret = dev.interpreting()
-    if interpret != _is_interpreted():
-        raise RuntimeError(
-            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
-            f"TRITON_INTERPRET={int(interpret)} but the kernels were built for the "
-            f"{'interpreter' if not interpret else 'GPU'}"
-        )
+    interpret = dev.check_interpreting(_is_interpreted())
     batch, s_q, heads, dim = q.shape
     if dim != V4_DIM:
         raise ValueError(f"q must have head dim {V4_DIM}, got {dim}")

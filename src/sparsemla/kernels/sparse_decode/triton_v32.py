@@ -257,7 +257,7 @@ def _sparse_decode_v32_combine_kernel(
 # --------------------------------------------------------------------------------------------------------------------
 def _is_interpreted() -> bool:
     """True when this module's kernels were defined for Triton's CPU interpreter."""
-    return type(_sparse_decode_v32_kernel).__name__ == "InterpretedFunction"
+    return dev.defined_interpreted(_sparse_decode_v32_kernel)
 
 
 def _cache_operand(kv_cache: torch.Tensor, kv_format: str) -> tuple[torch.Tensor, bool]:
@@ -298,13 +298,7 @@ def sparse_decode_v32_fwd(
     Arguments as :func:`sparsemla.kernels.sparse_decode.api.sparse_decode_v32`; ``num_splits``: "auto" or a positive
     int (clamped to the tile count); ``config``: override the chosen :class:`V32Config`. Under Triton's CPU
     interpreter the dots run in fp32 with small tiles."""
-    interpret = dev.interpreting()
-    if interpret != _is_interpreted():
-        raise RuntimeError(
-            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
-            f"TRITON_INTERPRET={int(interpret)} but the kernels were built for the "
-            f"{'interpreter' if not interpret else 'GPU'}"
-        )
+    interpret = dev.check_interpreting(_is_interpreted())
     if q.dim() != 4 or q.shape[-1] != V32_DIM or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be [B, s_q, H, {V32_DIM}] bf16, got {list(q.shape)} {q.dtype}")
     batch, s_q, heads, _ = q.shape

@@ -166,7 +166,7 @@ def _sparse_prefill_kernel(
 # --------------------------------------------------------------------------------------------------------------------
 def _is_interpreted() -> bool:
     """True when this module's kernel was defined for Triton's CPU interpreter."""
-    return type(_sparse_prefill_kernel).__name__ == "InterpretedFunction"
+    return dev.defined_interpreted(_sparse_prefill_kernel)
 
 
 def sparse_prefill_fwd(
@@ -185,13 +185,7 @@ def sparse_prefill_fwd(
     q [s_q, h_q, 576 or 512] bf16 (any strides); kv [s_kv, 1, d_qk] bf16 with unit stride along d_qk; indices
     [s_q, 1, topk] int32 (unit stride along topk); topk_length [s_q] int32 or None; attn_sink [h_q] fp32 or None.
     Conventions in ``reference.py``. Under Triton's CPU interpreter the dots run in fp32 with small tiles."""
-    interpret = dev.interpreting()
-    if interpret != _is_interpreted():
-        raise RuntimeError(
-            "TRITON_INTERPRET must be set before triton is imported (triton.jit reads it when kernels are defined); "
-            f"TRITON_INTERPRET={int(interpret)} but the kernel was built for the "
-            f"{'interpreter' if not interpret else 'GPU'}"
-        )
+    interpret = dev.check_interpreting(_is_interpreted(), "the kernel was built")
     if q.dim() != 3 or q.shape[-1] not in (NOPE_DIM, NOPE_DIM + ROPE_DIM) or q.dtype != torch.bfloat16:
         raise ValueError(f"q must be [s_q, h_q, 576 or 512] bf16, got {list(q.shape)} {q.dtype}")
     s_q, heads, d_qk = q.shape

@@ -174,6 +174,38 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def model_spec(doc: Mapping[str, Any]) -> ModelSpec:
+    """The measured model of a step result (its ``model`` block, context length = the result's ``cap``)."""
+    model = doc["model"]
+    return ModelSpec(
+        name=str(model["name"]),
+        num_layers=int(model["num_layers"]),
+        indexer_layers=int(model["indexer_layers"]),
+        context_length=int(doc["cap"]),
+    )
+
+
+def measured_provenance(
+    doc: Mapping[str, Any], source: str, sha256: str, *, what: str, method: str, notes: list[str], described: str
+) -> Provenance:
+    """Provenance of a calibration measured by a step result: ``what`` names the benchmark (``source`` is
+    "<what> (<file name>)"), ``described`` the result file in :class:`Source`."""
+    return Provenance(
+        gpu=str(doc["gpu"]),
+        date=str(doc["date"])[:10],
+        torch=str(doc["torch"]),
+        triton=str(doc["triton"]),
+        cuda=str(doc["cuda"]),
+        git_sha=str(doc["git_sha"]),
+        source=f"{what} ({Path(source).name})",
+        provisional=False,
+        notes=" ".join(notes),
+        kind="measured",
+        method=method,
+        sources=(Source(Path(source).name, str(doc["git_sha"]), sha256 or "unknown", described),),
+    )
+
+
 def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> dict[str, Any]:
     """Keyword arguments of :func:`write_calibration` from a step-benchmark document (``sha256``: of its file)."""
     for key in ("op", "gpu", "git_sha", "date", "torch", "triton", "cuda", "cap", "model", "variant_rows"):
@@ -211,33 +243,16 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
     )
     notes += reference_notes(doc)
     return {
-        "model": ModelSpec(
-            name=str(model["name"]),
-            num_layers=int(model["num_layers"]),
-            indexer_layers=int(model["indexer_layers"]),
-            context_length=int(doc["cap"]),
-        ),
+        "model": model_spec(doc),
         "prefill": prefill,
-        "provenance": Provenance(
-            gpu=str(doc["gpu"]),
-            date=str(doc["date"])[:10],
-            torch=str(doc["torch"]),
-            triton=str(doc["triton"]),
-            cuda=str(doc["cuda"]),
-            git_sha=str(doc["git_sha"]),
-            source=f"decode-step benchmark ({Path(source).name})",
-            provisional=False,
-            notes=" ".join(notes),
-            kind="measured",
+        "provenance": measured_provenance(
+            doc,
+            source,
+            sha256,
+            what="decode-step benchmark",
             method=f"benchmarks/step.py on the GPU: {doc.get('method', '')}",
-            sources=(
-                Source(
-                    Path(source).name,
-                    str(doc["git_sha"]),
-                    sha256 or "unknown",
-                    "decode-step benchmark result (results/bench/)",
-                ),
-            ),  # fmt: skip
+            notes=notes,
+            described="decode-step benchmark result (results/bench/)",
         ),
         "states": states,
         "gpu": gpus.GPUS[gpu_key] if gpu_key is not None else None,

@@ -27,9 +27,6 @@ from sparsemla.ops.sim.calibration import (
     PROVISIONAL_PATH,
     CalibrationError,
     Deployment,
-    ModelSpec,
-    Provenance,
-    Source,
     load_calibration,
     write_calibration,
 )
@@ -89,29 +86,17 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
         "calibration (derived).",
     )
     return {
-        "model": ModelSpec(str(model["name"]), int(model["num_layers"]), int(model["indexer_layers"]), int(doc["cap"])),
+        "model": single.model_spec(doc),
         "prefill": load_calibration(PROVISIONAL_PATH).prefill,
-        "provenance": Provenance(
-            gpu=str(doc["gpu"]),
-            date=str(doc["date"])[:10],
-            torch=str(doc["torch"]),
-            triton=str(doc["triton"]),
-            cuda=str(doc["cuda"]),
-            git_sha=str(doc["git_sha"]),
-            source=f"multi-rank step benchmark ({Path(source).name})",
-            provisional=False,
-            notes=" ".join(notes),
-            kind="measured",
+        "provenance": single.measured_provenance(
+            doc,
+            source,
+            sha256,
+            what="multi-rank step benchmark",
             method=f"benchmarks/step_ranks.py: {doc.get('method', '')}; NCCL {doc.get('nccl_version')}",
-            sources=(
-                Source(
-                    Path(source).name,
-                    str(doc["git_sha"]),
-                    sha256 or "unknown",
-                    "multi-rank decode-step result (results/bench/)",
-                ),
-            ),
-        ),  # fmt: skip
+            notes=notes,
+            described="multi-rank decode-step result (results/bench/)",
+        ),
         "states": states,
         "gpu": gpus.GPUS[gpu_key] if gpu_key is not None else None,
         "baseline": gpus.BASELINES[gpu_key] if gpu_key is not None else None,
