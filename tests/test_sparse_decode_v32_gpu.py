@@ -23,7 +23,9 @@ pytestmark = [
 # relative Frobenius error of out: bf16 P in the PV dot, bf16 (partials and) output; fp8_656 also rounds the
 # dequantized e4m3 * scale to bf16 once (the reference keeps it in fp32)
 OUT_RTOL = {"bf16_576": 1e-2, "fp8_656": 1.5e-2}
-LSE_TOL = 2e-3
+# fp8: the kernel rounds the dequantized K (e4m3 x fp32 scale) to bf16 before the MMA, as FlashMLA does; the
+# reference keeps it in fp32, so one score in a row can move lse by ~2.3e-3 relative (measured on the H200).
+LSE_TOL = {"bf16_576": 2e-3, "fp8_656": 4e-3}
 SCALE = 576**-0.5
 TOPK = 2048
 
@@ -57,7 +59,8 @@ def check(args, kw, out, lse):
     assert err < OUT_RTOL[kw["kv_format"]] or torch.equal(out, want_out), f"out rel err {err:.2e}"
     assert torch.equal(torch.isposinf(lse), torch.isposinf(want_lse))
     finite = torch.isfinite(want_lse)
-    torch.testing.assert_close(lse[finite], want_lse[finite], atol=LSE_TOL, rtol=LSE_TOL)
+    tol = LSE_TOL[kw["kv_format"]]
+    torch.testing.assert_close(lse[finite], want_lse[finite], atol=tol, rtol=tol)
 
 
 GRID = [
@@ -116,7 +119,8 @@ def test_corner_cases(nan_empty, kv_format):
     page = kv.shape[1] * kv.shape[3]
     buf = torch.zeros(kv.shape[0], page + pad, dtype=kv.dtype, device="cuda")
     buf[:, :page] = kv.reshape(kv.shape[0], page)
-    unaligned = api.sparse_decode_v32(args[0], buf[:, :page].view(kv.shape), idx, SCALE, **kw)
+    with flags.SPARSEMLA_SPLIT_K.override(4):  # the split count of the last `out` above: same reduction order
+        unaligned = api.sparse_decode_v32(args[0], buf[:, :page].view(kv.shape), idx, SCALE, **kw)
     assert torch.equal(unaligned[0], out) and torch.equal(unaligned[1], lse)
 
 

@@ -43,10 +43,11 @@ BASELINES: dict[str, BaselineInfo] = {
         sglang_path=FALLBACK,
         sglang_default="FlashMLA (sgl-flash-mla) decode + DeepGEMM fp8_paged_mqa_logits indexer + sgl-kernel JIT top-k",
         models_default=False,
-        note="Measured, but the decode-step benchmark ran sglang's fallback kernels (the path this project replaces "
-        "on GPUs without a fast DeepSeek-V4 path), not stock Hopper's FlashMLA + DeepGEMM (DeepGEMM's logits kernel "
-        "did not even load under that run's torch 2.11). Flags-on speed-ups in this file are over that fallback; "
-        "against stock Hopper compare the kernels instead (docs/performance.md: FlashMLA vs our decode per call).",
+        note="Measured. The baseline state is sglang's fallback kernels (the path this project replaces on GPUs "
+        "without a fast DeepSeek-V4 path), so flags-on speed-ups in this file are over that fallback. Stock Hopper's "
+        "decode was measured in the same run as a reference state, not a simulator state: FlashMLA's decode with our "
+        "indexer standing in for DeepGEMM's (not loadable under that run's torch 2.11); flags on were 0.98-1.02x of "
+        "it per step (docs/performance.md, decode step).",
     ),
     "rtx-pro-6000": BaselineInfo(
         label="sglang SM120 fallback (SGLANG_SM120_FLASHMLA_BACKEND=triton + torch indexer), not the stock default",
