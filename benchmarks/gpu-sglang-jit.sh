@@ -56,13 +56,15 @@ import sys, zipfile
 from pathlib import Path
 
 wheel, dest = sys.argv[1], Path(sys.argv[2])
-# What the JIT top-k build reads: the build utilities and headers of sglang.kernels.jit, the two top-k sources (and
+# What the JIT top-k build reads: the build utilities and headers of sglang.kernels.jit, the two top-k sources, the
+# cluster-occupancy probe that v2's build runs first (and
 # csrc/ must exist: KERNEL_PATH requires include/ and csrc/), the dsv4 wrappers that call load_jit, srt/environ.py.
 keep_dirs = ("sglang/kernels/jit/utils/", "sglang/kernels/jit/include/")
 keep_files = {
     "sglang/kernels/jit/__init__.py",
     "sglang/kernels/jit/csrc/deepseek_v4/topk_v1.cuh",
     "sglang/kernels/jit/csrc/deepseek_v4/topk_v2.cuh",
+    "sglang/kernels/jit/csrc/occupancy/cluster_probe.cuh",  # topk.py probes cluster occupancy before building v2
     "sglang/kernels/ops/attention/dsv4/topk.py",
     "sglang/kernels/ops/attention/dsv4/candidate_table.py",
     "sglang/kernels/ops/attention/dsv4/utils.py",
