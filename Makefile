@@ -24,10 +24,10 @@ FROM ?= now-15m
 TO ?= now
 
 .PHONY: help setup test test-gpu test-containers lint demo sim up down loadtest sweep compare ab profile exporter \
-	dashboards snapshot aot bench-decode bench-indexer bench-prefill bench-step bench-topk clean
+	dashboards snapshot aot bench-decode bench-decode-v32 bench-indexer bench-prefill bench-step bench-topk clean
 
 help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract.txt scripts/install-tools.sh
 	bash scripts/install-tools.sh "$(PYTHON)" "$(VENV)" && touch $(STAMP)
@@ -90,6 +90,9 @@ aot: $(STAMP) ## compile every kernel for sm_80..sm_120 without a GPU: make aot 
 
 bench-decode: ## GPU: decode benchmark, native + sm89 code paths -> results/bench/decode-<gpu>-<date>.json
 	$(PYTHON) -m benchmarks.decode
+
+bench-decode-v32: ## GPU: DeepSeek-V3.2 decode vs FlashMLA, native + sm89 code paths -> results/bench/decode_v32-<gpu>-<date>.json
+	$(PYTHON) -m benchmarks.decode_v32
 
 bench-indexer: ## GPU: indexer benchmark, native + sm89 code paths -> results/bench/indexer-<gpu>-<date>.json
 	$(PYTHON) -m benchmarks.indexer
