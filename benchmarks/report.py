@@ -14,12 +14,13 @@ SECTIONS = {
     "indexer_paths": "benchmarks.report_indexer:code_paths_section",
     "step": "benchmarks.step_report:step_section",
     "topk": "benchmarks.report_topk:topk_section",
+    "decode_v32": "benchmarks.report_decode_v32:decode_v32_section",
+    "prefill": "benchmarks.report_prefill:prefill_section",
 }
 # Ops whose benchmark exists but whose first GPU result is not committed yet: rendered from their newest JSON like
 # SECTIONS once there is one, else as the placeholder function's "not measured yet" section. Move an op to SECTIONS
 # once its JSON is committed (tests/test_docs.py then requires its provenance).
 PENDING = {
-    "decode_v32": ("benchmarks.report_decode_v32:decode_v32_section", "benchmarks.report_decode_v32:pending_section"),
 }
 HEADER = """# Performance
 

@@ -129,10 +129,12 @@ def test_section_renders_a_synthetic_json():
         assert f"- `{name}`:" in md
 
 
-def test_report_renders_the_json_when_present_else_not_measured(tmp_path):
-    assert "topk" in report.PENDING and "topk" not in report.SECTIONS  # no committed JSON yet: see report.PENDING
-    empty = report.render(tmp_path)
-    assert report_topk.TITLE in empty and "Not measured yet" in empty
+def test_report_renders_the_newest_json(tmp_path):
+    """The measured JSON is committed, so top-k is a regular section: rendered from the newest topk-*.json, and a
+    results folder without one has no top-k section at all."""
+    assert "topk" in report.SECTIONS and "topk" not in report.PENDING
+    assert report_topk.TITLE not in report.render(tmp_path)
     (tmp_path / "topk-h200-2026-12-03.json").write_text(json.dumps(_synthetic_json()))
     page = report.render(tmp_path)
+    assert report_topk.TITLE in page
     assert "Not measured yet" not in page and "Source: `" in page and "topk-h200-2026-12-03.json" in page
