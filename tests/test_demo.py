@@ -125,6 +125,21 @@ def test_measured_speed_ups_match_the_calibration(short_demo: dict[str, Any]) ->
     assert "B better" in short_demo["stdout"] and "Output tok/s" in short_demo["stdout"]
 
 
+def test_the_report_compares_with_sglangs_fallback_and_fast_path(short_demo: dict[str, Any]) -> None:
+    """Above the steps, from the calibration the simulator reported in /server_info: flags on vs sglang's fallback and
+    vs sglang's fast path (the calibration's reference state, measured in the decode-step benchmark, never served)."""
+    from sparsemla.loadtest.calibration_label import fast_path_text
+    from sparsemla.ops.sim.calibration import load_calibration
+
+    report = (short_demo["dir"] / "report.md").read_text()
+    summary = json.loads(json.dumps(load_calibration().summary()))  # the demo's simulator runs the default file
+    assert f"- {fast_path_text(summary)}" in report and report.count("vs sglang's fast path") == 1
+    assert report.count("- vs sglang's fallback on the ") == 1
+    campaign = json.loads((short_demo["dir"] / "campaign.json").read_text())
+    assert campaign["comparison"][1] == fast_path_text(summary)
+    assert "vs sglang's fast path" in " ".join(short_demo["stdout"].split())
+
+
 @pytest.mark.parametrize("prometheus", [False, True], ids=["sim-only", "with-prometheus"])
 def test_sigkill_of_the_demo_takes_its_services_down(tmp_path: Path, prometheus: bool) -> None:
     """SIGKILL runs no handler: the demo's simulator (and Prometheus) must still not outlive it."""

@@ -1,8 +1,10 @@
 """A campaign's pieces without a server: steps between variants, words for cells without a number, kernel shares
-before/after, the campaign report, panel windows that reach a snapshot, the sweep lines."""
+before/after, the campaign report, panel windows that reach a snapshot, the sweep lines, and what the reports say
+against sglang's fallback and sglang's fast path from the calibration the simulator reported."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sparsemla import variant
 from sparsemla.loadtest import display, report_cells
 from sparsemla.loadtest.campaign import (
     CampaignError,
@@ -26,6 +29,7 @@ from sparsemla.loadtest.report import Run, compare_runs, table_rows, write_repor
 from sparsemla.loadtest.report_campaign import glance_rows, write_campaign_report
 from sparsemla.loadtest.report_panels import PanelImage, PanelRenders, PanelWindow, windows_for
 from sparsemla.ops.demo import DEFAULT_VARIANTS
+from sparsemla.ops.sim import gpus
 
 BARE = ("–", "missing", "nan", "None")  # what a cell must never be (or contain)
 
@@ -253,3 +257,96 @@ def test_sweep_lines_say_none_with_the_reason(tmp_path: Path) -> None:
     c16, c64 = (" ".join(part.split()) for part in captured.get().split("C=")[1:])  # one line per point, unwrapped
     assert "TTFT p50 70.0 ms" in c16 and "(" not in c16
     assert "TTFT p50 none ITL p50 2230.0 ms" in c64 and "(no request sent in the 12 s window" in c64
+
+
+# -- vs sglang's fallback and vs sglang's fast path, from the calibration /server_info reported ------------------------
+def _simulated(run: Run, gpu: str | None, *, drop_references: bool = False) -> Run:
+    """``run`` as if its points had run against `sparsemla sim --gpu GPU`: each summary carries the server's
+    ``/server_info`` calibration summary (what the load test records; ``drop_references``: an older simulator's)."""
+    from sparsemla.ops.sim.calibration import load_calibration
+
+    cal = load_calibration(gpu=gpu).summary() if gpu else None
+    if cal is not None and drop_references:
+        cal.pop("references")
+    server = {"sparsemla": {"calibration": cal}} if cal is not None else {"version": "0.5.23"}
+    points = {c: [{**s, "server": json.loads(json.dumps(server))} for s in group] for c, group in run.points.items()}
+    return Run(run.name, run.path, points)
+
+
+def test_the_fast_path_goal_is_the_step_reports() -> None:
+    from benchmarks import step_report
+    from sparsemla.loadtest.calibration_label import FAST_PATH_GOALS
+
+    assert FAST_PATH_GOALS == step_report.FAST_PATH_GOALS
+
+
+def test_the_ab_report_compares_with_sglangs_fast_path_from_the_calibration(tmp_path: Path) -> None:
+    from sparsemla.loadtest.calibration_label import FAST_PATH_GOALS
+    from sparsemla.ops.sim.calibration import load_calibration
+
+    ref_name = "flashmla_decode+triton_indexer"
+    ref = load_calibration(gpu="h200").references[ref_name]
+    (goal_b, want), = FAST_PATH_GOALS.items()  # fmt: skip
+    (c0, x0), (c1, x1) = ref.speedups_at(goal_b)
+    a, b = (_simulated(r, "h200") for r in _runs(tmp_path))
+    files = write_report(a, b, compare_runs(a, b), tmp_path / "report")
+    md, page = files["md"].read_text(), files["html"].read_text()
+    fast = f"flags on (`{variant.ALL_ON}`) are {x0:.2f}x as fast per step at B={goal_b}, {c0 // 1024}k context "
+    fast += f"({x1:.2f}x at {c1 // 1024}k context); goal >= {want}x at B={goal_b}: "
+    fast += "met" if min(x0, x1) >= want else "missed"
+    assert md.count(fast) == 1 and html.escape(fast) in page
+    assert f"- vs sglang's fast path on the NVIDIA H200 (`{ref_name}`: {ref.description}; measured in the " in md
+    assert "not served by the simulator" in md
+    values = [x for row in ref.flags_on_speedup.values() for x in row.values()]
+    assert f"{min(values):.2f}-{max(values):.2f}x over its {len(values)} measured points" in md
+    over = load_calibration(gpu="h200").flags_on_speedup()  # flags on vs sglang's fallback, per step
+    fallback = (
+        f"- vs sglang's fallback on the NVIDIA H200 (flags off, `baseline`: {gpus.BASELINES['h200'].label}): flags on "
+        f"(`{variant.ALL_ON}`) are {over[c0][goal_b]:.1f}x as fast per step at B={goal_b}, {c0 // 1024}k context "
+        f"({over[c1][goal_b]:.1f}x at {c1 // 1024}k context) in the measured calibration."
+    )
+    assert fallback in md and md.index(fallback) < md.index("- vs sglang's fast path")
+
+
+@pytest.mark.parametrize("gpu", ["rtx-pro-6000", "l40s", "a100"])
+def test_a_projected_calibration_says_why_there_is_no_fast_path(tmp_path: Path, gpu: str) -> None:
+    a, b = (_simulated(r, gpu) for r in _runs(tmp_path))
+    md = write_report(a, b, compare_runs(a, b), tmp_path / "report")["md"].read_text()
+    (line,) = [x for x in md.splitlines() if x.startswith("- vs sglang's fast path")]
+    assert line == (
+        f"- vs sglang's fast path on the {gpus.GPUS[gpu].name}: not measured (reference state "
+        f"`flashmla_decode+triton_indexer`): {gpus.FAST_PATH_NOT_MEASURED[gpu]}; the speed-ups here are over sglang's "
+        "fallback only."
+    )
+    assert not any(bad in line for bad in BARE)
+
+
+def test_no_fast_path_line_for_a_real_server_and_words_for_an_older_simulator(tmp_path: Path) -> None:
+    a, b = (_simulated(r, None) for r in _runs(tmp_path))
+    md = write_report(a, b, compare_runs(a, b), tmp_path / "real")["md"].read_text()
+    assert "vs sglang's" not in md
+    a, b = (_simulated(r, "h200", drop_references=True) for r in _runs(tmp_path))
+    md = write_report(a, b, compare_runs(a, b), tmp_path / "old")["md"].read_text()
+    assert "- vs sglang's fast path: not reported (the simulator's NVIDIA H200 calibration summary has no " in md
+
+
+def test_the_campaign_report_says_it_once_above_the_steps(tmp_path: Path) -> None:
+    a, b = (_simulated(r, "h200") for r in _runs(tmp_path))
+    runs = {"baseline": a, "mma_decode": b}
+    (step,) = plan_steps(list(runs))
+    out = tmp_path / "campaign"
+    rows = compare_runs(a, b)
+    files = write_report(a, b, rows, out / "steps" / step.slug, title=step.title)
+    assert "vs sglang's fast path" in files["md"].read_text()  # the step's own report has it
+    result = CampaignResult(
+        out, [16, 64],
+        {"baseline": VariantResult("baseline", a, BEFORE), "mma_decode": VariantResult("mma_decode", b, AFTER)},
+        [StepResult(step, rows, files, KernelComparison(BEFORE, AFTER))],
+    )  # fmt: skip
+    written = write_campaign_report(result, title="campaign")
+    md, page = written["md"].read_text(), written["html"].read_text()
+    assert md.count("- vs sglang's fast path on the NVIDIA H200") == 1 and md.count("vs sglang's fallback") == 1
+    assert md.index("vs sglang's fast path") < md.index("## Where the GPU time moved")
+    assert page.count("vs sglang&#x27;s fast path on the NVIDIA H200") == 1
+    data = json.loads(written["json"].read_text())
+    assert data["comparison"] == [line[2:] for line in md.splitlines() if line.startswith("- vs sglang's")]

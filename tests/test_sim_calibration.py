@@ -1,4 +1,5 @@
-"""Calibration schema: loading, validation errors, write/read round trip, interpolation, flag -> state."""
+"""Calibration schema: loading, validation errors, write/read round trip, interpolation, flag -> state, and the
+reference states (sglang's fast path: measured on the H200 only, compared with and never served)."""
 
 from __future__ import annotations
 
@@ -284,14 +285,15 @@ def test_projected_files_must_say_how_and_what(tmp_path: Path, mutate, message: 
 
 def test_older_files_without_the_new_blocks_still_load(tmp_path: Path) -> None:
     doc = json.loads(cal_mod.DEFAULT_PATH.read_text())
-    for key in ("gpu", "baseline"):
+    for key in ("gpu", "baseline", "references"):
         doc.pop(key)
     for key in ("kind", "method", "sources"):
         doc["provenance"].pop(key)
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
     cal = load_calibration(path)
-    assert cal.kind == "measured" and cal.gpu is None and cal.baseline is None
+    assert cal.kind == "measured" and cal.gpu is None and cal.baseline is None and cal.references == {}
+    assert cal.summary()["references"] == {} and "references" not in cal.to_dict()
     assert load_calibration(PROVISIONAL_PATH).kind == "derived"
 
 
@@ -305,3 +307,105 @@ def test_calibrate_check_command_passes_on_the_committed_files() -> None:
     assert "current: rtx-pro-6000, l40s, a100" in result.output
     refused = CliRunner().invoke(app, ["calibrate", "--project", "h200"])
     assert refused.exit_code == 2
+
+
+# -- reference states: sglang's fast path, compared with, never served ------------------------------------------------
+
+REF = "flashmla_decode+triton_indexer"
+
+
+def _step_doc() -> dict:
+    (source,) = load_calibration(gpu="h200").provenance.sources
+    return json.loads((BENCH / source.path).read_text())
+
+
+def test_h200_file_carries_the_measured_reference_from_its_step_rows() -> None:
+    """default.json's ``references`` hold the reference state's step time at every point the step result measured
+    it, and its step time / flags on's there (the rows' medians, as the step report and ``speedup_vs_reference``)."""
+    doc, cal = _step_doc(), load_calibration(gpu="h200")
+    rows = {(r["variant"], r["ctx"], r["B"]): r["us"] for r in doc["variant_rows"]}
+    ref_points = {(c, b) for v, c, b in rows if v == REF}
+    assert ref_points and REF not in cal.states and REF not in VARIANTS
+    with pytest.raises(CalibrationError, match="no state"):
+        cal.state(REF)
+    ref = cal.references[REF]
+    assert ref.measured and ref.reason == "" and ref.description == doc["references"][REF]["description"]
+    assert {(c, b) for c, row in ref.step_us.items() for b in row} == ref_points
+    assert {(c, b) for c, row in ref.flags_on_speedup.items() for b in row} == ref_points
+    for c, b in ref_points:
+        assert ref.step_us[c][b] == pytest.approx(rows[(REF, c, b)], abs=1e-3)
+        assert ref.flags_on_speedup[c][b] == pytest.approx(rows[(REF, c, b)] / rows[(variant.ALL_ON, c, b)], abs=1e-4)
+        assert ref.flags_on_speedup[c][b] == pytest.approx(doc["speedup_vs_reference"][REF][str(c)][str(b)], abs=1e-4)
+    assert ref.speedups_at(64) == [(c, ref.flags_on_speedup[c][64]) for c in sorted(ref.flags_on_speedup)]
+    base, on = cal.state("baseline"), cal.state(variant.ALL_ON)
+    over = cal.summary()["flags_on_speedup_over_baseline"]  # flags on vs sglang's fallback, next to it
+    assert over["4096"]["64"] == round(base.step_seconds(64, 4096) / on.step_seconds(64, 4096), 4)
+    summary = cal.summary()["references"][REF]  # what /server_info shows
+    assert summary["measured"] is True
+    assert summary["flags_on_speedup"] == {str(c): {str(b): round(x, 4) for b, x in sorted(row.items())}
+                                           for c, row in sorted(ref.flags_on_speedup.items())}  # fmt: skip
+
+
+@pytest.mark.parametrize("gpu", project.PROJECTABLE)
+def test_projected_files_say_why_they_have_no_fast_path(gpu: str) -> None:
+    cal, measured = load_calibration(gpu=gpu), load_calibration(gpu="h200")
+    assert set(cal.references) == set(measured.references) == {REF}
+    ref = cal.references[REF]
+    assert not ref.measured and ref.step_us == {} and ref.flags_on_speedup == {}
+    assert ref.reason == gpus.FAST_PATH_NOT_MEASURED[gpu] and f"FlashMLA has no {cal.gpu.arch} build" in ref.reason
+    assert ("never measured" if gpu == "rtx-pro-6000" else "no fast path") in ref.reason
+    summary = cal.summary()["references"][REF]
+    assert summary == {"description": ref.description, "measured": False, "reason": ref.reason}
+
+
+def test_references_round_trip_and_are_validated(tmp_path: Path) -> None:
+    cal = load_calibration(gpu="h200")
+    out = write_calibration(tmp_path / "c.json", model=cal.model, prefill=cal.prefill, provenance=cal.provenance,
+                            states=cal.states, gpu=cal.gpu, baseline=cal.baseline,
+                            references=cal.references)  # fmt: skip
+    again = load_calibration(out)
+    assert again.references == cal.references and again.states == cal.states
+    assert json.loads(out.read_text()) == json.loads(cal_mod.DEFAULT_PATH.read_text())
+    unmeasured = cal_mod.ReferenceState("x", False, reason="flash_mla is not importable")
+    doc = dataclasses.replace(cal, references={REF: unmeasured}).to_dict()
+    assert cal_mod.calibration_from_dict(doc).references == {REF: unmeasured}
+    with pytest.raises(ValueError, match="says why"):
+        cal_mod.ReferenceState("x", False)
+    with pytest.raises(ValueError, match="needs its step times"):
+        cal_mod.ReferenceState("x", True)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["references"].update({"baseline": d["references"][REF]}), "cannot be a flag state"),
+        (lambda d: d["references"][REF].update(measured="yes"), "measured: expected true or false"),
+        (lambda d: d["references"][REF].pop("description"), "description: missing"),
+        (lambda d: d["references"][REF].update(measured=False), "was not measured has no numbers"),
+        (lambda d: d["references"][REF].update(step_us={}), "needs its step times"),
+        (lambda d: d["references"][REF]["step_us"].update({"4k": {"1": 1.0}}), "keys must be integers"),
+        (lambda d: d["references"][REF]["step_us"]["4096"].update({"1": -1.0}), "finite number"),
+        (lambda d: d["references"][REF]["step_us"]["4096"].pop("64"), "batch sizes \\[64\\] have no step_us"),
+        (lambda d: d["provenance"].update(kind="derived", provisional=True), "derived file cannot carry a measured"),
+    ],
+)
+def test_bad_references_are_rejected_with_the_field(tmp_path: Path, mutate, message: str) -> None:
+    doc = json.loads(cal_mod.DEFAULT_PATH.read_text())
+    mutate(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match=message):
+        load_calibration(path)
+
+
+def test_a_projected_reference_needs_its_reason(tmp_path: Path) -> None:
+    doc = json.loads(cal_mod.GPU_FILES["l40s"].read_text())
+    doc["references"][REF]["reason"] = " "
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="say why the reference was not measured"):
+        load_calibration(path)
+    doc["references"][REF] = json.loads(cal_mod.DEFAULT_PATH.read_text())["references"][REF]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="projected file cannot carry a measured reference"):
+        load_calibration(path)

@@ -1,7 +1,8 @@
 """The decode-step benchmark's reference state for sglang's fast path (FlashMLA's decode, our indexer standing in for
 DeepGEMM's) on the CPU: the state's kernels, FlashMLA's scheduler contract through a CPU test double, the state
 skipped with its reason where FlashMLA does not load, the step report's comparison and goal check computed from the
-rows, and the simulator calibration unchanged by the extra state (the reference numbers go to its provenance)."""
+rows, and the simulator calibration unchanged by the extra state but for its ``references`` and provenance notes
+(the reference numbers; never a state)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from sparsemla import flags
 from sparsemla import variant as kernel_variant
 from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 from sparsemla.ops.sim.calibrate_from_step import calibrate, calibration_args
-from sparsemla.ops.sim.calibration import DEFAULT_PATH, load_calibration
+from sparsemla.ops.sim.calibration import DEFAULT_PATH, CalibrationError, ReferenceState, load_calibration
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "bench" / "step-h200-2026-11-29.json"  # measured before the reference state existed
@@ -303,9 +304,10 @@ def test_report_of_a_result_without_the_state_says_so() -> None:
 
 def test_h200_calibration_is_unchanged_by_the_reference_state(tmp_path: Path) -> None:
     """The H200 calibration regenerated from a step result with a reference state added equals the one without it
-    in every state, the model, prefill, GPU and baseline; its provenance differs only in the notes, which gain the
-    reference's step times, and the source's sha256. The committed default.json is the one regenerated from the
-    committed result that measured the reference state."""
+    in every state, the model, prefill, GPU and baseline; it differs only in its ``references`` (the reference's step
+    times and the flags-on speed-up over them, never a state) and its provenance only in the notes, which gain the
+    same in a sentence, and the source's sha256. The committed default.json is the one regenerated from the committed
+    result that measured the reference state."""
     plain = json.loads(H200.read_text())
     with_ref = _with_reference(plain, 1.25)
     a_path, b_path = tmp_path / "step-h200-a.json", tmp_path / "step-h200-b.json"
@@ -314,26 +316,37 @@ def test_h200_calibration_is_unchanged_by_the_reference_state(tmp_path: Path) ->
     a = load_calibration(calibrate(a_path, tmp_path / "a.json"))
     b = load_calibration(calibrate(b_path, tmp_path / "b.json"))
     assert a.states == b.states and REF not in b.states
-    for name in ("model", "prefill", "gpu", "baseline"):
+    for name in ("model", "prefill", "gpu", "baseline", "deployment", "schema_version"):
         assert getattr(a, name) == getattr(b, name)
+    assert a.references == {} and set(b.references) == {REF} and b.references[REF].measured
+    differ = {f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)}
+    assert differ <= {"references", "provenance", "path"}
     for f in fields(a.provenance):
         if f.name not in ("notes", "source", "sources"):
             assert getattr(a.provenance, f.name) == getattr(b.provenance, f.name), f.name
     committed, fresh = load_calibration(DEFAULT_PATH), load_calibration(calibrate(H200_WITH_REF, tmp_path / "c.json"))
     assert committed.states == fresh.states and REF not in committed.states
-    for name in ("model", "prefill", "gpu", "baseline"):
+    for name in ("model", "prefill", "gpu", "baseline", "references"):
         assert getattr(committed, name) == getattr(fresh, name)
+    with pytest.raises(CalibrationError, match="no state"):
+        committed.state(REF)  # compared with, never served
     assert committed.provenance.notes == fresh.provenance.notes and f"Reference state {REF} (" in fresh.provenance.notes
     assert b.provenance.notes.startswith(a.provenance.notes + " ")
     added = b.provenance.notes[len(a.provenance.notes) + 1 :]
     assert added.startswith(f"Reference state {REF} (") and "not a simulator state" in added
+    ref = b.references[REF]
     for r in with_ref["variant_rows"]:
         if r["variant"] == REF:
             on = next(
                 x["us"] for x in plain["variant_rows"] if (x["variant"], x["B"], x["ctx"]) == (ON, r["B"], r["ctx"])
             )
             assert f"ctx {r['ctx']} B={r['B']}: {r['us']:.1f} us (it / flags on = {r['us'] / on:.3f}x)" in added
+            assert ref.step_us[r["ctx"]][r["B"]] == pytest.approx(r["us"], abs=1e-3)
+            assert ref.flags_on_speedup[r["ctx"]][r["B"]] == pytest.approx(r["us"] / on, abs=1e-4)
     # a requested reference that could not run is named with its reason
     missing = copy.deepcopy(plain) | {"references": {REF: {"measured": False, "reason": "flash_mla is not importable"}}}
-    notes = calibration_args(missing, "x.json")["provenance"].notes
-    assert notes.endswith(f"Reference state {REF} not measured: flash_mla is not importable.")
+    args = calibration_args(missing, "x.json")
+    assert args["provenance"].notes.endswith(f"Reference state {REF} not measured: flash_mla is not importable.")
+    assert args["references"][REF] == ReferenceState(
+        "a reference state of the decode-step benchmark", False, reason="flash_mla is not importable"
+    )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparsemla.loadtest import stats
-from sparsemla.loadtest.calibration_label import calibration_label
+from sparsemla.loadtest.calibration_label import calibration_label, comparison_lines
 from sparsemla.loadtest.report_cells import no_value_reason, not_compared, ratio_text
 from sparsemla.loadtest.report_panels import PanelImage, PanelRenders, render_compare_panels
 from sparsemla.loadtest.runner import results_root, validate_run_id
@@ -269,6 +269,12 @@ def _calibration_lines(run: Run) -> list[str]:
     return [f"  - calibration: **{label}**"] if label else []
 
 
+def _comparison_md(a: Run, b: Run) -> list[str]:
+    """vs sglang's fallback and vs sglang's fast path, from the calibration the simulator reported (none for a real
+    server): one bullet each."""
+    return [f"- {line}" for line in comparison_lines([*a.summaries, *b.summaries])]
+
+
 def _calibration_html(run: Run) -> str:
     label = calibration_label(run.summaries)
     return f"; calibration <b>{html.escape(label)}</b>" if label else ""
@@ -345,12 +351,16 @@ def body_md(
     *,
     prefix: str = "",
     level: int = 2,
+    references: bool = True,
 ) -> list[str]:
-    """The report below its title, in markdown: runs, failed-run marks, the table, plots, kernel shares, dashboard
-    panels. ``prefix`` goes before every file link (a campaign report embeds a step's report from the step's folder)
-    and ``level`` is the heading level of its sections."""
+    """The report below its title, in markdown: runs, what flags off and sglang's fast path are on the simulator's
+    calibration (``references``; a campaign report says it once above its steps), failed-run marks, the table, plots,
+    kernel shares, dashboard panels. ``prefix`` goes before every file link (a campaign report embeds a step's report
+    from the step's folder) and ``level`` is the heading level of its sections."""
     marks = failure_marks(a, b)
     md = [*_run_lines("A", a), *_run_lines("B", b), ""]
+    compared = _comparison_md(a, b) if references else []
+    md += [*compared, ""] if compared else []
     if marks:
         md += ["**Runs with more than 1 % failed requests:**", "", *[f"- {m}" for m in marks], ""]
     md += ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
@@ -381,9 +391,12 @@ def body_html(
     *,
     prefix: str = "",
     level: int = 2,
+    references: bool = True,
 ) -> str:
     """:func:`body_md` as HTML."""
     marks = failure_marks(a, b)
+    lines = comparison_lines([*a.summaries, *b.summaries]) if references else []
+    compared = f"<ul>{''.join(f'<li>{html.escape(line)}</li>' for line in lines)}</ul>" if lines else ""
     runs_html = "".join(
         f"<li><b>{side}</b>: <code>{html.escape(run.name)}</code> — variant <code>{html.escape(run.variant())}</code>, "
         f"points {sorted(run.points)}, server_flags <code>{html.escape(json.dumps(run.flags()[0], sort_keys=True))}"
@@ -393,6 +406,7 @@ def body_html(
     marks_html = "".join(f"<li class='worse'>{html.escape(m)}</li>" for m in marks)
     failed = f"<h{level + 1}>Runs with more than 1 % failed requests</h{level + 1}><ul>{marks_html}</ul>"
     return f"""<ul>{runs_html}</ul>
+{compared}
 {failed if marks else ""}
 <table><tr>{"".join(_cell(h, True) for h in HEADERS)}</tr>
 {"".join("<tr>" + "".join(_cell(c) for c in cells) + "</tr>" for cells in table_rows(rows))}</table>

@@ -1,10 +1,11 @@
 """The report of a whole campaign (:mod:`sparsemla.loadtest.campaign`): every step on one page.
 
 ``report.md`` / ``report.html`` / ``campaign.json`` in the campaign's directory: output tok/s of every variant at
-every point with the ratio each step bought, the categories of GPU time each step moved (from the kernel-share
-snapshots), the flag flips (what the Grafana annotations say), the caller's checks (the demo's calibration check),
-and then each step's own A/B report embedded (:func:`sparsemla.loadtest.report.body_md`: runs, table with CIs,
-plots, kernel shares before/after, dashboard panels), its files linked from the step's folder.
+every point with the ratio each step bought, on the simulator what flags off is (sglang's fallback) and flags on vs
+sglang's fast path from the calibration the server reported (:func:`comparison`), the categories of GPU time each
+step moved (from the kernel-share snapshots), the flag flips (what the Grafana annotations say), the caller's checks
+(the demo's calibration check), and then each step's own A/B report embedded (:func:`sparsemla.loadtest.report.body_md`:
+runs, table with CIs, plots, kernel shares before/after, dashboard panels), its files linked from the step's folder.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sparsemla.loadtest.calibration_label import comparison_lines
 from sparsemla.loadtest.campaign import CampaignResult, StepResult
 from sparsemla.loadtest.report import METRICS, body_html, body_md, estimate, html_page, table_rows
 from sparsemla.loadtest.report_cells import no_value_reason
@@ -60,6 +62,13 @@ def glance_rows(result: CampaignResult) -> tuple[list[str], list[list[str]]]:
             cells += [_tok_cell(result, step.step.b, c), _step_ratio(step, c)]
         rows.append(cells)
     return headers, rows
+
+
+def comparison(result: CampaignResult) -> list[str]:
+    """vs sglang's fallback (what flags off is) and vs sglang's fast path (flags on's decode-step speed-up over it,
+    measured in the decode-step benchmark, or why there is none), from the calibration every variant's server
+    reported in ``/server_info``; [] against a real server."""
+    return comparison_lines(s for v in result.variants.values() for s in v.run.summaries)
 
 
 def flip_rows(result: CampaignResult) -> list[list[str]]:
@@ -128,8 +137,11 @@ def write_campaign_report(
     flips = flip_rows(result)
     flip_headers = ["restart began (UTC)", "flag", "now serving", "restart took"]
     shifts = [f"Step {s.step.index} ({s.step.flag}): {s.kernels.headline()}" for s in result.steps]
+    compared = comparison(result)
     md = [f"# {title}", "", *intro, "", "## Output tok/s by variant (95 % CI) and what each step bought", ""]
-    md += [*_md_table(headers, glance), "", "## Where the GPU time moved (kernel-share snapshots)", ""]
+    md += [*_md_table(headers, glance), ""]
+    md += [*[f"- {line}" for line in compared], ""] if compared else []
+    md += ["## Where the GPU time moved (kernel-share snapshots)", ""]
     md += [*[f"- {line}" for line in shifts], "", "## Flag flips", "", _flips_note(result, grafana_url), ""]
     md += [*_md_table(flip_headers, flips), ""]
     if notes:
@@ -137,6 +149,7 @@ def write_campaign_report(
     page = [
         *[f"<p>{html.escape(line)}</p>" for line in intro],
         "<h2>Output tok/s by variant (95 % CI) and what each step bought</h2>", _html_table(headers, glance),
+        "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in compared) + "</ul>" if compared else "",
         "<h2>Where the GPU time moved (kernel-share snapshots)</h2>",
         "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in shifts) + "</ul>",
         f"<h2>Flag flips</h2><p>{html.escape(_flips_note(result, grafana_url))}</p>", _html_table(flip_headers, flips),
@@ -148,15 +161,17 @@ def write_campaign_report(
         a, b = result.variants[step.step.a].run, result.variants[step.step.b].run
         pngs, panels = _step_pngs(step), _step_panels(step)
         md += [f"## {step.step.title}", "", f"Step report: [{prefix}report.html]({prefix}report.html)", ""]
-        md += body_md(a, b, step.rows, pngs, panels, step.kernels, prefix=prefix, level=3)
+        md += body_md(a, b, step.rows, pngs, panels, step.kernels, prefix=prefix, level=3, references=False)
         page.append(f"<h2>{html.escape(step.step.title)}</h2>")
         page.append(
             f'<p>Step report: <a href="{html.escape(prefix)}report.html">{html.escape(prefix)}report.html</a></p>'
         )
-        page.append(body_html(a, b, step.rows, pngs, panels, step.kernels, prefix=prefix, level=3))
+        page.append(body_html(a, b, step.rows, pngs, panels, step.kernels, prefix=prefix, level=3, references=False))
     (out / "report.md").write_text("\n".join(md))
     (out / "report.html").write_text(html_page(title, "\n".join(page)))
-    write_json_atomic(out / "campaign.json", campaign_json(result, glance=(headers, glance), notes=notes))
+    write_json_atomic(
+        out / "campaign.json", campaign_json(result, glance=(headers, glance), notes=notes) | {"comparison": compared}
+    )
     return {"md": out / "report.md", "html": out / "report.html", "json": out / "campaign.json"}
 
 

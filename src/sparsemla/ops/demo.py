@@ -12,8 +12,10 @@ on top, each step measured by a sweep and explained by a kernel-share profile.
    step (baseline vs mma_decode, mma_decode vs mma_decode+triton_indexer) an A/B report with both snapshots and the
    dashboard's compare panels rendered from the demo's Prometheus;
 3. print each step's A/B table and kernel shares, how the measured tok/s ratios compare with the simulator's
-   calibrated decode-step ratios (:func:`calibrated_ratios`), and write ``results/demo/report.html`` (+ report.md,
-   campaign.json, demo.json; the steps' reports, PNGs and panels under ``steps/``);
+   calibrated decode-step ratios (:func:`calibrated_ratios`), what flags off is (sglang's fallback) and flags on vs
+   sglang's fast path (the calibration's reference state, as ``/server_info`` reported it), and write
+   ``results/demo/report.html`` (+ report.md, campaign.json, demo.json; the steps' reports, PNGs and panels under
+   ``steps/``);
 4. stop everything it started (by PID, through the stack's PID files), also on Ctrl-C, SIGTERM and errors.
 
 The default workload is :data:`sparsemla.loadtest.workload.DEMO_WORKLOAD` (short prompts, few output tokens,
@@ -141,7 +143,7 @@ def demo(
     )
     from sparsemla.loadtest.options import LoadOptions
     from sparsemla.loadtest.profile_load import profile_concurrency
-    from sparsemla.loadtest.report_campaign import glance_rows, write_campaign_report
+    from sparsemla.loadtest.report_campaign import comparison, glance_rows, write_campaign_report
     from sparsemla.loadtest.runner import auto_warmup
     from sparsemla.loadtest.summary import write_json_atomic
     from sparsemla.loadtest.sweep import parse_concurrency_list
@@ -225,6 +227,8 @@ def demo(
         )  # fmt: skip
         headers, glance = glance_rows(result)
         display.print_grid(headers, glance, "output tok/s by variant (simulator)")
+        for line in comparison(result):  # vs sglang's fallback / fast path, from the calibration /server_info reported
+            console.print(line, markup=False)
         notes = [CHECK_NOTE, *[f"Step {i}: {c['text']}" for i, step_checks in checks.items() for c in step_checks]]
         files = write_campaign_report(
             result, title=f"sparsemla demo: {' → '.join(names)} on the simulator", intro=demo_intro(points, workload),

@@ -17,9 +17,11 @@ Mapping (schema in :mod:`sparsemla.ops.sim.calibration`):
   add up to more than the median replay (run-to-run noise), ``step_us`` is raised to that sum (a step cannot be shorter
   than its serial kernels); ``provenance.notes`` counts such points.
 * reference states (``references`` / rows whose state is no flag variant, e.g. ``flashmla_decode+triton_indexer``:
-  sglang's fast decode on Hopper): never a simulator state (the simulator's states are the flag variants); their
-  step times, and the flags-on speed-up over them, are recorded in ``provenance.notes`` (or why they are missing), so
-  the calibration of a result with them equals the one without them but for that sentence.
+  sglang's fast decode on Hopper): never a simulator state (the simulator's states are the flag variants); the
+  calibration's ``references`` carry their step times at the measured points and the flags-on speed-up over them
+  (the rows' median replays, as the step report and ``speedup_vs_reference`` compute it), or why they are missing,
+  and ``provenance.notes`` says the same in a sentence; the calibration of a result with them equals the one without
+  them but for those two.
 * ``prefill``: the step benchmark measures decode only; the prefill model is carried over from the shipped provisional
   calibration and the notes say so.
 * ``provenance.kind`` = ``measured``, ``method`` = the benchmark's method, ``sources`` = the step JSON (its name, the
@@ -47,6 +49,7 @@ from sparsemla.ops.sim.calibration import (
     KernelSpec,
     ModelSpec,
     Provenance,
+    ReferenceState,
     Source,
     StateCalibration,
     load_calibration,
@@ -126,14 +129,46 @@ def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | Non
     return state, raised, note
 
 
+def _reference_names(doc: Mapping[str, Any]) -> list[str]:
+    """The reference states of a step result: those it declares, then any other non-flag state with rows."""
+    declared = doc.get("references", {}) or {}
+    rows = {r["variant"] for r in doc["variant_rows"]}
+    return list(declared) + sorted({v for v in rows if v not in kernel_variant.VARIANTS} - set(declared))
+
+
+def references(doc: Mapping[str, Any]) -> dict[str, ReferenceState]:
+    """The ``references`` of the calibration: per reference state its step times at the measured points and the
+    flags-on speed-up over them (its median replay / flags on's at the same point, from the rows), or why it was not
+    measured."""
+    rows = {(r["variant"], int(r["ctx"]), int(r["B"])): float(r["us"]) for r in doc["variant_rows"]}
+    declared = doc.get("references", {}) or {}
+    out = {}
+    for name in _reference_names(doc):
+        entry = declared.get(name, {})
+        description = entry.get("description") or "a reference state of the decode-step benchmark"
+        step: dict[int, dict[int, float]] = {}
+        speedup: dict[int, dict[int, float]] = {}
+        for (v, c, b), us in sorted(rows.items()):
+            if v != name:
+                continue
+            step.setdefault(c, {})[b] = us
+            on = rows.get((kernel_variant.ALL_ON, c, b))
+            if on:
+                speedup.setdefault(c, {})[b] = us / on
+        if step:
+            out[name] = ReferenceState(description, True, step, speedup)
+        else:
+            out[name] = ReferenceState(description, False, reason=entry.get("reason") or "no step times in the result")
+    return out
+
+
 def reference_notes(doc: Mapping[str, Any]) -> list[str]:
     """One sentence per reference state of a step result: its measured step times and the flags-on speed-up over
     them, or why it was not measured."""
     rows = {(r["variant"], int(r["ctx"]), int(r["B"])): float(r["us"]) for r in doc["variant_rows"]}
     declared = doc.get("references", {}) or {}
-    names = list(declared) + sorted({v for v, _, _ in rows if v not in kernel_variant.VARIANTS} - set(declared))
     out = []
-    for name in names:
+    for name in _reference_names(doc):
         entry = declared.get(name, {})
         points = sorted((c, b) for v, c, b in rows if v == name)
         if not points:
@@ -257,6 +292,7 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
         "states": states,
         "gpu": gpus.GPUS[gpu_key] if gpu_key is not None else None,
         "baseline": _baseline(doc, gpu_key),
+        "references": references(doc),
     }
 
 
@@ -296,7 +332,8 @@ def main(
     except (StepResultError, CalibrationError) as exc:
         fail(str(exc), "pass the JSON written by `python -m benchmarks.step`")
     cal = load_calibration(written)
-    print(f"wrote {written}: states {', '.join(cal.states)}; {cal.provenance.gpu}, {cal.provenance.date}")
+    refs = f"; reference states (compared with, not served) {', '.join(cal.references)}" if cal.references else ""
+    print(f"wrote {written}: states {', '.join(cal.states)}{refs}; {cal.provenance.gpu}, {cal.provenance.date}")
 
 
 if __name__ == "__main__":

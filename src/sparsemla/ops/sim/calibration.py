@@ -25,6 +25,13 @@ and ``baseline`` what the ``baseline`` state ("flags off") models on it: which s
 runs there by default and whether the file models that default. Each state may carry a ``description``. These blocks
 are optional when reading (older files lack them) and required in a ``projected`` file.
 
+``references`` (optional) maps *reference states* of the decode-step benchmark (``flashmla_decode+triton_indexer``:
+sglang's own fast decode on Hopper) to what was measured of them: a ``description``, ``measured``, and either
+``step_us`` and ``flags_on_speedup`` (``{context: {batch: value}}`` at the measured points; the speed-up is the
+reference's step time / the flags-on state's, both the benchmark's median replay) or a ``reason`` why not. A reference
+is never a simulator state (its name may not be a flag variant, and :meth:`Calibration.state` never serves it): it is
+what reports compare flags on with. Only a ``measured`` file may carry a measured reference.
+
 Writers (the GPU decode-step benchmark, the projection) call :func:`write_calibration`; readers call
 :func:`load_calibration`, which validates everything and raises :class:`CalibrationError` with the JSON path of the
 first problem. Path resolution (:func:`resolve_path`): an explicit path or GPU (``sparsemla sim --calibration`` /
@@ -46,7 +53,7 @@ from typing import Any
 from sparsemla import flags
 from sparsemla.artifacts import write_json_atomic
 from sparsemla.metric_names import KERNEL_CATEGORIES
-from sparsemla.variant import VARIANTS
+from sparsemla.variant import ALL_ON, BASELINE, VARIANTS
 
 SCHEMA_VERSION = 1
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
@@ -181,6 +188,43 @@ class BaselineInfo:
 
 
 @dataclass(frozen=True)
+class ReferenceState:
+    """A reference state of the decode-step benchmark (sglang's own fast path, e.g. FlashMLA's decode): never served
+    by the simulator, only compared with. ``step_us`` and ``flags_on_speedup`` map context -> batch -> value at the
+    measured points (the speed-up = this state's step time / the flags-on state's, > 1: flags on are faster); a
+    reference that was not measured has neither and a ``reason`` in words."""
+
+    description: str
+    measured: bool
+    step_us: dict[int, dict[int, float]] = field(default_factory=dict)
+    flags_on_speedup: dict[int, dict[int, float]] = field(default_factory=dict)
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.measured and not self.step_us:
+            raise ValueError("a measured reference state needs its step times")
+        if not self.measured and (self.step_us or self.flags_on_speedup or not self.reason.strip()):
+            raise ValueError("a reference state that was not measured has no step times and says why (reason)")
+
+    def speedups_at(self, batch: int) -> list[tuple[int, float]]:
+        """(context, flags-on speed-up over this state) at ``batch``, by context; [] where it was not measured."""
+        return [(c, row[batch]) for c, row in sorted(self.flags_on_speedup.items()) if batch in row]
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"description": self.description, "measured": self.measured}
+        if self.measured:
+            doc["step_us"] = _points_dict(self.step_us, 3)
+            doc["flags_on_speedup"] = _points_dict(self.flags_on_speedup, 4)
+        else:
+            doc["reason"] = self.reason
+        return doc
+
+
+def _points_dict(points: Mapping[int, Mapping[int, float]], digits: int) -> dict[str, dict[str, float]]:
+    return {str(c): {str(b): round(v, digits) for b, v in sorted(row.items())} for c, row in sorted(points.items())}
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """One GPU kernel of a decode step: trace name, category for kernel shares, launches per step."""
 
@@ -263,6 +307,7 @@ class Calibration:
     gpu: GpuInfo | None = None
     baseline: BaselineInfo | None = None
     deployment: Deployment | None = None  # None: one GPU
+    references: dict[str, ReferenceState] = field(default_factory=dict)  # compared with, never served
 
     @property
     def kind(self) -> str:
@@ -289,6 +334,15 @@ class Calibration:
                 f"calibration {self.path or '<memory>'} has no state {variant!r} (it has: {', '.join(self.states)})"
             ) from None
 
+    def flags_on_speedup(self, over: str = BASELINE) -> dict[int, dict[int, float]]:
+        """Step time of state ``over`` / the flags-on state's (interpolated where the grids differ) at ``over``'s
+        grid points, context -> batch -> ratio: the calibrated decode-step speed-up of flags on over sglang's fallback
+        (``baseline``); {} when the file lacks either state."""
+        if over not in self.states or ALL_ON not in self.states:
+            return {}
+        base, on = self.states[over], self.states[ALL_ON]
+        return {c: {b: base.step_seconds(b, c) / on.step_seconds(b, c) for b in base.batch} for c in base.context}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (schema version :data:`SCHEMA_VERSION`)."""
         doc: dict[str, Any] = {
@@ -303,12 +357,16 @@ class Calibration:
             doc["baseline"] = asdict(self.baseline)
         if self.deployment is not None:
             doc["deployment"] = asdict(self.deployment)
+        if self.references:
+            doc["references"] = {name: r.to_dict() for name, r in self.references.items()}
         doc["states"] = {name: _state_dict(s) for name, s in self.states.items()}
         return doc
 
     def summary(self) -> dict[str, Any]:
         """What `/server_info` shows: file, schema, kind (measured / projected / derived), label, GPU, what the
-        baseline models, model, provenance, states and their descriptions."""
+        baseline models, model, provenance, states and their descriptions, flags on's calibrated speed-up over the
+        baseline (sglang's fallback) at its grid points, and the reference states (sglang's fast path: measured step
+        times and the flags-on speed-up over them, or why there are none; never served)."""
         return {
             "path": str(self.path) if self.path else None,
             "schema_version": self.schema_version,
@@ -321,6 +379,8 @@ class Calibration:
             "provenance": _provenance_dict(self.provenance),
             "states": sorted(self.states),
             "state_descriptions": {n: s.description for n, s in sorted(self.states.items()) if s.description},
+            "flags_on_speedup_over_baseline": _points_dict(self.flags_on_speedup(), 4),
+            "references": {name: r.to_dict() for name, r in self.references.items()},
         }
 
 
@@ -437,6 +497,8 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
         for key, value in (("gpu", gpu), ("baseline", baseline)):
             if value is None:
                 raise ck.fail(f"$.{key}", "missing (a projected file must say which GPU and which baseline it models)")
+    refs_doc = ck.obj(doc["references"], "$.references") if "references" in doc else {}
+    references = _references(ck, refs_doc, provenance.kind)
     states_doc = ck.obj(ck.get(doc, "states", "$"), "$.states")
     if not states_doc:
         raise ck.fail("$.states", "no states")
@@ -487,8 +549,61 @@ def calibration_from_dict(doc: Any, where: str = "<calibration>") -> Calibration
             description,
         )  # fmt: skip
     return Calibration(
-        model, prefill, provenance, states, SCHEMA_VERSION, gpu=gpu, baseline=baseline, deployment=deployment
-    )
+        model, prefill, provenance, states, SCHEMA_VERSION, gpu=gpu, baseline=baseline, deployment=deployment,
+        references=references,
+    )  # fmt: skip
+
+
+def _points(ck: _Checker, value: Any, path: str, minimum: float) -> dict[int, dict[int, float]]:
+    """``{context: {batch: number}}`` with integer keys >= 1 written as strings (JSON object keys)."""
+
+    def key(k: str, where: str) -> int:
+        if not (isinstance(k, str) and k.isdigit() and int(k) >= 1):
+            raise ck.fail(where, f"keys must be integers >= 1 written as strings, got {k!r}")
+        return int(k)
+
+    out: dict[int, dict[int, float]] = {}
+    for c, row in ck.obj(value, path).items():
+        cp = f"{path}[{c!r}]"
+        values = {key(b, cp): ck.number(v, f"{cp}[{b!r}]", minimum) for b, v in ck.obj(row, cp).items()}
+        if not values:
+            raise ck.fail(cp, "no batch sizes")
+        out[key(c, path)] = values
+    return out
+
+
+def _references(ck: _Checker, refs: Mapping[str, Any], kind: str) -> dict[str, ReferenceState]:
+    out = {}
+    for name, raw in refs.items():
+        path = f"$.references[{name!r}]"
+        if name in VARIANTS:
+            raise ck.fail(path, "a reference state cannot be a flag state (the simulator serves those)")
+        r = ck.obj(raw, path)
+        measured = ck.get(r, "measured", path)
+        if not isinstance(measured, bool):
+            raise ck.fail(f"{path}.measured", f"expected true or false, got {measured!r}")
+        description = ck.string(r, "description", path)
+        if not measured:
+            for key in ("step_us", "flags_on_speedup"):
+                if key in r:
+                    raise ck.fail(f"{path}.{key}", "a reference that was not measured has no numbers")
+            reason = ck.string(r, "reason", path)
+            if not reason.strip():
+                raise ck.fail(f"{path}.reason", "say why the reference was not measured")
+            out[name] = ReferenceState(description, False, reason=reason)
+            continue
+        if kind != "measured":
+            raise ck.fail(f"{path}.measured", f"a {kind} file cannot carry a measured reference state")
+        step = _points(ck, ck.get(r, "step_us", path), f"{path}.step_us", 1e-9)
+        if not step:
+            raise ck.fail(f"{path}.step_us", "a measured reference needs its step times")
+        speedup = _points(ck, ck.get(r, "flags_on_speedup", path), f"{path}.flags_on_speedup", 1e-9)
+        for c, row in speedup.items():
+            extra = sorted(set(row) - set(step.get(c, {})))
+            if extra:
+                raise ck.fail(f"{path}.flags_on_speedup[{str(c)!r}]", f"batch sizes {extra} have no step_us")
+        out[name] = ReferenceState(description, True, step, speedup)
+    return out
 
 
 def _provenance(ck: _Checker, pv: Mapping[str, Any]) -> Provenance:
@@ -633,13 +748,15 @@ def write_calibration(
     gpu: GpuInfo | None = None,
     baseline: BaselineInfo | None = None,
     deployment: Deployment | None = None,
+    references: Mapping[str, ReferenceState] | None = None,
 ) -> Path:
     """Validate and write a calibration JSON atomically (the decode-step benchmark's output: ``default.json``; the
     projection's ``<gpu>.json``).
 
     ``states`` maps variant names to :class:`StateCalibration`; the document is checked exactly like
     :func:`load_calibration` checks it before anything is written. Returns the path written."""
-    cal = Calibration(model, prefill, provenance, dict(states), gpu=gpu, baseline=baseline, deployment=deployment)
+    cal = Calibration(model, prefill, provenance, dict(states), gpu=gpu, baseline=baseline, deployment=deployment,
+                      references=dict(references or {}))  # fmt: skip
     doc = cal.to_dict()
     calibration_from_dict(doc, f"write_calibration({path})")  # refuse to write what could not be loaded
     return write_json_atomic(Path(path), doc, indent=1)

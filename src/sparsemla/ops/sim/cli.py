@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from sparsemla.console import console, fail
 from sparsemla.ports import PORT_SERVER
+
+if TYPE_CHECKING:
+    from sparsemla.ops.sim.calibration import Calibration
 
 app = typer.Typer()
 
@@ -80,10 +84,29 @@ def sim(
     )
     if cal.baseline is not None:
         console.print(f"  flags off on this GPU = {cal.baseline.label}")
+    for line in _reference_lines(cal):
+        console.print(f"  {line}", markup=False)
     if cal.deployment is not None:
         console.print(f"  server = {cal.label()}")
     uvicorn.run(application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=120,
                 backlog=4096)  # fmt: skip
+
+
+def _reference_lines(cal: Calibration) -> list[str]:
+    """One line per reference state of the calibration (sglang's fast path: compared with, never served): flags on's
+    speed-up over it at the largest measured batch, or why it was not measured."""
+    lines = []
+    for name, ref in cal.references.items():
+        if not ref.measured:
+            lines.append(f"sglang's fast path ({name}, not served): not measured: {ref.reason}")
+            continue
+        batch = max((b for row in ref.flags_on_speedup.values() for b in row), default=None)
+        cells = ", ".join(f"{x:.2f}x ({c // 1024}k context)" for c, x in ref.speedups_at(batch)) if batch else ""
+        lines.append(
+            f"vs sglang's fast path ({name}, measured in the decode-step benchmark, not served): "
+            + (f"its step time / flags on's at B={batch}: {cells}" if cells else "flags on not measured beside it")
+        )
+    return lines
 
 
 def _deployment_file(gpus: int, tp: int | None, dp_attention: bool, calibration: str | None, gpu: str | None) -> Path:

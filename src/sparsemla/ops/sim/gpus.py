@@ -13,7 +13,8 @@ runs per GPU, ../shared/notes/portability.md "sglang 0.5.23's own paths per GPU"
   there is no working stock decode path; the indexer is the torch fallback.
 
 :data:`BASELINES` turns that into the ``baseline`` block of each GPU's calibration file; :data:`STATE_DESCRIPTIONS`
-into each state's ``description``.
+into each state's ``description``; :data:`FAST_PATH_NOT_MEASURED` into the ``reason`` of a projected file's
+reference states (sglang's fast path was measured on the H200 only: FlashMLA has no sm_120 / sm_89 / sm_80 build).
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ BASELINES: dict[str, BaselineInfo] = {
         "sm_80 (fp8 bytes dequantized with integer instructions, bf16 mma.sync), which was never measured: the sm_89 "
         "code path's times stand in for it.",
     ),
+}
+
+
+# Why a projected file has no numbers for the H200's reference state (FlashMLA's decode): it cannot run there, and
+# whatever fast path sglang has on that GPU was never measured. Projecting FlashMLA's H200 times would be a guess.
+FAST_PATH_NOT_MEASURED: dict[str, str] = {
+    "rtx-pro-6000": "FlashMLA has no sm_120 build, and sglang's fast path on this GPU (FlashInfer's "
+    "SM120 sparse-MLA decode + DeepGEMM's sm120 indexer + sgl-kernel JIT top-k) was never measured; the H200's "
+    "FlashMLA times are not projected",
+    "l40s": "FlashMLA has no sm_89 build and stock sglang 0.5.23 has no other DeepSeek-V4 decode on this "
+    "GPU, so there is no fast path of sglang's here to compare with",
+    "a100": "FlashMLA has no sm_80 build and stock sglang 0.5.23 has no other DeepSeek-V4 decode on this "
+    "GPU, so there is no fast path of sglang's here to compare with",
 }
 
 

@@ -31,6 +31,10 @@ extra SM: the projected speed-ups lean low. Not modelled: clocks, L2 sizes, tens
 the H200's), memory capacity (whether the model and KV pool fit) and the all-to-all (not in the measured step either;
 over PCIe it would cost more). Prefill (not measured on the H200 either): its weight-stream term x bw, its per-token
 compute x max(1, sm) -- optimistic, tensor-core rates differ by more than SM counts.
+
+The H200's reference states (sglang's fast path there: FlashMLA's decode, measured beside the flag states) are not
+projected: FlashMLA has no build for these GPUs and sglang's fast path on them was never measured. Each projected file
+names them with ``measured: false`` and the reason (:data:`sparsemla.ops.sim.gpus.FAST_PATH_NOT_MEASURED`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from sparsemla.ops.sim.calibration import (
     Calibration,
     PrefillModel,
     Provenance,
+    ReferenceState,
     Source,
     StateCalibration,
     load_calibration,
@@ -305,14 +310,18 @@ def project_calibration(gpu: str, inputs: Inputs | None = None) -> Calibration:
         sources=_sources(inputs, measured, docs),
     )
     states = {name: project_state(st, f, paths, shape, gpu) for name, st in measured.states.items()}
-    return Calibration(measured.model, prefill, provenance, states, gpu=gpus.GPUS[gpu], baseline=gpus.BASELINES[gpu])
+    references = {name: ReferenceState(ref.description, False, reason=gpus.FAST_PATH_NOT_MEASURED[gpu])
+                  for name, ref in measured.references.items()}  # fmt: skip
+    return Calibration(measured.model, prefill, provenance, states, gpu=gpus.GPUS[gpu], baseline=gpus.BASELINES[gpu],
+                       references=references)  # fmt: skip
 
 
 def write_projected(gpu: str, inputs: Inputs | None = None, out: Path | None = None) -> Path:
     """Write ``calibration/<gpu>.json`` (or ``out``); the document is validated before it is written."""
     cal = project_calibration(gpu, inputs)
     return write_calibration(out or GPU_FILES[gpu], model=cal.model, prefill=cal.prefill, provenance=cal.provenance,
-                             states=cal.states, gpu=cal.gpu, baseline=cal.baseline)  # fmt: skip
+                             states=cal.states, gpu=cal.gpu, baseline=cal.baseline,
+                             references=cal.references)  # fmt: skip
 
 
 def stale(gpu: str, inputs: Inputs | None = None) -> str | None:
