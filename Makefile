@@ -24,7 +24,8 @@ FROM ?= now-15m
 TO ?= now
 
 .PHONY: help setup test test-gpu test-containers lint demo sim up down loadtest sweep compare ab profile exporter \
-	dashboards snapshot aot bench-decode bench-decode-v32 bench-indexer bench-prefill bench-step bench-topk clean
+	dashboards snapshot aot bench-decode bench-decode-v32 bench-indexer bench-prefill bench-step bench-step-v32 \
+	bench-topk clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## .*$$' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -107,6 +108,9 @@ bench-topk: ## GPU: top-k of every provider (ours, torch, sglang JIT), native + 
 bench-step: ## GPU: decode-step benchmark + kernel shares -> results/bench/step-<gpu>-<date>.json + sim calibration
 	$(PYTHON) -m benchmarks.step --step-hook sparsemla.plugin.step_metrics:time_forward_step
 	$(PYTHON) -m sparsemla.ops.sim.calibrate_from_step
+
+bench-step-v32: ## GPU: DeepSeek-V3.2 decode step, flags on vs FlashMLA + kernel shares -> results/bench/step_v32-<gpu>-<date>.json
+	$(PYTHON) -m benchmarks.step_v32
 
 clean: ## remove the venv and run state
 	rm -rf $(VENV) .run
