@@ -169,6 +169,87 @@ def test_topk_zero_gives_empty_rows(nan_empty):
     assert torch.equal(out, torch.zeros_like(out)) and torch.isposinf(lse).all()
 
 
+# -- launch-shape variants: V32Config fields whose defaults are the chosen kernel -------------------------------------
+def _cfg_id(cfg):
+    chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
+    return f"{cfg.block_h}x{cfg.block_n}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
+
+
+C4 = v32.V32Config(16, 16, 4, 1, nope_chunks=4)
+C2_STAGE = v32.V32Config(32, 16, 4, 1, nope_chunks=2, stage_k=True)
+C4_STAGE_64 = v32.V32Config(64, 16, 8, 2, nope_chunks=4, stage_k=True)
+STAGE = v32.V32Config(16, 16, 4, 1, stage_k=True)
+VARIANT_CASES = [  # (kv_format, batch, s_q, heads, topk, invalid, lengths, splits, cfg)
+    (fmt, b, s, h, k, inv, lens, sp, cfg)
+    for fmt in layouts.V32_FORMATS
+    for (b, s, h, k, inv, lens, sp, cfg) in [
+        (2, 1, 3, 40, 0.2, "full", 1, C4),
+        (2, 2, 33, 48, 0.1, "short", 3, C4),
+        (3, 1, 17, 37, 0.0, None, "auto", C2_STAGE),
+        (1, 2, 33, 44, 0.1, "short", 2, C2_STAGE),
+        (1, 1, 128, 24, 0.1, None, 2, C4_STAGE_64),
+        (2, 2, 5, 48, 0.2, "short", 3, STAGE),
+    ]
+]
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "kv_format,batch,s_q,heads,topk,invalid,lengths,splits,cfg",
+    [
+        pytest.param(
+            *c, id=f"{c[0].split('_')[0]}-B{c[1]}-s{c[2]}-H{c[3]}-{c[6] or 'nolen'}-{c[7]}splits-{_cfg_id(c[8])}"
+        )
+        for c in VARIANT_CASES
+    ],
+)
+def test_config_variants_match_reference(nan_empty, kv_format, batch, s_q, heads, topk, invalid, lengths, splits, cfg):
+    """nope_chunks (q, K and the accumulator in 2 or 4 chunks) and stage_k (fp8: K through a select) against the
+    reference: odd head counts, masked head blocks, split-K, topk_length."""
+    args, kw = make_case(kv_format, batch, s_q, heads, topk, invalid=invalid, lengths=lengths, seed=heads + topk)
+    out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+    check(args, kw, out, lse)
+
+
+@interpreted
+@pytest.mark.parametrize("cfg", [C4, C2_STAGE, C4_STAGE_64], ids=_cfg_id)
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_config_variants_empty_rows_and_d_v(nan_empty, kv_format, cfg):
+    """Rows with no valid entry (all -1, topk_length 0) get out 0 and lse +inf in every chunk, split or not; a d_v
+    that ends inside a chunk (200) and one that leaves the last chunks unwritten (100) store only their columns."""
+    args, kw = make_case(kv_format, 4, 2, 5, 32, lengths="full", seed=6)
+    idx = args[2]
+    idx[0] = -1
+    kw["topk_length"][1] = 0
+    kw["topk_length"][2] = 7
+    for splits in (1, 3):
+        out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+        assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+        assert torch.isposinf(lse[:2]).all() and torch.isfinite(lse[2:]).all()
+        check(args, kw, out, lse)
+    for d_v in (200, 100):
+        kw_dv = dict(kw, d_v=d_v)
+        out, lse = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=2, config=cfg)
+        assert out.shape[-1] == d_v
+        check(args, kw_dv, out, lse)
+
+
+def test_config_checks():
+    """nope_chunks must be whole 128-wide scale tiles; 64-head tiles with a split accumulator are refused on sm_100
+    (Triton 3.8 compiles them to a trap there) but fine elsewhere; <= 32-head tiles are mma.sync everywhere."""
+    with pytest.raises(ValueError, match="nope_chunks"):
+        v32.check_v32_config(v32.V32Config(16, 16, 4, 1, nope_chunks=3), dev.target("sm_90"))
+    with pytest.raises(ValueError, match="trap"):
+        v32.check_v32_config(v32.V32Config(64, 32, 8, 2, nope_chunks=4), dev.target("sm_100"))
+    with pytest.raises(ValueError, match="e4m3"):
+        v32.check_v32_config(v32.V32Config(32, 32, 8, 1, int_dequant=False), dev.target("sm_86"))
+    for target in dev.TARGETS:
+        v32.check_v32_config(v32.V32Config(32, 32, 4, 2, nope_chunks=4, stage_k=True), dev.target(target))
+        if target != "sm_100":
+            v32.check_v32_config(v32.V32Config(64, 32, 8, 2, nope_chunks=4), dev.target(target))
+    v32.check_v32_config(v32.V32Config(64, 32, 8, 2), dev.target("sm_100"))
+
+
 @pytest.mark.parametrize(
     "mutate,match",
     [
@@ -260,6 +341,58 @@ def test_small_budget_targets_get_narrower_bf16_tiles():
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 1).block_h == 16
 
 
+def test_chosen_configs_keep_their_shared_memory_estimate():
+    """The per-target estimate is the old single formula for every configuration the chooser returns (q + 512 B or
+    2 KB per token + the pipeline stages), so launch shapes and split counts are unchanged."""
+    for info in dev.TARGETS.values():
+        for kv_format in layouts.V32_FORMATS:
+            row = layouts.v32_row_width(kv_format) * (1 if kv_format == "fp8_656" else 2)
+            for heads in (1, 3, 16, 17, 64, 128):
+                for rows in (1, 8, 9, 128):
+                    cfg = v32.choose_v32_config(info, heads, rows, kv_format)
+                    per_token = 512 if kv_format == "fp8_656" else 2048
+                    old = cfg.block_h * 1152 + cfg.block_n * per_token + (cfg.num_stages - 1) * cfg.block_n * row
+                    assert v32.shared_bytes_v32(cfg, kv_format, info) == old == v32.shared_bytes_v32(cfg, kv_format)
+
+
+V32C = v32.V32Config
+# metadata.shared of non-chosen tiles, Triton 3.8 ahead-of-time (B=64, H=128, top-k 2048): (target, format, cfg, B)
+MEASURED_SHARED = [
+    ("sm_80", "fp8_656", V32C(64, 32, 8, 1), 90112),
+    ("sm_80", "fp8_656", V32C(64, 32, 8, 2, nope_chunks=4), 98816),
+    ("sm_80", "fp8_656", V32C(64, 32, 8, 1, stage_k=True), 143360),
+    ("sm_80", "fp8_656", V32C(64, 32, 8, 2, nope_chunks=4, stage_k=True), 135680),
+    ("sm_80", "fp8_656", V32C(32, 32, 4, 2, nope_chunks=4, stage_k=True), 98816),
+    ("sm_80", "fp8_656", V32C(32, 32, 4, 2, nope_chunks=2, stage_k=True), 107008),
+    ("sm_80", "bf16_576", V32C(64, 32, 8, 1), 139264),
+    ("sm_80", "bf16_576", V32C(64, 32, 8, 1, nope_chunks=4), 114688),
+    ("sm_86", "bf16_576", V32C(64, 16, 8, 2, nope_chunks=4), 94208),
+    ("sm_120", "fp8_656", V32C(64, 32, 8, 2, nope_chunks=4), 98816),
+    ("sm_90", "fp8_656", V32C(64, 32, 8, 1), 110592),
+    ("sm_90", "fp8_656", V32C(64, 32, 8, 2, nope_chunks=4), 131584),
+    ("sm_90", "fp8_656", V32C(64, 32, 8, 3, nope_chunks=4), 152576),
+    ("sm_90", "fp8_656", V32C(64, 64, 8, 2, nope_chunks=4), 189440),
+    ("sm_90", "fp8_656", V32C(64, 16, 8, 2, nope_chunks=4), 102656),
+    ("sm_90", "bf16_576", V32C(64, 32, 8, 2, nope_chunks=4), 147456),
+    ("sm_90", "bf16_576", V32C(64, 32, 8, 3, nope_chunks=4), 184320),
+    ("sm_90", "bf16_576", V32C(64, 64, 8, 2, nope_chunks=4), 221184),
+    ("sm_100", "fp8_656", V32C(64, 32, 8, 1), 110600),
+    ("sm_100", "fp8_656", V32C(64, 32, 8, 2), 132128),
+    ("sm_100", "bf16_576", V32C(64, 32, 8, 2), 213552),
+    ("sm_100", "fp8_656", V32C(32, 32, 4, 3, nope_chunks=4, stage_k=True), 119808),
+]
+
+
+@pytest.mark.parametrize(
+    "target,kv_format,cfg,measured",
+    [pytest.param(*m, id=f"{m[0]}-{m[1].split('_')[0]}-{_cfg_id(m[2])}") for m in MEASURED_SHARED],
+)
+def test_shared_bytes_never_under_counts_variants(target, kv_format, cfg, measured):
+    """On its own target and as the all-target bound (info=None); the slow AOT test below recompiles a few."""
+    assert v32.shared_bytes_v32(cfg, kv_format, dev.target(target)) >= measured
+    assert v32.shared_bytes_v32(cfg, kv_format) >= measured
+
+
 @pytest.mark.slow
 def test_aot_compiles_fit_and_match_the_estimate(tmp_path):
     """Ahead-of-time compile of two V3.2 cases for sm_80 and sm_120 (the integer dequant path, the smallest budget):
@@ -279,3 +412,43 @@ def test_aot_compiles_fit_and_match_the_estimate(tmp_path):
         cfg = v32.choose_v32_config(dev.target(r["target"]), 128, 64, fmt)
         assert r["shared"] <= v32.shared_bytes_v32(cfg, fmt), r
         assert r["spilled"] <= 256 and r["shared"] <= r["budget"], r
+
+
+_AOT_VARIANTS = """
+import json, sys
+import torch
+from sparsemla.kernels import aot, device as dev
+from sparsemla.kernels.layouts import V32_DIM, V32_PAGE, v32_row_width
+from sparsemla.kernels.sparse_decode import triton_v32 as v32
+out = []
+for target, fmt, fields in json.loads(sys.argv[1]):
+    cfg = v32.V32Config(**fields)
+    kv = torch.empty(4, V32_PAGE, 1, v32_row_width(fmt), dtype=torch.uint8 if fmt == "fp8_656" else torch.bfloat16)
+    q = torch.empty(64, 1, 128, V32_DIM, dtype=torch.bfloat16)
+    idx = torch.empty(64, 1, 2048, dtype=torch.int32)
+    sink = []
+    with aot.compile_only(target, dev.target(target), fmt, sink):
+        v32.sparse_decode_v32_fwd(q, kv, idx, V32_DIM**-0.5, kv_format=fmt, config=cfg,
+                                  topk_length=torch.empty(64, dtype=torch.int32))
+    out += [dict(r.__dict__, fields=fields, ok=r.ok) for r in sink if "combine" not in r.kernel]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_aot_variants_fit_and_match_the_estimate():
+    """Ahead-of-time compile of the variant tiles where they are meant to run: the 64-head nope_chunks=4 tile on
+    sm_90 (wgmma) and sm_120 (mma.sync, 101 KB), the 4-warp 32-head nope_chunks=4 + stage_k tile on sm_80 and sm_100:
+    no spills over 256 B, within budget, not a trap-only kernel, ``shared_bytes_v32`` never below the compiler."""
+    c64 = dict(block_h=64, block_n=32, num_warps=8, num_stages=2, partial_bf16=True, nope_chunks=4)
+    c32 = dict(block_h=32, block_n=32, num_warps=4, num_stages=2, partial_bf16=True, nope_chunks=4, stage_k=True)
+    todo = [("sm_90", "fp8_656", c64), ("sm_90", "bf16_576", c64), ("sm_120", "fp8_656", c64),
+            ("sm_80", "fp8_656", c32), ("sm_100", "fp8_656", c32)]  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", _AOT_VARIANTS, json.dumps(todo)], capture_output=True, text=True,
+                         env=flags.child_env({"TRITON_INTERPRET": None}), timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    recs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(recs) == len(todo)
+    for r, (target, fmt, fields) in zip(recs, todo, strict=True):
+        assert r["ok"] and r["registers"] >= 16, r  # a kernel that is one trap reports REG 4
+        assert r["shared"] <= v32.shared_bytes_v32(v32.V32Config(**fields), fmt, dev.target(target)), r

@@ -5,6 +5,8 @@ CUDA."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -145,9 +147,69 @@ def test_every_targets_config_matches_reference(nan_empty, cfg, kv_format, split
     check(args, kw, out, lse)
 
 
-def test_integer_dequant_is_bit_identical_to_the_fp8_type():
+# V32Config fields beyond the chosen configurations (nope_chunks, stage_k): the tiles benchmarks/explore_v32_configs.py
+# sweeps. A tile the device refuses (check_v32_config) or cannot hold (shared memory) is skipped.
+VARIANTS = [
+    v32.V32Config(64, 32, 8, 1, True, nope_chunks=4),
+    v32.V32Config(64, 32, 8, 2, True, nope_chunks=4),
+    v32.V32Config(64, 32, 8, 3, True, nope_chunks=4),
+    v32.V32Config(64, 64, 8, 2, True, nope_chunks=4),
+    v32.V32Config(64, 16, 8, 2, True, nope_chunks=4),
+    v32.V32Config(64, 32, 8, 2, True, nope_chunks=4, stage_k=True),
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, stage_k=True),
+    v32.V32Config(16, 32, 4, 2, True, nope_chunks=4),
+    v32.V32Config(32, 32, 8, 1, True, nope_chunks=2, stage_k=True),
+]
+
+
+def _variant_id(cfg: v32.V32Config) -> str:
+    chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
+    return f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
+
+
+def _runnable(cfg: v32.V32Config, kv_format: str) -> None:
+    info = dev.device_info()
+    try:
+        v32.check_v32_config(cfg, info)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    if v32.shared_bytes_v32(cfg, kv_format, info) > info.smem_per_block:
+        pytest.skip(f"needs more shared memory than sm_{info.arch} has")
+
+
+@pytest.mark.parametrize("cfg", VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+@pytest.mark.parametrize(
+    "heads,splits", [(128, 1), (128, 3), (33, 2)], ids=["H128-1split", "H128-3splits", "H33-2splits"]
+)
+def test_config_variants_match_reference(nan_empty, cfg, kv_format, heads, splits):
+    _runnable(cfg, kv_format)
+    args, kw = make_case(kv_format, 3, 2, heads, seed=91 + heads + splits)
+    out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+    check(args, kw, out, lse)
+
+
+@pytest.mark.parametrize("cfg", [VARIANTS[1], VARIANTS[6]], ids=_variant_id)
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
+    """All -1 rows and topk_length 0 -> out 0, lse +inf in every chunk; d_v ending inside a chunk."""
+    _runnable(cfg, kv_format)
+    args, kw = make_case(kv_format, 4, 2, 128, lengths=None, seed=5)
+    kw["topk_length"] = torch.full((4,), TOPK, dtype=torch.int32, device="cuda")
+    args[2][0] = -1
+    kw["topk_length"][1] = 0
+    kw["topk_length"][2] = 100
+    for splits, d_v in ((1, 512), (4, 512), (4, 200)):
+        kw_dv = dict(kw, d_v=d_v)
+        out, lse = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=splits, config=cfg)
+        assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.isposinf(lse[:2]).all()
+        check(args, kw_dv, out, lse)
+
+
+@pytest.mark.parametrize("chunks,stage_k", [(1, False), (4, True)], ids=["chosen", "c4-stage_k"])
+def test_integer_dequant_is_bit_identical_to_the_fp8_type(chunks, stage_k):
     """The integer e4m3 -> bf16 path (every target) equals the fp8 conversion instructions (sm_89+) bit for bit,
-    NoPE bytes drawn from all 254 non-NaN e4m3 values."""
+    NoPE bytes drawn from all 254 non-NaN e4m3 values (also with the NoPE dims in chunks, K staged once)."""
     if not dev.device_info().has_fp8:
         pytest.skip("needs a GPU with an e4m3 type for the comparison path")
     args, kw = make_case("fp8_656", 4, 2, 128, seed=77)
@@ -156,9 +218,9 @@ def test_integer_dequant_is_bit_identical_to_the_fp8_type():
     pick = torch.randint(0, nan_free.numel(), kv[..., :512].shape, device="cuda")
     kv[..., :512] = nan_free[pick]
     args[0] = args[0] * 0.01
-    base = v32.V32Config(32, 32, 8, 1)
+    base = v32.V32Config(32, 32, 8, 1, nope_chunks=chunks, stage_k=stage_k)
     a = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=base)
-    b = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=v32.V32Config(32, 32, 8, 1, int_dequant=False))
+    b = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=replace(base, int_dequant=False))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     check(args, kw, *a)
 

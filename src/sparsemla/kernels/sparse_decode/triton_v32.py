@@ -13,8 +13,9 @@ sync, deterministic). The KV layout is a constexpr (``KV_FP8``); byte layouts in
 * ``bf16_576``: a row is 576 bf16 values.
 
 Per tile of ``BLOCK_N`` tokens: ``S = Q_nope K_nope^T + Q_rope K_rope^T`` ([BLOCK_H, 512] x [512, BLOCK_N] plus a
-64-deep dot) and ``acc += P V`` with V = K_nope ([BLOCK_N, 512]). Rows with no valid entry get out 0 and lse +inf
-(FlashMLA's convention). The Triton path never imports the fp32 reference (``reference.py``).
+64-deep dot) and ``acc += P V`` with V = K_nope ([BLOCK_N, 512]), optionally with the 512 NoPE dims in 2 or 4 chunks
+(``V32Config.nope_chunks``). Rows with no valid entry get out 0 and lse +inf (FlashMLA's convention). The Triton
+path never imports the fp32 reference (``reference.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,26 @@ class V32Config:
     block_h / block_n: heads per program and tokens per tile; num_warps / num_stages: Triton launch options;
     partial_bf16: split partials stored as bf16 (half the partial traffic) instead of fp32; int_dequant: e4m3 -> bf16
     with integer ops (every target; the only path where Triton has no e4m3 type, sm_80/86) instead of the fp8
-    conversion instructions (sm_89+)."""
+    conversion instructions (sm_89+).
+
+    nope_chunks (1, 2, 4): the 512 NoPE dims of q, the K tile and the accumulator are split into that many chunks of
+    512 / nope_chunks, each with its own QK and PV dot and its own accumulator (same arithmetic, same row loads, the
+    same bytes gathered). Each dot then holds a 1 / nope_chunks share of the operands: mma.sync lowers q's
+    [block_h, 512] A operand to one ldmatrix'ed value per warp (the 8 warps split the 512 output columns, so every
+    warp needs all of q) and rebuilds the dequantized K straight in each dot's register layout, and ptxas spills when
+    it cannot interleave that with the MMAs; on wgmma (operands in shared memory) what shrinks is presumably the
+    dequantization in flight next to the [block_h, 512] fp32 accumulator. This is what makes the 64-head tile fit
+    (Triton 3.8 ahead-of-time, B=64 H=128: 0 B spilled on sm_90 at 1-3 stages and on 64-token tiles, <= 168 B on
+    sm_80/86/89/120, where nope_chunks=1 spills up to 480 B). Not for 64-head tiles on sm_100 (tcgen05): Triton 3.8
+    compiles them to a trap there (:func:`check_v32_config` refuses them).
+
+    stage_k (fp8_656 only; no effect on bf16_576): the dequantized K chunk passes through a select on its row mask
+    (value-preserving: masked rows are 0 already) that Triton 3.8's dot-operand hoisting does not move a layout
+    conversion across, so each chunk is dequantized once into shared memory that both dots read, instead of twice
+    straight into the two dots' register layouts (mma.sync; wgmma/tcgen05 read K from shared memory anyway). Costs
+    shared memory on mma.sync: 1024 + 1024 / nope_chunks B per token instead of the uint8 tile's 512. It is what makes
+    the 4-warp 32-head tile fit (32x32-w4-s2 with nope_chunks=4: <= 112 B on every target, from 160-384 B); on the
+    8-warp 64-head mma.sync tile it spills more (264-400 B), so it is a separate field."""
 
     block_h: int
     block_n: int
@@ -50,16 +70,62 @@ class V32Config:
     num_stages: int
     partial_bf16: bool = False
     int_dequant: bool = True
+    nope_chunks: int = 1
+    stage_k: bool = False
 
 
-def shared_bytes_v32(cfg: V32Config, kv_format: str) -> int:
-    """Shared memory of the main kernel with ``cfg``: q staged as [block_h, 576] bf16 plus, per token of the tile,
-    512 B (fp8_656) or 2 KB (bf16_576), plus one raw row per token and extra pipeline stage. Equal to Triton 3.8's
-    ``metadata.shared`` on every target for the configurations :func:`choose_v32_config` returns (ahead-of-time
-    compile; tests/test_sparse_decode_v32.py keeps it from under-counting)."""
-    per_token = 512 if kv_format == "fp8_656" else 2048
-    row = V32_FP8_BYTES if kv_format == "fp8_656" else 2 * V32_DIM
-    return cfg.block_h * V32_DIM * 2 + cfg.block_n * per_token + (cfg.num_stages - 1) * cfg.block_n * row
+def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
+    """Shared memory of the main kernel with ``cfg`` on ``info`` (None: the most any target needs): q staged as
+    [block_h, 576] bf16, plus per token of the tile what the MMA path stages, plus one raw row per token and extra
+    pipeline stage. Per token, by the MMA a tile lowers to (Triton 3.8):
+
+    * mma.sync (every tile under 64 heads; 64-head tiles on sm_80/86/89/120): 512 B for fp8_656 (the uint8 tile's
+      layout conversion; Triton rebuilds the bf16 K in registers), 2 KB for bf16_576 (one copy per dot's swizzle);
+      fp8 with ``stage_k``: one bf16 K for both dots plus a chunk-sized second copy, 1024 + 1024 / nope_chunks
+      (+ 128 B of RoPE staging).
+    * wgmma (sm_90) and tcgen05 (sm_100), 64-head tiles: the bf16 NoPE + RoPE tile, 1152 B; tcgen05 with bf16_576 and
+      more than one stage keeps every stage's raw rows plus a 2-KB operand copy, and its barriers take < 1 KB.
+
+    Equal to ``metadata.shared`` for the configurations :func:`choose_v32_config` returns and an upper bound for the
+    other ones measured (tests/test_sparse_decode_v32.py keeps it from under-counting)."""
+    fp8 = kv_format == "fp8_656"
+    row = V32_FP8_BYTES if fp8 else 2 * V32_DIM
+    pipeline = (cfg.num_stages - 1) * row
+    if fp8:
+        mma_sync = 1024 + 1024 // cfg.nope_chunks + 128 if cfg.stage_k else 512
+    else:
+        mma_sync = 2048
+    per_token = {"mma.sync": mma_sync + pipeline}
+    if cfg.block_h >= 64:  # 64-row tiles: wgmma on sm_90, tcgen05 on sm_100 (mma.sync elsewhere)
+        per_token["wgmma"] = 2 * V32_DIM + pipeline
+        per_token["tcgen05"] = 2 * V32_DIM + pipeline + 1024 // cfg.block_n
+        if not fp8 and cfg.num_stages > 1:
+            per_token["tcgen05"] = 2048 + cfg.num_stages * row + 1024 // cfg.block_n
+    if info is None:
+        token = max(per_token.values())
+    elif cfg.block_h >= 64 and info.capability[0] == 9:
+        token = per_token["wgmma"]
+    elif cfg.block_h >= 64 and info.capability[0] == 10:
+        token = per_token["tcgen05"]
+    else:
+        token = per_token["mma.sync"]
+    return cfg.block_h * V32_DIM * 2 + cfg.block_n * token
+
+
+def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
+    """Raise ValueError when ``cfg`` cannot run on ``info`` (the launcher calls it for every config, chosen or not)."""
+    if cfg.nope_chunks not in (1, 2, 4):
+        raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
+    if info is dev.INTERPRETER:
+        return
+    if not cfg.int_dequant and not info.has_fp8:
+        raise ValueError(f"sm_{info.arch} has no e4m3 type: int_dequant=False cannot compile there")
+    if info.capability[0] == 10 and cfg.block_h >= 64 and cfg.nope_chunks > 1:
+        # 64-row tiles become tcgen05 MMAs with tensor-memory accumulators there; with the accumulator split in
+        # chunks Triton 3.8 emits a kernel that is a single trap (ahead-of-time compile: REG 4, no MMA), most likely
+        # its tensor-memory allocation running past the 512 columns. The unsplit [64, 512] accumulator compiles.
+        raise ValueError(f"nope_chunks={cfg.nope_chunks} with {cfg.block_h}-head blocks compiles to a trap on "
+                         f"sm_{info.arch} (Triton 3.8, tcgen05): use nope_chunks=1 or <= 32 heads")  # fmt: skip
 
 
 def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_format: str = "fp8_656") -> V32Config:
@@ -68,15 +134,17 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     Every target, 8 warps, one pipeline stage: H <= 16: one 16-head program per row, 16-token tiles for <= 8 rows, 32
     above; H > 16: 32-head blocks, 32-token tiles where they fit the shared memory (bf16_576 on the 101,376-B targets
     gets 16). These tiles lower to mma.sync everywhere (wgmma needs 64-row blocks). The 64-head wgmma tile a Hopper
-    would want spills 224-328 B per thread on sm_90 at 8 warps (ahead-of-time compile, Triton 3.8: the [64, 512]
-    fp32 accumulator + the gathered row + the extra 64-wide RoPE dot), and 16 warps cap registers at 128 and spill
-    more; 32 heads x 32 tokens spill nothing on sm_80..sm_120 (8 B on sm_100). Interpreter: small tiles (fp32 dots)."""
+    would want spills 224-328 B per thread on sm_90 at 8 warps and one stage (ahead-of-time compile, Triton 3.8: the
+    [64, 512] fp32 accumulator + the gathered row + the extra 64-wide RoPE dot), and 16 warps cap registers at 128
+    and spill more; 32 heads x 32 tokens spill nothing on sm_80..sm_120 (8 B on sm_100). With ``nope_chunks=4`` the
+    64-head tile spills nothing on sm_90 (see :class:`V32Config`); it is not chosen before it is measured
+    (benchmarks/explore_v32_configs.py). Interpreter: small tiles (fp32 dots)."""
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
     if num_heads <= 16:
         return V32Config(16, 16 if rows <= 8 else 32, 8, 1, partial_bf16=True)
     wide = V32Config(32, 32, 8, 1, partial_bf16=True)
-    return wide if shared_bytes_v32(wide, kv_format) <= info.smem_per_block else V32Config(32, 16, 8, 1, True)
+    return wide if shared_bytes_v32(wide, kv_format, info) <= info.smem_per_block else V32Config(32, 16, 8, 1, True)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -95,48 +163,80 @@ def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _load_v32_tile(
-    kv, o_tok, m_n,
-    BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr,
+def _load_v32_nope(
+    kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr,
 ):  # fmt: skip
-    """The tile's rows as (NoPE [BLOCK_N, 512], RoPE [BLOCK_N, 64]), bf16 (fp32 under DOT_F32); masked rows are 0.
+    """NoPE columns [C0, C0 + W) of the tile's rows, [BLOCK_N, W] bf16 (fp32 under DOT_F32); masked rows are 0.
 
     KV_FP8: ``kv`` is the uint8 cache, ``o_tok`` [BLOCK_N] the rows' byte offsets; NoPE = e4m3 * scale[tile] computed
-    in fp32 and rounded once. Else ``kv`` is the bf16 cache and ``o_tok`` the rows' element offsets."""
-    o_r = tl.arange(0, 64)
+    in fp32 and rounded once (C0 and W multiples of 128: whole scale tiles). Else ``kv`` is the bf16 cache and
+    ``o_tok`` the rows' element offsets."""
     if KV_FP8:
-        o_c = tl.arange(0, 4)
+        NT: tl.constexpr = W // 128  # scale tiles in the chunk
+        o_c = tl.arange(0, NT)
         o_d = tl.arange(0, 128)
-        o_k = o_tok[:, None, None] + (o_c * 128)[None, :, None] + o_d[None, None, :]
+        o_k = o_tok[:, None, None] + (C0 + o_c * 128)[None, :, None] + o_d[None, None, :]
         p_sc = kv.to(tl.pointer_type(tl.float32), bitcast=True)
-        o_sc = o_tok // 4 + SCALE_OFF_F32
-        b_sc = tl.load(p_sc + o_sc[:, None] + o_c[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 4] fp32
+        o_sc = o_tok // 4 + SCALE_OFF_F32 + C0 // 128
+        b_sc = tl.load(p_sc + o_sc[:, None] + o_c[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, NT] fp32
         if DOT_F32:
             p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-            b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, 4, 128] fp8
+            b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, NT, 128] fp8
             b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
         else:
             if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
-                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, 4, 128] uint8 (e4m3 bits)
+                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
                 two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
                 b_kb = e4m3_bits_to_bf16(b_k8) * two_120  # the e4m3 value, exact in bf16
             else:
                 p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-                b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, 4, 128]
+                b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, NT, 128]
             b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
-        b_k = tl.reshape(b_k, [BLOCK_N, 512])
+        b_k = tl.reshape(b_k, [BLOCK_N, W])
+        if STAGE_K:
+            b_k = tl.where(m_n[:, None], b_k, 0.0)
+    else:
+        o_d = tl.arange(0, W)
+        b_k = tl.load(kv + o_tok[:, None] + C0 + o_d[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, W] bf16
+        if DOT_F32:
+            b_k = b_k.to(tl.float32)
+    return b_k
+
+
+@triton.jit
+def _load_v32_rope(kv, o_tok, m_n, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """The tile's RoPE values, [BLOCK_N, 64] bf16 (fp32 under DOT_F32); masked rows are 0."""
+    o_r = tl.arange(0, 64)
+    if KV_FP8:
         p_rope = kv.to(tl.pointer_type(tl.bfloat16), bitcast=True)
         o_rope = o_tok // 2 + ROPE_OFF_BF16
         b_kr = tl.load(p_rope + o_rope[:, None] + o_r[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64]
     else:
-        o_d = tl.arange(0, 512)
-        b_k = tl.load(kv + o_tok[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 512] bf16
         b_kr = tl.load(kv + o_tok[:, None] + 512 + o_r[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64]
-        if DOT_F32:
-            b_k = b_k.to(tl.float32)
     if DOT_F32:
         b_kr = b_kr.to(tl.float32)
-    return b_k, b_kr
+    return b_kr
+
+
+@triton.jit
+def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr):
+    """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32)."""
+    if C0 == 0:
+        b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, W]
+    else:
+        b_q = tl.load(p_q + (C0 + o_d)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, W]
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    return b_q
+
+
+@triton.jit
+def _store_o_chunk(p_o, acc, inv_l, m_h, o_d, C0: tl.constexpr, DV: tl.constexpr):
+    """out columns C0 + o_d (those below DV) of the program's heads: acc [BLOCK_H, W] / l; ``p_o`` [BLOCK_H, W]
+    points at columns o_d."""
+    m_o = m_h[:, None] & (C0 + o_d < DV)[None, :]
+    tl.store(p_o + C0, (acc * inv_l[:, None]).to(p_o.dtype.element_ty), mask=m_o)
 
 
 @triton.jit
@@ -144,14 +244,20 @@ def _sparse_decode_v32_kernel(
     q, kv, idx, length, out, lse, o_part, lse_part,
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr,
-    HAS_LEN: tl.constexpr, SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+    DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NOPE_CHUNKS: tl.constexpr, KV_FP8: tl.constexpr,
+    INT_DEQUANT: tl.constexpr, STAGE_K: tl.constexpr, HAS_LEN: tl.constexpr, SINGLE: tl.constexpr,
+    ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
     Grid (B * S, cdiv(H, BLOCK_H), num_splits). q [BLOCK_H, 512 + 64], K tile [BLOCK_N, 512 + 64], acc
     [BLOCK_H, 512]. SINGLE: write out (bf16) and lse (natural log, +inf when empty) directly; else the split's
-    normalised partial [rows, splits, H, DV] and its base-2 LSE (-inf when empty) for the combine kernel."""
+    normalised partial [rows, splits, H, DV] and its base-2 LSE (-inf when empty) for the combine kernel.
+
+    NOPE_CHUNKS (1, 2, 4): the 512 NoPE dims are W = 512 / NOPE_CHUNKS-wide chunks c -- q_c, K_c, acc_c -- so each
+    dot's operands and each accumulator's rescale are a quarter (a half) of the tile: S = sum_c q_c K_c^T + q_r K_r^T,
+    acc_c += P K_c. Same arithmetic, same row loads; only how much of the tile one instruction sequence holds."""
+    W: tl.constexpr = 512 // NOPE_CHUNKS
     i_r = tl.program_id(0)
     i_hb = tl.program_id(1)
     i_sp = tl.program_id(2)
@@ -160,17 +266,26 @@ def _sparse_decode_v32_kernel(
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
-    o_d = tl.arange(0, 512)
+    o_d = tl.arange(0, W)
     o_e = tl.arange(0, 64)
     p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs + o_h.to(tl.int64)[:, None] * stride_qh
-    b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
+    b_q0 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 0, DOT_F32)  # [BLOCK_H, W] NoPE chunk 0
+    if NOPE_CHUNKS >= 2:
+        b_q1 = _load_q_chunk(p_q, o_d, m_h, stride_qd, W, DOT_F32)
+    if NOPE_CHUNKS == 4:
+        b_q2 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 2 * W, DOT_F32)
+        b_q3 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 3 * W, DOT_F32)
     b_qr = tl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
     if DOT_F32:
-        b_q = b_q.to(tl.float32)
         b_qr = b_qr.to(tl.float32)
 
     n_valid, t_lo, t_hi = _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N, HAS_LEN)
-    acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_H, W], dtype=tl.float32)
+    if NOPE_CHUNKS >= 2:
+        acc1 = tl.zeros([BLOCK_H, W], dtype=tl.float32)
+    if NOPE_CHUNKS == 4:
+        acc2 = tl.zeros([BLOCK_H, W], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_H, W], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
@@ -186,9 +301,21 @@ def _sparse_decode_v32_kernel(
         o_tok = (b_slot // page_size).to(tl.int64) * stride_kb + (b_slot % page_size).to(tl.int64) * stride_kt
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
-        # [BLOCK_N, 512] NoPE (also V), [BLOCK_N, 64] RoPE
-        b_k, b_kr = _load_v32_tile(kv, o_tok, m_n, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32)
-        b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
+        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+        if NOPE_CHUNKS == 1:  # the whole row before the first dot: the chosen configs compile to the same kernel
+            b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        if NOPE_CHUNKS >= 2:
+            b_k1 = _load_v32_nope(kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PREC)
+        if NOPE_CHUNKS == 4:
+            b_k2 = _load_v32_nope(kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PREC)
+            b_k3 = _load_v32_nope(kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PREC)
+        if NOPE_CHUNKS > 1:  # chunk by chunk: each chunk's load is followed by its dot, the RoPE last
+            b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
@@ -201,20 +328,30 @@ def _sparse_decode_v32_kernel(
             b_pd = b_p
         else:
             b_pd = b_p.to(tl.bfloat16)
-        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, 512]
+        acc0 = tl.dot(b_pd, b_k0, acc0 * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, W]
+        if NOPE_CHUNKS >= 2:
+            acc1 = tl.dot(b_pd, b_k1, acc1 * alpha[:, None], input_precision=DOT_PREC)
+        if NOPE_CHUNKS == 4:
+            acc2 = tl.dot(b_pd, b_k2, acc2 * alpha[:, None], input_precision=DOT_PREC)
+            acc3 = tl.dot(b_pd, b_k3, acc3 * alpha[:, None], input_precision=DOT_PREC)
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    m_o = m_h[:, None] & (o_d < DV)[None, :]
+    m_o = m_h[:, None] & (o_d < DV)[None, :]  # chunk 0's columns
     if SINGLE:
-        p_o = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]
+        p_o = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]  # [BLOCK_H, W], chunk 0's columns
         b_lse = tl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
         tl.store(lse + (i_b.to(tl.int64) * H + o_h) * S + i_s, b_lse, mask=m_h)  # lse [B, H, S]
     else:
         i_part = i_r.to(tl.int64) * num_splits + i_sp
         p_o = o_part + (i_part * H + o_h[:, None]) * DV + o_d[None, :]
         tl.store(lse_part + i_part * H + o_h, lse2, mask=m_h)
-    tl.store(p_o, (acc * inv_l[:, None]).to(p_o.dtype.element_ty), mask=m_o)
+    tl.store(p_o, (acc0 * inv_l[:, None]).to(p_o.dtype.element_ty), mask=m_o)
+    if NOPE_CHUNKS >= 2:
+        _store_o_chunk(p_o, acc1, inv_l, m_h, o_d, W, DV)
+    if NOPE_CHUNKS == 4:
+        _store_o_chunk(p_o, acc2, inv_l, m_h, o_d, 2 * W, DV)
+        _store_o_chunk(p_o, acc3, inv_l, m_h, o_d, 3 * W, DV)
 
 
 @triton.jit
@@ -317,12 +454,13 @@ def sparse_decode_v32_fwd(
 
     info = dev.launch_info(q.device)
     cfg = config or choose_v32_config(info, heads, batch * s_q, kv_format)
-    if not cfg.int_dequant and not interpret and not info.has_fp8:
-        raise ValueError(f"sm_{info.arch} has no e4m3 type: int_dequant=False cannot compile there")
+    check_v32_config(cfg, info)
     rows, topk = batch * s_q, indices.shape[2]
     head_blocks = triton.cdiv(heads, cfg.block_h)
     # programs one SM holds at once: registers bound it (8 warps x ~200-255 registers per thread fill an SM's 64K)
-    resident = max(1, min(info.smem_per_sm // shared_bytes_v32(cfg, kv_format), 65_536 // (cfg.num_warps * 32 * 192)))
+    resident = max(
+        1, min(info.smem_per_sm // shared_bytes_v32(cfg, kv_format, info), 65_536 // (cfg.num_warps * 32 * 192))
+    )
     splits = choose_num_splits(rows, head_blocks, triton.cdiv(topk, cfg.block_n), info.num_sms * resident, num_splits)
 
     # The interpreter truncates fp32 -> bf16 stores (Triton 3.8); there the kernel writes fp32 and torch rounds.
@@ -339,8 +477,9 @@ def sparse_decode_v32_fwd(
         s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
         kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
-        DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, KV_FP8=kv_format == "fp8_656",
-        INT_DEQUANT=cfg.int_dequant and not interpret, HAS_LEN=topk_length is not None, SINGLE=splits == 1,
+        DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
+        INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
+        SINGLE=splits == 1,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -363,4 +502,11 @@ def flops_and_bytes_v32(batch: int, s_q: int, heads: int, topk: int, kv_format: 
     return flops, float(nbytes)
 
 
-__all__ = ["V32Config", "choose_v32_config", "flops_and_bytes_v32", "shared_bytes_v32", "sparse_decode_v32_fwd"]
+__all__ = [
+    "V32Config",
+    "check_v32_config",
+    "choose_v32_config",
+    "flops_and_bytes_v32",
+    "shared_bytes_v32",
+    "sparse_decode_v32_fwd",
+]
