@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import typer
 
+from benchmarks.decode_v32 import parse_ints
 from benchmarks.step import least_squares_slope, point_order, probe_deep_gemm
 from benchmarks.step_model_v32 import (
     FLAGS,
@@ -351,17 +352,6 @@ def print_summary(doc: dict[str, Any], log: Callable[[str], None] = print) -> No
         log(f"error: {err}"[:400])
 
 
-def parse_ints(text: str, name: str) -> tuple[int, ...]:
-    """Comma-separated positive integers, in order, duplicates dropped; ValueError naming the option."""
-    try:
-        out = tuple(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
-    except ValueError:
-        raise ValueError(f"--{name} takes comma-separated integers, got {text!r}") from None
-    if not out or any(v <= 0 for v in out):
-        raise ValueError(f"--{name} takes positive integers, got {text!r}")
-    return out
-
-
 def parse_states(text: str) -> tuple[str, ...]:
     """Comma-separated state names out of :data:`STATES`, in order, duplicates dropped."""
     chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
@@ -381,7 +371,8 @@ def parse_options(
         batches = ",".join(map(str, TINY_GRID["batches"])) if batches == ",".join(map(str, BATCHES)) else batches
         contexts = ",".join(map(str, TINY_GRID["contexts"])) if contexts == ",".join(map(str, CONTEXTS)) else contexts
         cap = shape.max_context if cap == CAP else cap
-    bs, ctxs, chosen = parse_ints(batches, "batches"), parse_ints(contexts, "contexts"), parse_states(states)
+    bs, ctxs = tuple(parse_ints(batches, "batches")), tuple(parse_ints(contexts, "contexts"))
+    chosen = parse_states(states)
     if tiny:
         chosen = tuple(s for s in chosen if s != FLASHMLA) or (SPARSEMLA,)
     if cap % 64:
