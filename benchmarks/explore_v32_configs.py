@@ -63,11 +63,30 @@ def main(
 ) -> None:
     import triton
 
+    from sparsemla import flags
     from sparsemla.kernels import device as dev
     from sparsemla.kernels.sparse_decode import triton_v32 as v32
 
     info = dev.device_info()
-    rows = []
+    code_path = flags.TRITON_OVERRIDE_ARCH.get() or "native"
+    rows: list[dict] = []
+
+    def write(rows: list[dict]) -> Path:  # after every row: a run cut short by its time limit keeps what it measured
+        doc = {
+            "op": "v32_configs",
+            "gpu": torch.cuda.get_device_name(),
+            "git_sha": git_sha,
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "code_path": code_path,
+            "ctx": ctx,
+            "rows": rows,
+        }
+        op = "v32_configs" if code_path == "native" else f"v32_configs-{code_path}"
+        path = result_path(out_dir, op, doc["gpu"])
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        return path
+
     for B, H, fmt in SHAPES:
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
@@ -90,20 +109,9 @@ def main(
                 except Exception as exc:  # noqa: BLE001 -- an exploration row records why a config failed
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 rows.append(row)
+                write(rows)
                 print(json.dumps(row), flush=True)
-    doc = {
-        "op": "v32_configs",
-        "gpu": torch.cuda.get_device_name(),
-        "git_sha": git_sha,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "code_path": "native",
-        "ctx": ctx,
-        "rows": rows,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = result_path(out_dir, "v32_configs", doc["gpu"])
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path = write(rows)
     print(f"wrote {path}")
 
 
