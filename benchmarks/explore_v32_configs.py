@@ -70,22 +70,21 @@ def main(
     info = dev.device_info()
     code_path = flags.TRITON_OVERRIDE_ARCH.get() or "native"
     rows: list[dict] = []
+    doc = {
+        "op": "v32_configs",
+        "gpu": torch.cuda.get_device_name(),
+        "git_sha": git_sha,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "code_path": code_path,
+        "ctx": ctx,
+        "rows": rows,
+    }
+    op = "v32_configs" if code_path == "native" else f"v32_configs-{code_path}"
+    path = result_path(out_dir, op, doc["gpu"])
 
-    def write(rows: list[dict]) -> Path:  # after every row: a run cut short by its time limit keeps what it measured
-        doc = {
-            "op": "v32_configs",
-            "gpu": torch.cuda.get_device_name(),
-            "git_sha": git_sha,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "code_path": code_path,
-            "ctx": ctx,
-            "rows": rows,
-        }
-        op = "v32_configs" if code_path == "native" else f"v32_configs-{code_path}"
-        path = result_path(out_dir, op, doc["gpu"])
+    def write() -> None:  # after every row: a run cut short by its time limit keeps what it measured
         path.write_text(json.dumps(doc, indent=1) + "\n")
-        return path
 
     for B, H, fmt in SHAPES:
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
@@ -109,9 +108,9 @@ def main(
                 except Exception as exc:  # noqa: BLE001 -- an exploration row records why a config failed
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 rows.append(row)
-                write(rows)
+                write()
                 print(json.dumps(row), flush=True)
-    path = write(rows)
+    write()
     print(f"wrote {path}")
 
 
