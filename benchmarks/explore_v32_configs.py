@@ -23,35 +23,43 @@ from benchmarks.decode_v32 import Shape, make_inputs
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
-# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k); 14 configs (a Triton compile is ~5 s per config,
-# format and split/unsplit). The references: the chosen 32x32-w8-s1 and the 2026-12-02 winners (64x32-w8-s2: 278 us at
+# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant); a Triton compile is ~5 s per config,
+# format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02 winners (64x32-w8-s2: 278 us at
 # fp8 B=64 H=128, 32x32-w4-s2: 487 us, 16x32-w4-s2: 227 us at B=128 H=16). The variants that pass the ahead-of-time
 # gate (Triton 3.8): nope_chunks=4 64-head tiles (0 B spilled on sm_90 at 1-3 stages, 64 tokens too; <= 170 B on
 # sm_80/86/89/120; not sm_100), the 101-KB-safe 64x16, and the 4-warp tiles with nope_chunks=4 (+ stage_k for fp8).
+# Then the 64x64 neighbours of the c4 sweep's winner (64x64-w8-s2-c4: 245 us): 3 stages (fp8 only: 231,424 B of the
+# H200's 232,448), 16 warps (4 warpgroups, a quarter of the accumulator each), 2 chunks, the fp8 conversion
+# instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage.
 CONFIGS = (
-    (32, 32, 8, 1, 1, False),
-    (64, 32, 8, 2, 1, False),
-    (64, 32, 8, 1, 4, False),
-    (64, 32, 8, 2, 4, False),
-    (64, 32, 8, 3, 4, False),
-    (64, 64, 8, 2, 4, False),
-    (64, 16, 8, 2, 4, False),
-    (64, 32, 8, 2, 4, True),
-    (32, 32, 4, 2, 1, False),
-    (32, 32, 4, 2, 4, True),
-    (32, 32, 4, 3, 4, True),
-    (16, 32, 4, 2, 1, False),
-    (16, 32, 4, 2, 4, False),
-    (16, 32, 4, 3, 4, False),
+    (32, 32, 8, 1, 1, False, True),
+    (64, 32, 8, 2, 1, False, True),
+    (64, 32, 8, 1, 4, False, True),
+    (64, 32, 8, 2, 4, False, True),
+    (64, 32, 8, 3, 4, False, True),
+    (64, 64, 8, 2, 4, False, True),
+    (64, 16, 8, 2, 4, False, True),
+    (64, 32, 8, 2, 4, True, True),
+    (32, 32, 4, 2, 1, False, True),
+    (32, 32, 4, 2, 4, True, True),
+    (32, 32, 4, 3, 4, True, True),
+    (16, 32, 4, 2, 1, False, True),
+    (16, 32, 4, 2, 4, False, True),
+    (16, 32, 4, 3, 4, False, True),
+    (64, 64, 8, 3, 4, False, True),
+    (64, 64, 16, 2, 4, False, True),
+    (64, 64, 8, 2, 2, False, True),
+    (64, 64, 8, 2, 4, False, False),
+    (64, 128, 8, 1, 4, False, True),
 )
 SHAPES = ((64, 128, "fp8_656"), (128, 16, "fp8_656"), (64, 128, "bf16_576"))
-SPLITS = ("auto", 4)
 
 
 def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
-    """``64x32-w8-s2`` (the 2026-12-02 file's names), then ``-c4`` for nope_chunks and ``-stage_k``."""
+    """``64x32-w8-s2`` (the 2026-12-02 file's names), then ``-c4`` for nope_chunks, ``-stage_k``, ``-cvt``."""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
-    return name + (f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else "") + ("-stage_k" if cfg.stage_k else "")
+    name += (f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else "") + ("-stage_k" if cfg.stage_k else "")
+    return name + ("" if cfg.int_dequant else "-cvt")
 
 
 @app.command()
@@ -59,7 +67,8 @@ def main(
     out_dir: Path = typer.Option(Path("results/bench/explore"), help="Folder of the JSON."),
     git_sha: str = typer.Option("", help="Commit measured (the GPU machine's copy has no .git)."),
     ctx: int = typer.Option(8192, help="kv slots per request."),
-    only: str = typer.Option("", help="Only the configs whose name contains this (e.g. '-c4'); default all."),
+    only: str = typer.Option("", help="Only the configs whose name contains one of these comma-separated parts."),
+    splits_: str = typer.Option("auto,4", "--splits", help="Comma-separated split counts ('auto' or ints)."),
 ) -> None:
     import triton
 
@@ -68,6 +77,8 @@ def main(
     from sparsemla.kernels.sparse_decode import triton_v32 as v32
 
     info = dev.device_info()
+    wanted = [part for part in only.split(",") if part] or [""]
+    split_counts = [int(x) if x.isdigit() else x for x in splits_.split(",") if x]
     code_path = flags.TRITON_OVERRIDE_ARCH.get() or "native"
     rows: list[dict] = []
     doc = {
@@ -90,11 +101,13 @@ def main(
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
         want, _ = v32.sparse_decode_v32_fwd(*args, kv_format=fmt)
-        for bh, bn, warps, stages, chunks, stage_k in CONFIGS:
-            cfg = v32.V32Config(bh, bn, warps, stages, partial_bf16=True, nope_chunks=chunks, stage_k=stage_k)
-            if only not in config_name(cfg):
+        for bh, bn, warps, stages, chunks, stage_k, int_dequant in CONFIGS:
+            cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k)
+            if not any(part in config_name(cfg) for part in wanted):
                 continue
-            for splits in SPLITS:
+            if v32.shared_bytes_v32(cfg, fmt, info) > info.smem_per_block:
+                continue  # the launcher refuses it; no row to spend a compile on
+            for splits in split_counts:
                 row = dict(B=B, H=H, kv_format=fmt, config=config_name(cfg), nope_chunks=chunks, stage_k=stage_k,
                            splits=splits, shared_bytes=v32.shared_bytes_v32(cfg, fmt, info))  # fmt: skip
 
