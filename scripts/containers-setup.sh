@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make test-containers`, first step: the container tools, installed only when missing (re-running changes nothing).
-#   1. podman, debootstrap and runc (+ netavark, aardvark-dns: container networks with service names) from Debian
+#   1. podman, debootstrap and runc (+ netavark, aardvark-dns: container networks with service names; iptables, which
+#      netavark runs for every network and published port: podman only suggests it, and without it every `podman run`
+#      fails with "netavark: No such file or directory") from Debian
 #   2. podman-compose 1.6.0 from PyPI, in its own venv: ~/.cache/sparsemla/containers/tools (not the project's .venv)
 #   3. a check that the project venv has the ops extras the checks import (its test modules skip without them)
 # A tool that cannot be installed here is an error that says what to install: the container test never skips.
@@ -11,7 +13,7 @@ PYTHON="${1:-python3}"
 PROJECT_PY="${2:-.venv/bin/python}"
 TOOLS="${HOME}/.cache/sparsemla/containers/tools"
 PODMAN_COMPOSE_VERSION=1.6.0
-DEBIAN_PACKAGES=(podman debootstrap runc netavark aardvark-dns)
+DEBIAN_PACKAGES=(podman debootstrap runc netavark aardvark-dns iptables)
 
 say() { printf '\033[36m[containers-setup]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[containers-setup] error:\033[0m %s\n' "$*" >&2; exit 2; }
