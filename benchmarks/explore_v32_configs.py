@@ -30,7 +30,8 @@ app = typer.Typer(add_completion=False, help=__doc__)
 # sm_80/86/89/120; not sm_100), the 101-KB-safe 64x16, and the 4-warp tiles with nope_chunks=4 (+ stage_k for fp8).
 # Then the 64x64 neighbours of the c4 sweep's winner (64x64-w8-s2-c4: 245 us): 3 stages (fp8 only: 231,424 B of the
 # H200's 232,448), 16 warps (4 warpgroups, a quarter of the accumulator each), 2 chunks, the fp8 conversion
-# instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage.
+# instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage. Last, the
+# small-batch and 101-KB bf16 candidates: the chosen 16x16-w8-s1 of B <= 8, 4-warp 16-token tiles, 32x32 at 1 stage.
 CONFIGS = (
     (32, 32, 8, 1, 1, False, True),
     (64, 32, 8, 2, 1, False, True),
@@ -51,8 +52,12 @@ CONFIGS = (
     (64, 64, 8, 2, 2, False, True),
     (64, 64, 8, 2, 4, False, False),
     (64, 128, 8, 1, 4, False, True),
+    (16, 16, 8, 1, 1, False, True),
+    (16, 16, 4, 2, 4, False, True),
+    (32, 16, 4, 2, 4, False, True),
+    (32, 32, 4, 1, 4, False, True),
 )
-SHAPES = ((64, 128, "fp8_656"), (128, 16, "fp8_656"), (64, 128, "bf16_576"))
+SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 
 
 def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
@@ -69,6 +74,7 @@ def main(
     ctx: int = typer.Option(8192, help="kv slots per request."),
     only: str = typer.Option("", help="Only the configs whose name contains one of these comma-separated parts."),
     splits_: str = typer.Option("auto,4", "--splits", help="Comma-separated split counts ('auto' or ints)."),
+    shapes: str = typer.Option(SHAPES, help="Comma-separated B:H:kv_format points."),
 ) -> None:
     import triton
 
@@ -97,7 +103,7 @@ def main(
     def write() -> None:  # after every row: a run cut short by its time limit keeps what it measured
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
-    for B, H, fmt in SHAPES:
+    for B, H, fmt in ((int(b), int(h), f) for b, h, f in (point.split(":") for point in shapes.split(","))):
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
         want, _ = v32.sparse_decode_v32_fwd(*args, kv_format=fmt)

@@ -126,6 +126,11 @@ def test_corner_cases(nan_empty, kv_format):
     assert torch.equal(unaligned[0], out) and torch.equal(unaligned[1], lse)
 
 
+def _variant_id(cfg: v32.V32Config) -> str:
+    chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
+    return f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
+
+
 def _every_chosen_config() -> list[v32.V32Config]:
     configs = {
         v32.choose_v32_config(info, h, r, fmt)
@@ -134,14 +139,14 @@ def _every_chosen_config() -> list[v32.V32Config]:
         for r in (1, 128)
         for fmt in layouts.V32_FORMATS
     }
-    return sorted(configs, key=lambda c: (c.block_h, c.block_n, c.num_warps))
+    return sorted(configs, key=lambda c: (c.block_h, c.block_n, c.num_warps, c.num_stages, c.nope_chunks))
 
 
-@pytest.mark.parametrize("cfg", _every_chosen_config(), ids=lambda c: f"{c.block_h}x{c.block_n}-w{c.num_warps}")
+@pytest.mark.parametrize("cfg", _every_chosen_config(), ids=_variant_id)
 @pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_targets_config_matches_reference(nan_empty, cfg, kv_format, splits):
-    """The tiles sm_80..sm_120 get, run here (they are mma.sync tiles on every target)."""
+    """The tiles sm_80..sm_120 get, run here (mma.sync tiles, and sm_90's 64-head wgmma tile in the native path)."""
     args, kw = make_case(kv_format, 3, 2, 128, seed=55 + splits)
     out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
     check(args, kw, out, lse)
@@ -160,11 +165,6 @@ VARIANTS = [
     v32.V32Config(16, 32, 4, 2, True, nope_chunks=4),
     v32.V32Config(32, 32, 8, 1, True, nope_chunks=2, stage_k=True),
 ]
-
-
-def _variant_id(cfg: v32.V32Config) -> str:
-    chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
-    return f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
 
 
 def _runnable(cfg: v32.V32Config, kv_format: str) -> None:

@@ -79,22 +79,25 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
     [block_h, 576] bf16, plus per token of the tile what the MMA path stages, plus one raw row per token and extra
     pipeline stage. Per token, by the MMA a tile lowers to (Triton 3.8):
 
-    * mma.sync (every tile under 64 heads; 64-head tiles on sm_80/86/89/120): 512 B for fp8_656 (the uint8 tile's
-      layout conversion; Triton rebuilds the bf16 K in registers), 2 KB for bf16_576 (one copy per dot's swizzle);
+    * mma.sync (every tile under 64 heads; 64-head tiles on sm_80/86/89/120): 512 / nope_chunks B for fp8_656 (the
+      uint8 chunk's layout conversion; Triton rebuilds the bf16 K in registers), 1024 + 1024 / nope_chunks for
+      bf16_576 (2 KB unchunked: one copy per dot's swizzle; measured on 64-head tiles, 16/32-head ones need less);
       fp8 with ``stage_k``: one bf16 K for both dots plus a chunk-sized second copy, 1024 + 1024 / nope_chunks
-      (+ 128 B of RoPE staging).
+      (+ 128 B of RoPE staging unchunked).
     * wgmma (sm_90) and tcgen05 (sm_100), 64-head tiles: the bf16 NoPE + RoPE tile, 1152 B; tcgen05 with bf16_576 and
       more than one stage keeps every stage's raw rows plus a 2-KB operand copy, and its barriers take < 1 KB.
 
-    Equal to ``metadata.shared`` for the configurations :func:`choose_v32_config` returns and an upper bound for the
-    other ones measured (tests/test_sparse_decode_v32.py keeps it from under-counting)."""
+    Never below ``metadata.shared`` for the tiles measured ahead of time, chosen ones included, and equal for most
+    (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less."""
     fp8 = kv_format == "fp8_656"
     row = V32_FP8_BYTES if fp8 else 2 * V32_DIM
     pipeline = (cfg.num_stages - 1) * row
-    if fp8:
-        mma_sync = 1024 + 1024 // cfg.nope_chunks + 128 if cfg.stage_k else 512
+    if fp8 and cfg.stage_k:
+        mma_sync = 1024 + 1024 // cfg.nope_chunks + (128 if cfg.nope_chunks == 1 else 0)
+    elif fp8:
+        mma_sync = 512 // cfg.nope_chunks
     else:
-        mma_sync = 2048
+        mma_sync = 1024 + 1024 // cfg.nope_chunks
     per_token = {"mma.sync": mma_sync + pipeline}
     if cfg.block_h >= 64:  # 64-row tiles: wgmma on sm_90, tcgen05 on sm_100 (mma.sync elsewhere)
         per_token["wgmma"] = 2 * V32_DIM + pipeline
@@ -129,22 +132,36 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
 
 
 def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_format: str = "fp8_656") -> V32Config:
-    """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info``.
+    """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info``, from the H200
+    sweeps of benchmarks/explore_v32_configs.py (results/bench/explore/v32_configs*.json; both code paths):
 
-    Every target, 8 warps, one pipeline stage: H <= 16: one 16-head program per row, 16-token tiles for <= 8 rows, 32
-    above; H > 16: 32-head blocks, 32-token tiles where they fit the shared memory (bf16_576 on the 101,376-B targets
-    gets 16). These tiles lower to mma.sync everywhere (wgmma needs 64-row blocks). The 64-head wgmma tile a Hopper
-    would want spills 224-328 B per thread on sm_90 at 8 warps and one stage (ahead-of-time compile, Triton 3.8: the
-    [64, 512] fp32 accumulator + the gathered row + the extra 64-wide RoPE dot), and 16 warps cap registers at 128
-    and spill more; 32 heads x 32 tokens spill nothing on sm_80..sm_120 (8 B on sm_100). With ``nope_chunks=4`` the
-    64-head tile spills nothing on sm_90 (see :class:`V32Config`); it is not chosen before it is measured
-    (benchmarks/explore_v32_configs.py). Interpreter: small tiles (fp32 dots)."""
+    * sm_90, > 8 rows: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
+      232,448), 2 for bf16_576. Also for 16 heads: the 48 masked rows cost less than mma.sync's 16-head tile.
+    * H <= 16 elsewhere (and <= 8 rows on sm_90): one 16-head program per row; <= 8 rows: 16-token tiles, 8 warps;
+      more: fp8_656 16x32, 4 warps, 3 stages, 4 chunks; bf16_576 16x32, 8 warps, 1 stage.
+    * H > 16 elsewhere, mma.sync (64-head tiles only lower to wgmma/tcgen05, and tcgen05 traps with chunks): 32-head
+      blocks, 4 warps, 4 chunks: fp8_656 32x32 with 2 stages and ``stage_k`` (98,816 B: fits 101,376); bf16_576 32x32
+      with 3 stages where that fits (sm_80, sm_100), else 1 stage.
+
+    Every one compiles ahead of time for its targets with <= 72 B spilled (Triton 3.8; tests/test_aot.py).
+    Interpreter: small tiles (fp32 dots)."""
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
+    fp8 = kv_format == "fp8_656"
+    if info.capability[0] == 9 and rows > 8:
+        return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
-        return V32Config(16, 16 if rows <= 8 else 32, 8, 1, partial_bf16=True)
-    wide = V32Config(32, 32, 8, 1, partial_bf16=True)
-    return wide if shared_bytes_v32(wide, kv_format, info) <= info.smem_per_block else V32Config(32, 16, 8, 1, True)
+        if rows <= 8:
+            return V32Config(16, 16, 8, 1, partial_bf16=True)
+        return V32Config(16, 32, 4, 3, True, nope_chunks=4) if fp8 else V32Config(16, 32, 8, 1, partial_bf16=True)
+    if fp8:
+        return V32Config(32, 32, 4, 2, partial_bf16=True, nope_chunks=4, stage_k=True)
+    deep = V32Config(32, 32, 4, 3, partial_bf16=True, nope_chunks=4)
+    return (
+        deep
+        if shared_bytes_v32(deep, kv_format, info) <= info.smem_per_block
+        else V32Config(32, 32, 4, 1, True, nope_chunks=4)
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
