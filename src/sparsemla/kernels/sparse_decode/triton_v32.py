@@ -135,8 +135,8 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info``, from the H200
     sweeps of benchmarks/explore_v32_configs.py (results/bench/explore/v32_configs*.json; both code paths):
 
-    * sm_90, > 8 rows: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
-      232,448), 2 for bf16_576. Also for 16 heads: the 48 masked rows cost less than mma.sync's 16-head tile.
+    * sm_90: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of 232,448),
+      2 for bf16_576; also for <= 16 heads past 8 rows: the 48 masked rows cost less than mma.sync's 16-head tile.
     * H <= 16 elsewhere (and <= 8 rows on sm_90): one 16-head program per row; <= 8 rows: 16-token tiles, 8 warps;
       more: fp8_656 16x32, 4 warps, 3 stages, 4 chunks; bf16_576 16x32, 8 warps, 1 stage.
     * H > 16 elsewhere, mma.sync (64-head tiles only lower to wgmma/tcgen05, and tcgen05 traps with chunks): 32-head
@@ -148,7 +148,7 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
     fp8 = kv_format == "fp8_656"
-    if info.capability[0] == 9 and rows > 8:
+    if info.capability[0] == 9 and (num_heads > 16 or rows > 8):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
         if rows <= 8:
