@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sparsemla import flags
+from sparsemla.kernels import device as dev
 from sparsemla.kernels import layouts
 from sparsemla.kernels.indexer import api, topk
 from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
@@ -156,9 +157,9 @@ def test_topk_paths_from_shapes_only(tri):
     assert topk._topk_paths(2048, 1000, tiles) == (4096, 4096, False)
     assert topk._topk_paths(2048, 10000, tiles) == (4096, 16384, False)
     assert topk._topk_paths(512, 5000, (1024, 2048)) == (1024, 2048, True)
-    sms = topk._num_sms(torch.device("cpu"))
-    assert topk._topk_row_tiles(sms, torch.device("cpu")) == topk.TOPK_ROW_TILES
-    assert topk._topk_row_tiles(sms + 1, torch.device("cpu")) == (topk.TOPK_ROW_TILES[0],) * 2
+    sms = dev.launch_info(torch.device("cpu")).num_sms
+    assert topk._topk_row_tiles(sms, sms) == topk.TOPK_ROW_TILES
+    assert topk._topk_row_tiles(sms + 1, sms) == (topk.TOPK_ROW_TILES[0],) * 2
 
 
 def test_topk_every_path_at_tile_edges(tri):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sparsemla.kernels import device as dev
 from sparsemla.kernels import layouts
 from sparsemla.kernels.indexer import sglang_compat, topk
 from sparsemla.kernels.indexer import triton as tri
@@ -124,7 +125,7 @@ def test_topk_register_tiles(k, slots):
 
 def test_topk_more_rows_than_sms():
     """More rows than SMs: the launcher drops the large register tile; rows of every length still come out exact."""
-    rows = topk._num_sms(torch.device(DEV)) + 40
+    rows = dev.launch_info(torch.device(DEV)).num_sms + 40
     g = torch.Generator().manual_seed(17)
     lengths = torch.randint(0, 20000, (rows,), generator=g, dtype=torch.int32)
     lengths[:6] = torch.tensor([0, 512, 513, 4096, 4097, 16385], dtype=torch.int32)

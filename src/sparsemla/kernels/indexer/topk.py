@@ -432,19 +432,15 @@ def _indexer_topk_kernel(
 # ---------------------------------------------------------------------------------------------------------------------
 # launcher
 # ---------------------------------------------------------------------------------------------------------------------
-def _num_sms(device: torch.device) -> int:
-    return dev.launch_info(device).num_sms
-
-
 def _topk_block(k: int) -> int:
     """Row elements per radix-pass iteration of the streaming path."""
     return 2048 if k >= 2048 else 1024
 
 
-def _topk_row_tiles(rows: int, device: torch.device) -> tuple[int, int]:
+def _topk_row_tiles(rows: int, num_sms: int) -> tuple[int, int]:
     """:data:`TOPK_ROW_TILES` when every row gets its own SM; for more rows than SMs only the small tile, so the
     streaming rows keep several programs per SM resident (a shape-only choice: graph-safe)."""
-    if rows <= _num_sms(device):
+    if rows <= num_sms:
         return TOPK_ROW_TILES
     return TOPK_ROW_TILES[0], TOPK_ROW_TILES[0]
 
@@ -551,7 +547,7 @@ def indexer_topk_fwd(
     n_split = topk_splits(rows, logits.shape[1], info) if splits is None else splits
     if n_split < 1 or n_split & (n_split - 1) or (n_split > 1 and info is dev.INTERPRETER):
         raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
-    tiles = row_tiles or _topk_row_tiles(rows, logits.device)
+    tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     ws = _SPLIT_WS.get(logits.device, rows, n_split) if n_split > 1 else lengths
     _indexer_topk_kernel[(rows * n_split,)](
