@@ -92,6 +92,43 @@ def test_podman_builds_mount_the_host_trust_files_only_when_asked(monkeypatch: p
     assert not [a for a in calls[2] if a.startswith(("--volume", "--format"))]
 
 
+class _FakeEngine:
+    """``Engine.run`` (set on the class: called unbound) whose ``rm -f`` removes a container after ``sticky[name]``
+    more tries."""
+
+    def __init__(self, present: set[str], sticky: dict[str, int]) -> None:
+        self.present, self.sticky, self.rm_calls = set(present), dict(sticky), 0
+
+    def __call__(self, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if args[:2] == ("rm", "-f"):
+            self.rm_calls += 1
+            for name in args[2:]:
+                if self.sticky.get(name, 0) > 0:
+                    self.sticky[name] -= 1
+                else:
+                    self.present.discard(name)
+            return subprocess.CompletedProcess(args, 1 if self.sticky else 0, "", "Error: netavark teardown")
+        assert args[:2] == ("ps", "-a"), args
+        return subprocess.CompletedProcess(args, 0, "\n".join(sorted(self.present)), "")
+
+
+@pytest.mark.parametrize("sticky,rm_calls,fails", [(0, 1, False), (1, 2, False), (2, 2, True)],
+                         ids=["removed-at-once", "removed-on-retry", "still-there"])  # fmt: skip
+def test_remove_retries_a_container_that_survives_rm(monkeypatch: pytest.MonkeyPatch, sticky, rm_calls, fails):
+    fake = _FakeEngine({"a", "b", "other"}, {"a": sticky})
+    monkeypatch.setattr(Engine, "run", fake)
+    eng = Engine("podman", ROOT)
+    if fails:
+        with pytest.raises(ContainersError, match=r"rm -f a` left them in place:\n.*netavark"):
+            eng.remove("a", "b", "missing")
+    else:
+        eng.remove("a", "b", "missing")
+        assert fake.present == {"other"}
+    assert fake.rm_calls == rm_calls
+    eng.remove()
+    assert fake.rm_calls == rm_calls
+
+
 def test_compose_files_and_env_per_engine(tmp_path: Path) -> None:
     podman = compose_check.ComposeStack(Engine("podman", ROOT), "0.1.0-standins", "localhost/p:1", tmp_path / "a")
     assert [p.name for p in podman.files()] == ["compose.yaml", "compose.localhost.yaml", "compose.podman.yaml",

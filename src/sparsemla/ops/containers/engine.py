@@ -230,6 +230,17 @@ class Engine:
         return sorted(self.run(*argv, timeout=60).stdout.split())
 
     def remove(self, *containers: str) -> None:
-        """Force-remove containers; missing ones are no error."""
+        """Force-remove containers; missing ones are no error, one still there after a second try is.
+
+        A container that podman created but could not start (its network setup failed) can survive the first
+        ``rm -f`` (seen once: the next run's ``--name`` then collided with it), so the names are checked and retried."""
+        for _ in range(2):
+            if not containers:
+                return
+            result = self.run("rm", "-f", *containers, check=False, timeout=120)
+            present = set(self.containers())
+            containers = tuple(name for name in containers if name in present)
         if containers:
-            self.run("rm", "-f", *containers, check=False, timeout=120)
+            raise ContainersError(
+                f"`{self.name} rm -f {' '.join(containers)}` left them in place:\n{_tail(result.stderr)}"
+            )
