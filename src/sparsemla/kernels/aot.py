@@ -32,6 +32,9 @@ from triton.backends.driver import DriverBase
 from sparsemla.kernels import device as dev
 
 SPILL_LIMIT = 256  # bytes per thread: more than this counts as a failure (local memory traffic on every tile)
+# Fewer registers than this is a kernel Triton reduced to a trap (seen: Triton 3.8's tcgen05 lowering of a chunked
+# 64-head V3.2 tile, REG 4 and no MMA); the smallest real kernel here, a split combine, takes 31.
+MIN_REGISTERS = 16
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,12 @@ class KernelResources:
 
     @property
     def ok(self) -> bool:
-        return not self.error and self.shared <= self.budget and self.spilled <= SPILL_LIMIT
+        return (
+            not self.error
+            and self.shared <= self.budget
+            and self.spilled <= SPILL_LIMIT
+            and self.registers >= MIN_REGISTERS
+        )
 
     def problem(self) -> str:
         if self.error:
@@ -60,6 +68,8 @@ class KernelResources:
             return f"shared memory {self.shared} B > {self.budget} B"
         if self.spilled > SPILL_LIMIT:
             return f"spills {self.spilled} B per thread > {SPILL_LIMIT}"
+        if self.registers < MIN_REGISTERS:
+            return f"{self.registers} registers: a kernel reduced to a trap (< {MIN_REGISTERS})"
         return ""
 
 
