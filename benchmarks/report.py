@@ -16,6 +16,7 @@ SECTIONS = {
     "topk": "benchmarks.report_topk:topk_section",
     "decode_v32": "benchmarks.report_decode_v32:decode_v32_section",
     "prefill": "benchmarks.report_prefill:prefill_section",
+    "step_v32": "benchmarks.report_step_v32:step_v32_section",
 }
 # Ops whose benchmark exists but whose first GPU result is not committed yet: rendered from their newest JSON like
 # SECTIONS once there is one, else as the placeholder function's "not measured yet" section. Move an op to SECTIONS
