@@ -31,7 +31,8 @@ app = typer.Typer(add_completion=False, help=__doc__)
 # Then the 64x64 neighbours of the c4 sweep's winner (64x64-w8-s2-c4: 245 us): 3 stages (fp8 only: 231,424 B of the
 # H200's 232,448), 16 warps (4 warpgroups, a quarter of the accumulator each), 2 chunks, the fp8 conversion
 # instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage. Last, the
-# small-batch and 101-KB bf16 candidates: the chosen 16x16-w8-s1 of B <= 8, 4-warp 16-token tiles, 32x32 at 1 stage.
+# small-batch and 101-KB bf16 candidates: the chosen 16x16-w8-s1 of B <= 8, 4-warp 16-token tiles, 32x32 at 1 stage;
+# then mma.sync neighbours of the chosen 32x32-w4-s2-c4-stage_k (16 tokens x 3 stages, 8 warps) and 16 x 64 tokens.
 CONFIGS = (
     (32, 32, 8, 1, 1, False, True),
     (64, 32, 8, 2, 1, False, True),
@@ -56,6 +57,9 @@ CONFIGS = (
     (16, 16, 4, 2, 4, False, True),
     (32, 16, 4, 2, 4, False, True),
     (32, 32, 4, 1, 4, False, True),
+    (32, 16, 4, 3, 4, True, True),
+    (32, 32, 8, 2, 4, True, True),
+    (16, 64, 4, 2, 4, False, True),
 )
 SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 
