@@ -339,13 +339,16 @@ def test_each_target_gets_its_measured_tile():
     hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 64, "fp8_656")
     assert (hopper.block_h, hopper.block_n, hopper.num_stages, hopper.nope_chunks) == (64, 64, 3, 4)
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 128, "bf16_576").num_stages == 2
-    assert v32.choose_v32_config(dev.target("sm_90"), 16, 1).block_h == 16  # <= 8 rows: no wgmma tile
+    assert v32.choose_v32_config(dev.target("sm_90"), 16, 1).block_h == 16  # < 4 rows: no wgmma tile
+    assert v32.choose_v32_config(dev.target("sm_90"), 16, 4).block_h == 64
     for target in ("sm_80", "sm_86", "sm_89", "sm_100", "sm_120"):
         fp8 = v32.choose_v32_config(dev.target(target), 128, 64, "fp8_656")
         assert (fp8.block_h, fp8.num_warps, fp8.nope_chunks, fp8.stage_k) == (32, 4, 4, True), target
         assert v32.choose_v32_config(dev.target(target), 16, 128, "fp8_656").num_stages == 3
     assert v32.choose_v32_config(dev.target("sm_80"), 128, 64, "bf16_576").num_stages == 3
     assert v32.choose_v32_config(dev.target("sm_120"), 128, 64, "bf16_576").num_stages == 1  # 101,376 B
+    assert v32.choose_v32_config(dev.target("sm_120"), 16, 8, "bf16_576").num_stages == 2
+    assert v32.choose_v32_config(dev.target("sm_80"), 16, 8, "bf16_576").num_stages == 3
 
 
 def test_estimate_never_exceeds_the_all_target_bound():

@@ -254,6 +254,7 @@ def prefill_cases() -> dict[str, Callable[[], object]]:
 
 DECODE_V32_CASES = (  # (kv_format, B, H, s_q): every branch of choose_v32_config, split and unsplit, MTP s_q=2
     ("fp8_656", 1, 16, 1),
+    ("fp8_656", 2, 16, 1),
     ("fp8_656", 1, 128, 1),
     ("fp8_656", 64, 16, 1),
     ("fp8_656", 64, 128, 1),

@@ -20,7 +20,7 @@ path never imports the fp32 reference (``reference.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -136,9 +136,10 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     sweeps of benchmarks/explore_v32_configs.py (results/bench/explore/v32_configs*.json; both code paths):
 
     * sm_90: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of 232,448),
-      2 for bf16_576; also for <= 16 heads past 8 rows: the 48 masked rows cost less than mma.sync's 16-head tile.
-    * H <= 16 elsewhere (and <= 8 rows on sm_90): one 16-head program per row; <= 8 rows: 16-token tiles, 8 warps;
-      more: fp8_656 16x32, 4 warps, 3 stages, 4 chunks; bf16_576 16x32, 8 warps, 1 stage.
+      2 for bf16_576; for <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per row): the 48 masked
+      rows cost less than mma.sync's 16-head tile.
+    * H <= 16 elsewhere: one 16-head program per row; 1 row: 16 tokens, 8 warps; more: 16x32, 4 warps, 4 chunks,
+      3 stages (bf16_576 on the 101,376-B targets: 2).
     * H > 16 elsewhere, mma.sync (64-head tiles only lower to wgmma/tcgen05, and tcgen05 traps with chunks): 32-head
       blocks, 4 warps, 4 chunks: fp8_656 32x32 with 2 stages and ``stage_k`` (98,816 B: fits 101,376); bf16_576 32x32
       with 3 stages where that fits (sm_80, sm_100), else 1 stage.
@@ -148,12 +149,13 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
     fp8 = kv_format == "fp8_656"
-    if info.capability[0] == 9 and (num_heads > 16 or rows > 8):
+    if info.capability[0] == 9 and (num_heads > 16 or rows >= 4):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
-        if rows <= 8:
+        if rows <= 1:
             return V32Config(16, 16, 8, 1, partial_bf16=True)
-        return V32Config(16, 32, 4, 3, True, nope_chunks=4) if fp8 else V32Config(16, 32, 8, 1, partial_bf16=True)
+        deep = V32Config(16, 32, 4, 3, partial_bf16=True, nope_chunks=4)
+        return deep if shared_bytes_v32(deep, kv_format, info) <= info.smem_per_block else replace(deep, num_stages=2)
     if fp8:
         return V32Config(32, 32, 4, 2, partial_bf16=True, nope_chunks=4, stage_k=True)
     deep = V32Config(32, 32, 4, 3, partial_bf16=True, nope_chunks=4)
