@@ -81,7 +81,16 @@ def _ctx(tokens: int) -> str:
     return f"{tokens // 1024}k context" if tokens >= 1024 else f"context {tokens}"
 
 
-def _measured_text(name: str, ref: Mapping[str, Any], gpu: str) -> str:
+def _flags_on(cal: Mapping[str, Any]) -> str:
+    """The state the references' speed-ups are over: all flags on, or a calibration's one state (DeepSeek-V3.2's
+    calibration holds only its flags-on state, ``triton_indexer``: SPARSEMLA_DSA_V32 is no variant switch)."""
+    states = cal.get("states")
+    if isinstance(states, list) and ALL_ON not in states and len(states) == 1:
+        return str(states[0])
+    return ALL_ON
+
+
+def _measured_text(name: str, ref: Mapping[str, Any], gpu: str, flags_on: str = ALL_ON) -> str:
     speedup = _points(ref.get("flags_on_speedup"))
     what = f"`{name}`: {ref.get('description') or 'a reference state'}"
     head = (
@@ -89,7 +98,7 @@ def _measured_text(name: str, ref: Mapping[str, Any], gpu: str) -> str:
         "simulator)"
     )
     if not speedup:
-        return f"{head}: flags on (`{ALL_ON}`) were not measured beside it, so there is no speed-up over it."
+        return f"{head}: flags on (`{flags_on}`) were not measured beside it, so there is no speed-up over it."
     batches = sorted({b for row in speedup.values() for b in row})
     goals = {b: want for b, want in FAST_PATH_GOALS.items() if b in batches} or {batches[-1]: None}
     parts = []
@@ -108,7 +117,7 @@ def _measured_text(name: str, ref: Mapping[str, Any], gpu: str) -> str:
         parts.append(f"goal point {', '.join(missing)} not measured")
     values = [x for row in speedup.values() for x in row.values()]
     span = f"{min(values):.2f}-{_x(max(values))} over its {len(values)} measured points (B={batches[0]}-{batches[-1]})"
-    return f"{head}: flags on (`{ALL_ON}`) are {'; '.join(parts)}; {span}."
+    return f"{head}: flags on (`{flags_on}`) are {'; '.join(parts)}; {span}."
 
 
 def fast_path_text(cal: Mapping[str, Any]) -> str:
@@ -131,7 +140,7 @@ def fast_path_text(cal: Mapping[str, Any]) -> str:
         if not isinstance(ref, Mapping):
             continue
         if ref.get("measured") is True:
-            texts.append(_measured_text(str(name), ref, gpu))
+            texts.append(_measured_text(str(name), ref, gpu, _flags_on(cal)))
         else:
             why = ref.get("reason") or "no reason recorded"
             texts.append(

@@ -68,7 +68,7 @@ def _flags(name: str) -> dict[str, str]:
     return kernel_variant.parse(name).flag_labels()
 
 
-def _state(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | None, int, str]:
+def state_from_step(doc: Mapping[str, Any], variant: str) -> tuple[StateCalibration | None, int, str]:
     """(state or None when its grid is incomplete, points whose step time was raised to the kernel sum, reason)."""
     rows = {(r["B"], r["ctx"]): float(r["us"]) for r in doc["variant_rows"] if r["variant"] == variant}
     if not rows:
@@ -252,7 +252,7 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
     notes: list[str] = []
     raised_total = 0
     for variant in kernel_variant.VARIANTS:
-        state, raised, reason = _state(doc, variant)
+        state, raised, reason = state_from_step(doc, variant)
         if state is None:
             notes.append(f"state {variant} left out: {reason}.")
             continue

@@ -64,7 +64,7 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
     view = server_view(doc)
     states, notes = {}, []
     for variant in VARIANTS:
-        state, raised, reason = single._state(view, variant)
+        state, raised, reason = single.state_from_step(view, variant)
         if state is None:
             if reason != "not measured":
                 notes.append(f"state {variant} left out: {reason}.")

@@ -20,7 +20,15 @@ app = typer.Typer()
 def sim(
     port: int = typer.Option(PORT_SERVER, "--port", help="HTTP port (sglang's default is 30000)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 to serve other machines)."),
-    model_name: str = typer.Option("deepseek-ai/DeepSeek-V4-Flash", "--model-name", help="served_model_name label."),
+    model: str = typer.Option(
+        "deepseek-v4-flash",
+        "--model",
+        help="Model to simulate: deepseek-v4-flash (default) | deepseek-v3.2 (measured on the H200, flags on: "
+        "SPARSEMLA_DSA_V32=1 SPARSEMLA_TRITON_INDEXER=1).",
+    ),
+    model_name: str = typer.Option(
+        None, "--model-name", help="served_model_name label (default: the --model's Hugging Face name)."
+    ),
     calibration: str = typer.Option(
         None, "--calibration", help="Calibration JSON (default: SPARSEMLA_SIM_CALIBRATION, else the --gpu file)."
     ),
@@ -55,19 +63,35 @@ def sim(
     import uvicorn
 
     from sparsemla import flags
+    from sparsemla.ops.sim import models
     from sparsemla.ops.sim.calibration import CalibrationError, load_calibration
     from sparsemla.ops.sim.server import SimConfig, create_app
 
     if api_key is not None and not api_key.strip():
         fail("--api-key must not be empty", "give the key clients send as `Authorization: Bearer <key>`")
+    try:
+        served = models.get(model)
+    except models.ModelError as exc:
+        fail(str(exc), exc.hint)
+    model_name = model_name or served.name
     if gpus > 1 or tp not in (None, 1) or dp_attention:  # -- multi-GPU: a measured deployment file or nothing --
+        if served.files is not None:
+            fail(f"--model {served.key}: no multi-GPU calibration is measured (only the 1-GPU step)",
+                 "drop --gpus/--tp/--dp-attention")  # fmt: skip
         calibration = str(_deployment_file(gpus, tp, dp_attention, calibration, gpu))
         gpu = None
     try:
         flags.validate_all()
+        if served.files is not None and calibration is None:  # the model's own file of the GPU
+            calibration = models.calibration_path(served, gpu)
+            gpu = None if calibration is not None else gpu
         cal = load_calibration(calibration, gpu)
+        if (mismatch := models.problem(served, cal)) is not None:
+            raise mismatch
         config = SimConfig(model_name, max_running_requests, max_total_tokens, context_length, api_key=api_key)
         application = create_app(cal, config)
+    except models.ModelError as exc:
+        fail(str(exc), exc.hint)
     except (CalibrationError, flags.FlagError) as exc:
         fail(str(exc), "check --calibration / --gpu, SPARSEMLA_SIM_CALIBRATION / SPARSEMLA_SIM_GPU (`sparsemla flags`)")
     if openapi:
