@@ -296,14 +296,14 @@ def calibration_args(doc: Mapping[str, Any], source: str, sha256: str = "") -> d
     }
 
 
-def latest_result(directory: Path = RESULTS_DIR) -> Path | None:
-    """The newest ``step-*.json`` in ``directory`` by name (names end in the date), None when there is none."""
-    found = sorted(directory.glob("step-*.json"))
+def latest_result(directory: Path = RESULTS_DIR, pattern: str = "step-*.json") -> Path | None:
+    """The newest ``pattern`` file in ``directory`` by name (names end in the date), None when there is none."""
+    found = sorted(directory.glob(pattern))
     return found[-1] if found else None
 
 
-def calibrate(step_json: Path, out: Path = DEFAULT_PATH) -> Path:
-    """Read a step result and write the calibration; StepResultError / CalibrationError on bad input."""
+def read_result(step_json: Path) -> dict[str, Any]:
+    """A benchmark result's JSON object; StepResultError saying what is wrong with the file otherwise."""
     try:
         doc = json.loads(step_json.read_text())
     except OSError as exc:
@@ -312,6 +312,12 @@ def calibrate(step_json: Path, out: Path = DEFAULT_PATH) -> Path:
         raise StepResultError(f"{step_json}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict):
         raise StepResultError(f"{step_json}: expected a JSON object")
+    return doc
+
+
+def calibrate(step_json: Path, out: Path = DEFAULT_PATH) -> Path:
+    """Read a step result and write the calibration; StepResultError / CalibrationError on bad input."""
+    doc = read_result(step_json)
     return write_calibration(out, **calibration_args(doc, str(step_json), sha256_of(step_json)))
 
 

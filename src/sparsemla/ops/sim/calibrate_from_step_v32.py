@@ -164,18 +164,12 @@ def calibration_args(doc: Any, source: str, sha256: str = "") -> dict[str, Any]:
 
 def latest_result(directory: Path = RESULTS_DIR) -> Path | None:
     """The newest ``step_v32-*.json`` in ``directory`` by name (names end in the date), None when there is none."""
-    found = sorted(directory.glob("step_v32-*.json"))
-    return found[-1] if found else None
+    return v4.latest_result(directory, "step_v32-*.json")
 
 
 def calibrate(step_json: Path, out: Path = OUT_PATH) -> Path:
     """Read a step_v32 result and write the calibration; StepResultError / CalibrationError on bad input."""
-    try:
-        doc = json.loads(step_json.read_text())
-    except OSError as exc:
-        raise StepResultError(f"cannot read {step_json}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise StepResultError(f"{step_json}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    doc = v4.read_result(step_json)
     return write_calibration(out, **calibration_args(doc, str(step_json), sha256_of(step_json)))
 
 
