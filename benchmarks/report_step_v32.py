@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.step_report import fmt_ms
+
 TITLE = "## Decode step (DeepSeek-V3.2: 61 layers, every layer indexed, one GPU)"
 CATEGORIES = ("attention", "indexer", "gemm", "elementwise", "copy", "communication", "other")
-
-
-def _ms(us: float | None) -> str:
-    return "-" if us is None else f"{us / 1e3:.2f}"
 
 
 def _step_table(data: dict[str, Any], states: list[str]) -> list[str]:
@@ -26,7 +24,7 @@ def _step_table(data: dict[str, Any], states: list[str]) -> list[str]:
     lines = [f"| ctx | B | {head} | flashmla / sparsemla |", "|---|---|" + "---|" * (2 * len(states) + 1)]
     for ctx, b in points:
         rows = [cell.get((s, ctx, b)) for s in states]
-        times = " | ".join(_ms(r["us"] if r else None) for r in rows)
+        times = " | ".join(fmt_ms(r["us"] if r else None) for r in rows)
         tok = " | ".join(f"{r['tok_s']:,.1f}" if r else "-" for r in rows)
         speedup = data["speedup"].get(str(ctx), {}).get(str(b))
         lines.append(f"| {ctx} | {b} | {times} | {tok} | {'-' if speedup is None else f'{speedup:.3f}x'} |")
@@ -42,7 +40,7 @@ def _share_table(data: dict[str, Any], states: list[str]) -> list[str]:
         for ctx, by_b in sorted(data["kernel_share"].get(state, {}).items(), key=lambda kv: int(kv[0])):
             for b, entry in sorted(by_b.items(), key=lambda kv: int(kv[0])):
                 shares = " | ".join(f"{100 * entry['categories'].get(c, 0.0):.1f} %" for c in CATEGORIES)
-                lines.append(f"| {state} | {ctx} | {b} | {_ms(entry['total_gpu_us'])} | {shares} |")
+                lines.append(f"| {state} | {ctx} | {b} | {fmt_ms(entry['total_gpu_us'])} | {shares} |")
     return lines
 
 

@@ -17,7 +17,8 @@ TARGETS = {1: 3.0, 64: 20.0}  # issue 5: per-step speedup at B=1 and B=64 (4k co
 FAST_PATH_GOALS = {64: 1.1}  # issue 16 item 4: flags on vs sglang's fast path, per step, at B = 64
 
 
-def _ms(us: float | None) -> str:
+def fmt_ms(us: float | None) -> str:
+    """A time in µs as milliseconds for the step tables ("-" when missing)."""
     return "-" if us is None else f"{us / 1e3:,.2f}"
 
 
@@ -48,7 +49,7 @@ def _step_table(doc: dict[str, Any]) -> list[str]:
     for ctx, b in sorted({(k[1], k[2]) for k in cell}):
         off, on = cell.get((kernel_variant.BASELINE, ctx, b)), cell.get((kernel_variant.ALL_ON, ctx, b))
         sp = _ratio(doc, kernel_variant.BASELINE, ctx, b)
-        vals = [_ms(cell[(v, ctx, b)]["us"]) if (v, ctx, b) in cell else "-" for v in variants + refs]
+        vals = [fmt_ms(cell[(v, ctx, b)]["us"]) if (v, ctx, b) in cell else "-" for v in variants + refs]
         row = [f"{ctx // 1024}k", str(b), *vals, f"**{sp:.1f}x**" if sp else "-"]
         row += [f"**{x:.2f}x**" if (x := _ratio(doc, r, ctx, b)) else "-" for r in refs]
         row += [f"{off['tok_s']:,.1f}" if off else "-", f"{on['tok_s']:,.1f}" if on else "-"]

@@ -82,12 +82,8 @@ def _ctx(tokens: int) -> str:
 
 
 def _flags_on(cal: Mapping[str, Any]) -> str:
-    """The state the references' speed-ups are over: all flags on, or a calibration's one state (DeepSeek-V3.2's
-    calibration holds only its flags-on state, ``triton_indexer``: SPARSEMLA_DSA_V32 is no variant switch)."""
-    states = cal.get("states")
-    if isinstance(states, list) and ALL_ON not in states and len(states) == 1:
-        return str(states[0])
-    return ALL_ON
+    """The state the calibration's speed-ups are over (its ``flags_on``; older summaries: all flags on)."""
+    return str(cal.get("flags_on") or ALL_ON)
 
 
 def _measured_text(name: str, ref: Mapping[str, Any], gpu: str, flags_on: str = ALL_ON) -> str:
@@ -174,7 +170,7 @@ def fallback_text(cal: Mapping[str, Any]) -> str:
         return f"{head}: the calibration summary gives no flags-on speed-up over it."
     batch = next((b for b in FAST_PATH_GOALS if b in batches), batches[-1])
     how = str(cal.get("kind") or "this")
-    return f"{head}: flags on (`{ALL_ON}`) are {_speedups(speedup, batch)} in the {how} calibration."
+    return f"{head}: flags on (`{_flags_on(cal)}`) are {_speedups(speedup, batch)} in the {how} calibration."
 
 
 def comparison_lines(summaries: Iterable[Mapping[str, Any]]) -> list[str]:

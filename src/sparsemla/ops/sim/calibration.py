@@ -334,13 +334,21 @@ class Calibration:
                 f"calibration {self.path or '<memory>'} has no state {variant!r} (it has: {', '.join(self.states)})"
             ) from None
 
+    @property
+    def flags_on(self) -> str:
+        """The flags-on state: all flags on, or a file's one state (DeepSeek-V3.2's calibration holds only its
+        flags-on state, ``triton_indexer``: SPARSEMLA_DSA_V32 is no variant switch)."""
+        if ALL_ON not in self.states and len(self.states) == 1:
+            return next(iter(self.states))
+        return ALL_ON
+
     def flags_on_speedup(self, over: str = BASELINE) -> dict[int, dict[int, float]]:
         """Step time of state ``over`` / the flags-on state's (interpolated where the grids differ) at ``over``'s
         grid points, context -> batch -> ratio: the calibrated decode-step speed-up of flags on over sglang's fallback
         (``baseline``); {} when the file lacks either state."""
-        if over not in self.states or ALL_ON not in self.states:
+        if over not in self.states or self.flags_on not in self.states:
             return {}
-        base, on = self.states[over], self.states[ALL_ON]
+        base, on = self.states[over], self.states[self.flags_on]
         return {c: {b: base.step_seconds(b, c) / on.step_seconds(b, c) for b in base.batch} for c in base.context}
 
     def to_dict(self) -> dict[str, Any]:
@@ -379,6 +387,7 @@ class Calibration:
             "provenance": _provenance_dict(self.provenance),
             "states": sorted(self.states),
             "state_descriptions": {n: s.description for n, s in sorted(self.states.items()) if s.description},
+            "flags_on": self.flags_on,
             "flags_on_speedup_over_baseline": _points_dict(self.flags_on_speedup(), 4),
             "references": {name: r.to_dict() for name, r in self.references.items()},
         }
