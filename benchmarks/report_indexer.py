@@ -138,13 +138,16 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   programs of 4 warps per SM (137 registers), ~40% of the warp samples waiting on the key tiles; the remaining gap is
   load latency per program at short lengths (a 4k row is 32 tiles over 17 programs) -- DeepGEMM's persistent TMA
   kernel is the reference point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
-- The top-k is exact and deterministic and runs one CTA per row: rows up to 4096 are loaded once and selected in
-  registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, one compaction scan, a
-  bitonic sort of the k winners: ~19 us for a 4k row, CUDA-graph replay), longer rows stream from L2 once per pass
-  (~87 us at 16k, ~340 us at 64k; a 16384-key register tile measured slower, 128 us). The fused B=1 logits + top-512
-  replays in ~24 us against its 15 us target: the gap is the single-CTA select's chain of dependent passes. A
-  multi-CTA radix select is the next step. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k
-  kernel) is the faster one, and it is the one the plugin's top-k hook uses.
+- The top-k is exact and deterministic (ties go to the smaller position). Rows up to 4096 are loaded once and
+  selected in registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, one compaction
+  scan; the bitonic sort of the k winners only with `sorted=True`). Longer rows are shared by up to 32 programs that
+  merge each radix pass's histogram through per-row atomics and barriers (times in the top-k section below). In split
+  launches of >= 2 programs per SM, rows whose span reaches 8192 (k = 512) or 32768 (k = 2048) positions take a
+  two-pass filter instead: group maxima bound the threshold, and the candidates above it are selected in one
+  register tile (B=64, top-512: 64k rows 92 vs 143 us, 256k 170 vs 481; exploratory, results/bench/explore/README.md).
+  The fused B=1 logits + top-512 replays in ~24 us against its 15 us target: the register-tile radix passes (~2.3 us
+  each) are the chain. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k kernel) is the faster
+  one, and it is the one the plugin's top-k hook uses.
 - fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
   fp32 reference by ~1e-4 relative; the bf16 path (sm_80/86: integer-dequantized keys, no e4m3 type there) matches
   to 1e-5."""

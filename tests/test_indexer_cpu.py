@@ -174,6 +174,55 @@ def test_topk_every_path_at_tile_edges(tri):
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
 
 
+@pytest.mark.parametrize(
+    ("k", "tiles", "filt"),
+    [(512, (1024, 1024), (1024, 1024)), (512, (1024, 1024), (1024, 2048)), (1024, (2048, 2048), (2048, 2048))],
+    ids=["k512-g1024-c1024", "k512-g1024-c2048", "k1024-g2048-c2048"],
+)
+def test_topk_filter_path_and_its_fallback(tri, k, tiles, filt):
+    """Rows past the register tiles take the two-pass filter (group maxima -> candidates -> one register tile):
+    random, ascending, tie-heavy and -inf-tailed rows; an all-equal row has more candidates than the tile and falls
+    back to streaming. Both orders equal the reference; the padding is written (-7 poison gone)."""
+    g = torch.Generator().manual_seed(31)
+    cols = 5000
+    logits = torch.randn(7, cols, generator=g)
+    logits[1] = torch.sort(logits[1]).values  # ascending: the largest keys all sit at the end
+    logits[2] = torch.round(logits[2] * 4) / 4  # heavy ties at the threshold
+    logits[3] = 0.25  # all equal: every key passes the filter
+    logits[4, 2000:] = float("-inf")
+    logits[5] = torch.sort(logits[5], descending=True).values
+    lengths = torch.tensor([cols, 4100, 3500, 2600, 4999, tiles[1] + 1, 3001], dtype=torch.int32)
+    ref = indexer_topk_reference(logits, lengths, k)
+    for srt in (True, False):
+        out = torch.full((7, k), -7, dtype=torch.int32)
+        topk.indexer_topk_fwd(logits, lengths, k, out=out, row_tiles=tiles, filter_tiles=filt, sorted=srt)
+        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+        assert torch.equal(out, expect), f"sorted={srt}"
+
+
+def test_filter_runs_where_it_was_measured_faster():
+    """By default the two-pass filter runs only in split launches of >= 2 programs per SM (rows longer than a span),
+    from a per-k minimum span; explicit tiles filter every long row; k = 1024 (not measured) never by default."""
+    info = dev.target("sm_90")
+    g512, c512 = topk.FILTER_TILES[512]
+    assert topk._filter_choice(512, 64, 8, 4096, False, True, info, None) == (g512, c512, topk.FILTER_MIN_SPAN[512])
+    assert topk._filter_choice(512, 1, 16, 4096, False, True, info, None) == (0, 1, 0)  # 16 programs: radix passes
+    assert topk._filter_choice(512, 64, 8, 4096, False, False, info, None) == (0, 1, 0)  # no row is longer than a span
+    assert topk._filter_choice(512, 512, 1, 4096, True, True, info, None) == (0, 1, 0)  # single-program rows stream
+    assert topk._filter_choice(1024, 64, 8, 4096, False, True, info, None) == (0, 1, topk.FILTER_MIN_SPAN[1024])
+    assert topk._filter_choice(512, 1, 1, 1024, True, True, info, (1024, 1024)) == (1024, 1024, 0)
+    assert topk._filter_choice(512, 1, 1, 4096, False, True, info, (1024, 1024)) == (0, 1, 0)  # nothing streams
+
+
+def test_filter_tiles_are_checked():
+    assert topk._filter_tiles(512, 4096, None) == topk.FILTER_TILES[512]
+    assert topk._filter_tiles(2048, 4096, (8192, 4096)) == (4096, 4096)  # groups never exceed the register tile
+    assert topk._filter_tiles(512, 4096, (0, 0)) == (0, 1)
+    for bad in ((512, 1024), (1000, 1024), (1024, 256)):
+        with pytest.raises(ValueError, match="filter tiles"):
+            topk._filter_tiles(512, 4096, bad)
+
+
 def test_topk_register_path_k1024_slots(tri):
     """k = 1024 through both register tiles with the page-table transform (int64 lengths, strided logits rows)."""
     k = 1024

@@ -203,12 +203,16 @@ def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return logits, torch.tensor(lengths, dtype=torch.int32)
 
 
+@pytest.mark.parametrize("filt", ["filter", "radix"])
 @pytest.mark.parametrize("splits", [2, 4, 32])
 @pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
 @pytest.mark.parametrize("k", [512, 2048])
-def test_topk_split_rows(k, sort, splits):
-    """Rows shared by several programs (1024-position spans to reach many participants): exact sets, the order asked
-    for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero for the next launch."""
+def test_topk_split_rows(k, sort, splits, filt):
+    """Rows shared by several programs (1024-position spans to reach many participants), through the two-pass filter
+    (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone:
+    exact sets, the order asked for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero
+    for the next launch."""
+    tiles = (topk.FILTER_TILES[k] if topk.FILTER_TILES[k][0] else (4096, 4096)) if filt == "filter" else (0, 0)
     logits, lens = _split_rows(k, 70000, seed=k + splits)
     ref = indexer_topk_reference(logits, lens, k)
     expect = ref if sort else _by_position(ref)
@@ -219,7 +223,7 @@ def test_topk_split_rows(k, sort, splits):
     for _ in range(2):  # the workspace must come back to zero after every launch
         topk.indexer_topk_fwd(
             logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=slots,
-            sorted=sort, splits=splits, span=1024,
+            sorted=sort, splits=splits, span=1024, filter_tiles=tiles,
         )  # fmt: skip
         assert torch.equal(out.cpu(), expect)
         p = expect.clamp(min=0).long()
@@ -227,7 +231,7 @@ def test_topk_split_rows(k, sort, splits):
             slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
         )
         ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
-        assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
+        assert int(ws.abs().sum()) == 0, "ticket, counters, histograms, span counts or group maxima left non-zero"
 
 
 def test_topk_split_many_rows_and_graph_replay():

@@ -27,6 +27,13 @@ from a start ticket, so every program a participant waits for has started before
 at least ``splits`` programs at once. The interpreter runs programs one after another, so it always uses one
 program per row.
 
+Two-pass filter (long rows): instead of four radix passes over the whole row, one pass keeps the maximum of each of
+``GROUPS`` strided groups (position mod GROUPS); the radix prefix ``t`` of the k-th largest maximum bounds the
+threshold from below (k groups have a key >= ``t``), a second pass lists the keys >= ``t`` in position order, and the
+k winners are selected among those candidates in one register tile. A row whose candidates overflow the tile (many
+keys tied at the threshold) takes the radix passes, so the result is always exact. Split rows run the filter with
+their group maxima merged by atomic max and two barriers; where it runs by default is in ``_filter_choice``.
+
 Order: ``sorted=True`` lists the winners by (value desc, position asc); ``sorted=False`` by ascending position (the
 same set; sglang's top-k leaves the order unspecified and its consumer is order-invariant), which skips the sort.
 """
@@ -56,7 +63,23 @@ TOPK_WARPS = 8
 SPLIT_SPAN = 4096
 SPLITS_MAX = 32
 SPLIT_PROGRAMS_PER_SM = 4
+# Two-pass filter of long rows (see _select_filtered / _filter_split): (GROUPS, CANDS) per k -- strided groups whose
+# maxima bound the threshold, and the register tile the candidates are selected in -- and the loads in flight per
+# streaming step. On smooth rows about GROUPS * ln(GROUPS / (GROUPS - k)) candidates pass (590 for k = 512, 2,840
+# for k = 2048); more than CANDS (many keys tied at the threshold) falls back to the radix passes. Its two in-register
+# selections cost a fixed ~20-70 us, so it pays only where each participant's span is long and the radix passes
+# contend for the SMs. H200, CUDA-graph replay, real logits (results/bench/explore/topk_filter_sweep2-*): B = 64
+# (8 participants per row), k = 512: 64k rows 92 us vs 143 for the radix passes, 256k 170 vs 481, but 16k 56 vs 49;
+# k = 2048: 256k 326 vs 457, 64k 220 vs 135; B = 1 (16-32 participants) it lost at every length. So by default it
+# runs in split launches of at least FILTER_MIN_PROGRAMS_PER_SM programs per SM, for rows whose span reaches
+# FILTER_MIN_SPAN[k]; k = 1024 was not measured and keeps the radix passes; single-program rows keep streaming (the
+# filter was not measured against them in one run). Explicit ``filter_tiles`` always filter long rows (tests).
+FILTER_TILES = {512: (2048, 1024), 1024: (0, 0), 2048: (4096, 4096)}
+FILTER_MIN_SPAN = {512: 8192, 1024: 1 << 30, 2048: 32768}
+FILTER_MIN_PROGRAMS_PER_SM = 2
+FILTER_UNROLL = 4
 _BINS, _PASSES = 256, 4  # radix digit bins and passes of the 32-bit keys
+_WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split workspace always has room for
 HIST_BINS = tl.constexpr(_BINS)
 HIST_PASSES = tl.constexpr(_PASSES)
 
@@ -127,18 +150,15 @@ def _with_digit(prefix, d, P: tl.constexpr):
 
 
 @triton.jit
-def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr):
-    """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
-    ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers, and a pass that leaves exactly the keys still needed in the threshold bin ends the search."""
-    o_r = tl.arange(0, ROW)
-    valid = o_r < length
-    key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
-    prefix = length * 0  # the threshold key, 8 bits at a time from the top
-    k_rem = length * 0 + K  # keys still to take from the bin that matches ``prefix``
-    low = length * 0 + 32  # low bits of the threshold not determined yet
-    more = length * 0 + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
+def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr):
+    """Radix search over register keys ``key`` [ROW] (``valid`` of them, more than ``K``) for the ``K``-th largest:
+    returns ``(prefix, low, k_rem)``, the threshold's bits above ``low`` (the lower ones zero), and how many keys whose
+    bits above ``low`` equal the prefix's win. A pass that leaves exactly ``k_rem`` keys in its threshold bin ends the
+    search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type)."""
+    prefix = zero  # the threshold key, 8 bits at a time from the top
+    k_rem = zero + K  # keys still to take from the bin that matches ``prefix``
+    low = zero + 32  # low bits of the threshold not determined yet
+    more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
     for p in tl.static_range(4):
         if more != 0:
             if p == 0:
@@ -153,9 +173,18 @@ def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.
                 prefix = (d - 128) << 24
             else:
                 prefix = prefix | (d << (24 - 8 * p))
-            low = length * 0 + (24 - 8 * p)
+            low = zero + (24 - 8 * p)
             more = (in_bin != k_rem).to(tl.int32)
-    # keys above the prefix all win; k_rem of the keys equal to it win, smallest positions first
+    return prefix, low, k_rem
+
+
+@triton.jit
+def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr):
+    """Writes ``payload`` of the top-``K`` of the register keys ``key`` [ROW] (``valid`` of them, at least ``K``) to
+    ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices."""
+    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
+    prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW)
+    # keys above the prefix all win; k_rem of the keys equal to it win, smallest indices first
     hi = key >> low
     gt = valid & (hi > (prefix >> low))
     eq = valid & (hi == (prefix >> low))
@@ -164,7 +193,88 @@ def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.
     eq_before = before >> 16
     take = gt | (eq & (eq_before < k_rem))
     slot = (before & 0xFFFF) + tl.minimum(eq_before, k_rem)
-    tl.store(idx_out_ptr + slot, o_r, mask=take)
+    tl.store(idx_out_ptr + slot, payload, mask=take)
+
+
+@triton.jit
+def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr):
+    """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
+    ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
+    held in registers."""
+    o_r = tl.arange(0, ROW)
+    valid = o_r < length
+    key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW)
+
+
+@triton.jit
+def _group_maxima(src_ptr, lo, hi, GROUPS: tl.constexpr, UNROLL: tl.constexpr, FROM_L2: tl.constexpr):
+    """[GROUPS] int32: lane j holds the largest key among positions ``lo + j + i * GROUPS`` in ``[lo, hi)`` (the
+    smallest int32, below every key, where there is none); ``UNROLL`` loads of ``GROUPS`` keys are in flight."""
+    o_g = tl.arange(0, GROUPS)
+    smallest = -2147483647 - 1  # below every key (-inf maps above it)
+    gmax = tl.full([GROUPS], smallest, dtype=tl.int32)
+    for start in range(lo, hi, GROUPS * UNROLL):
+        for u in tl.static_range(UNROLL):
+            offs = start + u * GROUPS + o_g
+            m = offs < hi
+            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [GROUPS]
+            gmax = tl.maximum(gmax, tl.where(m, key, smallest))
+    return gmax
+
+
+@triton.jit
+def _list_candidates(
+    src_ptr, lo, hi, t, out_ptr, CANDS: tl.constexpr, GROUPS: tl.constexpr, UNROLL: tl.constexpr, FROM_L2: tl.constexpr
+):
+    """Writes the positions in ``[lo, hi)`` whose keys are >= ``t`` to ``out_ptr`` in position order (the first
+    ``CANDS`` of them) and returns how many there are."""
+    o_g = tl.arange(0, GROUPS)
+    n = lo * 0
+    for start in range(lo, hi, GROUPS * UNROLL):
+        for u in tl.static_range(UNROLL):
+            offs = start + u * GROUPS + o_g
+            m = offs < hi
+            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [GROUPS]
+            c = (m & (key >= t)).to(tl.int32)
+            slot = n + tl.cumsum(c, axis=0) - c
+            tl.store(out_ptr + slot, offs, mask=(c != 0) & (slot < CANDS))
+            n += tl.sum(c, axis=0)
+    return n
+
+
+@triton.jit
+def _select_filtered(
+    src_ptr,
+    length,
+    idx_out_ptr,
+    cand_ptr,
+    K: tl.constexpr,
+    GROUPS: tl.constexpr,
+    CANDS: tl.constexpr,
+    UNROLL: tl.constexpr,
+    FROM_L2: tl.constexpr,
+):
+    """Same contract as :func:`_select_in_registers` for a row longer than ``GROUPS`` in two streaming passes, or
+    returns 0 (nothing written) when more than ``CANDS`` candidates pass the filter; 1 when done.
+
+    Pass 1 keeps the maximum of each of ``GROUPS`` strided groups (position mod GROUPS: a sorted or drifting row
+    spreads over every group); the ``K``-th largest maximum's radix prefix ``t`` bounds the threshold from below,
+    since the ``K`` groups whose maxima are at least ``t`` hold at least ``K`` keys >= ``t``. Pass 2 writes the
+    positions of the keys >= ``t`` (in position order) to ``cand_ptr[0:CANDS]``; they are then gathered into one
+    register tile and selected exactly there. On smooth rows about ``GROUPS * ln(GROUPS / (GROUPS - K))`` keys pass;
+    a row of many equal keys at the threshold may not fit, and then the caller streams. ``UNROLL`` loads of
+    ``GROUPS`` keys are in flight per step."""
+    zero = length * 0
+    gmax = _group_maxima(src_ptr, zero, length, GROUPS, UNROLL, FROM_L2)  # [GROUPS]
+    # every group holds a key (length > GROUPS): the K-th largest of GROUPS > K maxima exists
+    t, _low, _k_rem = _threshold_prefix(gmax, tl.arange(0, GROUPS) < GROUPS, zero, K, GROUPS)
+    n_cand = _list_candidates(src_ptr, zero, length, t, cand_ptr, CANDS, GROUPS, UNROLL, FROM_L2)
+    done = (n_cand <= CANDS).to(tl.int32)
+    if done != 0:
+        tl.debug_barrier()
+        _select_candidates(src_ptr, n_cand, cand_ptr, idx_out_ptr, K, CANDS)
+    return done
 
 
 @triton.jit
@@ -255,12 +365,18 @@ def _topk_row(
     PAGE_BITS: tl.constexpr,
     FROM_L2: tl.constexpr,
     SORT: tl.constexpr,
+    cand_ptr,
+    GROUPS: tl.constexpr,
+    CANDS: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
     The selection path is chosen per row on the device: ``length <= K`` needs none, ``length <= ROW_SMALL`` and
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
-    longer rows stream (compiled only with ``STREAM``). ``idx_out_ptr`` [K] int32 receives positions (it is also the
+    longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
+    (``cand_ptr`` [CANDS] int32 scratch) and stream when it is 0 or the candidates overflow it. ``idx_out_ptr`` [K]
+    int32 receives positions (it is also the
     selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
@@ -271,7 +387,11 @@ def _topk_row(
                 _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2)
         if STREAM:
             if length > ROW_MAX:
-                _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
+                done = length * 0
+                if GROUPS > 0:
+                    done = _select_filtered(src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2)
+                if done == 0:
+                    _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
         tl.debug_barrier()
     _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
                 FROM_L2)  # fmt: skip
@@ -302,18 +422,20 @@ def _select_split(
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLITS: tl.constexpr,
+    phase0,
 ):
     """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
     passes of :func:`_select_streaming` over its span with the row's histogram merged through ``hist_ptr``
     [HIST_PASSES, 256] int32 and ``bar_ptr``; then its span's winners go to their position-order slots of
-    ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]). Returns the barrier phases used."""
+    ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]). Returns the barrier phases used,
+    ``phase0`` (those already used at the row's counter) included."""
     o_b = tl.arange(0, BLOCK)
     o_bin = tl.arange(0, HIST_BINS)
     prefix = lo * 0  # the threshold key, 8 bits at a time from the top (the same on every participant)
     k_rem = lo * 0 + K
     low = lo * 0 + 32
     more = lo * 0 + 1
-    phase = lo * 0
+    phase = lo * 0 + phase0
     for p in tl.static_range(HIST_PASSES):
         if more != 0:
             hist = _span_histogram(src_ptr, lo, hi, prefix, p, BLOCK, False)  # [256] this span's
@@ -359,6 +481,68 @@ def _select_split(
     return phase
 
 
+@triton.jit
+def _filter_split(
+    src_ptr,
+    lo,
+    hi,
+    part,
+    n_part,
+    gmax_ptr,
+    cnt_ptr,
+    bar_ptr,
+    cand_ptr,
+    K: tl.constexpr,
+    GROUPS: tl.constexpr,
+    CANDS: tl.constexpr,
+    UNROLL: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """Participant ``part`` of ``n_part`` in the two-pass filter of :func:`_select_filtered` over one row, owning
+    positions ``[lo, hi)``. Its span's group maxima merge into the row's ``gmax_ptr`` [GROUPS] (uint32 atomic max of
+    the sign-flipped keys: 0, the workspace's resting value, is below every key); after a barrier every participant
+    derives the same threshold, writes its span's candidates to its slab ``cand_ptr[(1 + part) * CANDS:]`` and its
+    count to ``cnt_ptr[part]``; after a second barrier it copies them to their position-order slots of the row's
+    list ``cand_ptr[0:CANDS]``. Returns ``(2, n_cand)``: the barrier phases used and the row's candidate count (the
+    same on every participant; more than ``CANDS``: nothing was copied)."""
+    o_g = tl.arange(0, GROUPS)
+    zero = lo * 0
+    smallest = -2147483647 - 1
+    gmax = _group_maxima(src_ptr, lo, hi, GROUPS, UNROLL, False)  # [GROUPS] this span's
+    ugmax = gmax_ptr.to(tl.pointer_type(tl.uint32))
+    ukey = (gmax ^ smallest).to(tl.uint32, bitcast=True)  # unsigned order of the sign-flipped keys = signed order
+    group = (lo + o_g) % GROUPS  # lane j of every step of this span holds positions = lo + j (mod GROUPS)
+    tl.atomic_max(ugmax + group, ukey, mask=ukey != 0, sem="relaxed", scope="gpu")
+    _arrive_and_wait(bar_ptr, n_part)
+    merged = tl.load(ugmax + o_g, cache_modifier=".cg").to(tl.int32, bitcast=True) ^ smallest  # [GROUPS] row's
+    t, _low, _k_rem = _threshold_prefix(merged, o_g < GROUPS, zero, K, GROUPS)
+    slab = cand_ptr + (1 + part) * CANDS
+    n_mine = _list_candidates(src_ptr, lo, hi, t, slab, CANDS, GROUPS, UNROLL, False)
+    tl.store(cnt_ptr + part, n_mine)
+    _arrive_and_wait(bar_ptr, 2 * n_part)
+    o_s = tl.arange(0, SPLITS)
+    counts = tl.load(cnt_ptr + o_s, mask=o_s < n_part, other=0, cache_modifier=".cg")  # [SPLITS]
+    n_cand = tl.sum(counts, axis=0)
+    if n_cand <= CANDS:
+        base = tl.sum(tl.where(o_s < part, counts, 0), axis=0)
+        o_c = tl.arange(0, CANDS)
+        mine = o_c < n_mine
+        pos = tl.load(slab + o_c, mask=mine, other=0, cache_modifier=".cg")  # [CANDS]
+        tl.store(cand_ptr + base + o_c, pos, mask=mine)
+    return zero + 2, n_cand
+
+
+@triton.jit
+def _select_candidates(src_ptr, n_cand, cand_ptr, idx_out_ptr, K: tl.constexpr, CANDS: tl.constexpr):
+    """Top-``K`` of the ``n_cand`` (``K <= n_cand <= CANDS``) positions listed in position order at ``cand_ptr``,
+    selected in one register tile; their positions go to ``idx_out_ptr[0:K]`` in position order."""
+    o_c = tl.arange(0, CANDS)
+    ok = o_c < n_cand
+    pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS]
+    key = tl.where(ok, _order_key(_load_row(src_ptr + pos, ok, False)), -2147483647 - 1)
+    _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # kernel
 # ---------------------------------------------------------------------------------------------------------------------
@@ -369,7 +553,9 @@ def _indexer_topk_kernel(
     pt_ptr,  # int32 [rows, max_pages] (WRITE_SLOTS only)
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
-    ws_ptr,  # int32 (SPLITS > 1): [ticket | rows arrival counters | rows x 4 x 256 hist | rows x SPLITS x 2 counts]
+    ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x 1024 hist | rows x 3 SPLITS counts | rows x GROUPS]
+    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs)
+    stride_cand,
     stride_l,
     stride_pt,
     stride_idx,
@@ -386,6 +572,10 @@ def _indexer_topk_kernel(
     SORT: tl.constexpr,
     SPLITS: tl.constexpr,
     SPAN: tl.constexpr,
+    filter_min_span,
+    GROUPS: tl.constexpr,
+    CANDS: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     if SPLITS == 1:
         i_r = tl.program_id(0).to(tl.int64)
@@ -403,29 +593,50 @@ def _indexer_topk_kernel(
     p_idx = idx_ptr + i_r * stride_idx
     p_slot = slot_ptr + i_r * stride_slot
     p_pt = pt_ptr + i_r * stride_pt
+    p_cand = cand_ptr + i_r * stride_cand
     n_part = tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS)
     if (n <= K) | (n_part == 1):
         if part == 0:
-            _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True, PAGE_BITS,
-                      False, SORT)  # fmt: skip
+            if SPLITS == 1:
+                _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL)  # fmt: skip
+            else:  # a split launch filters only split rows (its span gate does not apply to one program)
+                _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1)  # fmt: skip
     elif part < n_part:
+        rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
-        p_hist = ws_ptr + 1 + n_rows + i_r * (HIST_PASSES * HIST_BINS)
-        p_cnt = ws_ptr + 1 + n_rows * (1 + HIST_PASSES * HIST_BINS) + i_r * (SPLITS * 2)
+        p_hist = ws_ptr + 1 + rows64 + i_r * (HIST_PASSES * HIST_BINS)
+        p_cnt = ws_ptr + 1 + rows64 * (1 + HIST_PASSES * HIST_BINS) + i_r * (SPLITS * 3)
+        p_gmax = ws_ptr + 1 + rows64 * (1 + HIST_PASSES * HIST_BINS + SPLITS * 3) + i_r * GROUPS
         span = tl.cdiv(n, n_part)
         lo = part * span
         hi = tl.minimum(lo + span, n)
-        phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS)
+        phase = n * 0
+        n_cand = n * 0 + CANDS + 1  # more than fit: the radix passes
+        if GROUPS > 0:
+            if span >= filter_min_span:
+                phase, n_cand = _filter_split(src, lo, hi, part, n_part, p_gmax, p_cnt + 2 * SPLITS, p_bar, p_cand,
+                                              K, GROUPS, CANDS, UNROLL, SPLITS)  # fmt: skip
+        if n_cand > CANDS:
+            phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS, phase)
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
+            tl.debug_barrier()
             # the last participant: every other one is past its last read of the row's workspace
             # zero all of it: a later launch with another row count lays the workspace out differently
             o_h = tl.arange(0, HIST_PASSES * HIST_BINS)
             tl.store(p_hist + o_h, tl.zeros([HIST_PASSES * HIST_BINS], dtype=tl.int32), cache_modifier=".cg")
-            o_c = tl.arange(0, 2 * SPLITS)
-            tl.store(p_cnt + o_c, tl.zeros([2 * SPLITS], dtype=tl.int32), cache_modifier=".cg")
+            o_c = tl.arange(0, 4 * SPLITS)  # the 3 SPLITS counts (a power-of-two range, masked)
+            tl.store(p_cnt + o_c, tl.zeros([4 * SPLITS], dtype=tl.int32), mask=o_c < 3 * SPLITS, cache_modifier=".cg")
+            if GROUPS > 0:
+                o_g = tl.arange(0, GROUPS)
+                tl.store(p_gmax + o_g, tl.zeros([GROUPS], dtype=tl.int32), cache_modifier=".cg")
             tl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
+            if n_cand <= CANDS:
+                _select_candidates(src, n_cand, p_cand, p_idx, K, CANDS)
+                tl.debug_barrier()
             _finish_row(src, n, p_idx, p_slot, p_pt, K, SORT, WRITE_SLOTS, True, PAGE_BITS, False)
 
 
@@ -455,6 +666,40 @@ def _topk_paths(k: int, n_cols: int, tiles: tuple[int, int]) -> tuple[int, int, 
     return small, big, n_cols > big
 
 
+def _filter_tiles(k: int, row_max: int, tiles: tuple[int, int] | None) -> tuple[int, int]:
+    """``(GROUPS, CANDS)`` of the filter path (``GROUPS == 0``: off): powers of two with ``k < GROUPS <= row_max``
+    (a row that reaches the filter is longer than its groups) and ``CANDS >= k``."""
+    groups, cands = FILTER_TILES[k] if tiles is None else tiles
+    if groups == 0:
+        return 0, 1
+    groups = min(groups, row_max)
+    if groups & (groups - 1) or cands & (cands - 1) or groups <= k or cands < k:
+        raise ValueError(f"filter tiles must be powers of two with {k} < groups <= {row_max}, cands >= {k}")
+    return groups, cands
+
+
+def _filter_choice(
+    k: int,
+    rows: int,
+    splits: int,
+    row_max: int,
+    stream: bool,
+    wide: bool,
+    info: dev.DeviceInfo,
+    tiles: tuple[int, int] | None,
+) -> tuple[int, int, int]:
+    """``(GROUPS, CANDS, min_span)`` of a launch, from shapes only: explicit ``tiles`` filter every row past the
+    register tiles (``min_span`` 0); by default only split launches (``wide``: rows may be longer than a span) of at
+    least :data:`FILTER_MIN_PROGRAMS_PER_SM` programs per SM filter, rows whose span reaches :data:`FILTER_MIN_SPAN`."""
+    if tiles is not None:
+        groups, cands = _filter_tiles(k, row_max, tiles) if stream or (splits > 1 and wide) else (0, 1)
+        return groups, cands, 0
+    if splits > 1 and wide and rows * splits >= FILTER_MIN_PROGRAMS_PER_SM * info.num_sms:
+        groups, cands = _filter_tiles(k, row_max, None)
+        return groups, cands, FILTER_MIN_SPAN[k]
+    return 0, 1, 0
+
+
 def _check_k(k: int) -> None:
     if k not in TOPK_SIZES:
         raise ValueError(f"k must be one of {TOPK_SIZES}, got {k}")
@@ -475,20 +720,24 @@ def topk_splits(rows: int, n_cols: int, info: dev.DeviceInfo) -> int:
 
 class _SplitWorkspace:
     """Grow-only, zero-filled int32 workspace per device for split rows: the start ticket, per-row arrival counters,
-    histograms and span counts. Every launch leaves all of it at zero (launches with other row counts lay it out
-    differently). Warm up every shape before CUDA-graph capture so that no growth happens inside one."""
+    histograms, span counts and group maxima. Every launch leaves all of it at zero (launches with other row counts
+    lay it out differently). Warm up every shape before CUDA-graph capture so that no growth happens inside one; an
+    outgrown buffer is kept alive, since a graph captured earlier may still use it."""
 
     def __init__(self) -> None:
         self.bufs: dict[torch.device, torch.Tensor] = {}
+        self.retired: list[torch.Tensor] = []  # outgrown buffers: a captured CUDA graph may still point at one
 
     @staticmethod
-    def ints(rows: int, splits: int) -> int:
-        return 1 + rows * (1 + _PASSES * _BINS + 2 * splits)
+    def ints(rows: int, splits: int, groups: int) -> int:
+        return 1 + rows * (1 + _PASSES * _BINS + 3 * splits + groups)
 
-    def get(self, device: torch.device, rows: int, splits: int) -> torch.Tensor:
-        need = self.ints(rows, splits)
+    def get(self, device: torch.device, rows: int, splits: int, groups: int) -> torch.Tensor:
+        need = self.ints(rows, splits, max(groups, _WS_GROUPS))  # one size for every k: fewer regrowths
         buf = self.bufs.get(device)
         if buf is None or buf.numel() < need:
+            if buf is not None:
+                self.retired.append(buf)
             buf = torch.zeros(need, dtype=torch.int32, device=device)
             self.bufs[device] = buf
         return buf
@@ -510,6 +759,7 @@ def indexer_topk_fwd(
     row_tiles: tuple[int, int] | None = None,
     splits: int | None = None,
     span: int = SPLIT_SPAN,
+    filter_tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -517,7 +767,8 @@ def indexer_topk_fwd(
     With ``page_table`` [rows, max_pages] int32 also writes ``out_slots`` [rows, k] with
     ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
     ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
-    :func:`topk_splits` and ``span`` :data:`SPLIT_SPAN` (tests and sweeps use them to reach every path)."""
+    :func:`topk_splits`, ``span`` :data:`SPLIT_SPAN` and ``filter_tiles`` :data:`FILTER_TILES` (``(0, 0)``: rows past
+    the register tiles stream; tests and sweeps use these to reach every path)."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -549,7 +800,11 @@ def indexer_topk_fwd(
         raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
     tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
-    ws = _SPLIT_WS.get(logits.device, rows, n_split) if n_split > 1 else lengths
+    groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
+                                             filter_tiles)  # fmt: skip
+    ws = _SPLIT_WS.get(logits.device, rows, n_split, groups) if n_split > 1 else lengths
+    cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
+    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
     _indexer_topk_kernel[(rows * n_split,)](
         logits,
         lengths,
@@ -557,6 +812,8 @@ def indexer_topk_fwd(
         out,
         slots,
         ws,
+        cand,
+        cand_cols,
         logits.stride(0),
         pt.stride(0),
         out.stride(0),
@@ -573,9 +830,21 @@ def indexer_topk_fwd(
         SORT=sorted,
         SPLITS=n_split,
         SPAN=span,
+        filter_min_span=min_span,
+        GROUPS=groups,
+        CANDS=cands,
+        UNROLL=FILTER_UNROLL,
         num_warps=TOPK_WARPS,
     )
     return out
 
 
-__all__ = ["FUSED_ROW_TILES", "TOPK_ROW_TILES", "TOPK_SIZES", "TOPK_WARPS", "indexer_topk_fwd", "topk_splits"]
+__all__ = [
+    "FILTER_TILES",
+    "FUSED_ROW_TILES",
+    "TOPK_ROW_TILES",
+    "TOPK_SIZES",
+    "TOPK_WARPS",
+    "indexer_topk_fwd",
+    "topk_splits",
+]

@@ -177,6 +177,10 @@ def _indexer_logits_kernel(
                     6,
                     True,
                     SORT,
+                    idx_ptr,
+                    0,
+                    1,
+                    1,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
