@@ -164,7 +164,10 @@ def throughput_row() -> Row:
     lg = f'{m.LOADGEN_OUTPUT_TOKENS_TOTAL}{{run_id=~"$run_id", variant="${{variant_%s}}"}}'
     lg_rate = f"sum by (concurrency) (rate({lg}[{q.RATE}]))"
     ratio_by_c = f"{q.loaded_mean(lg_rate % 'b')} / on (concurrency) {q.loaded_mean(lg_rate % 'a')}"
-    per_user = f"{q.server_rate_by(gen)} / ({q.server_gauge('sum', 'sglang:num_running_reqs')} > 0)"
+    # the batch averaged over the rate's own window: an instant sample can read 0 between requests while the rate
+    # still counts that window's tokens (a short run then shows no point at all)
+    running = q.with_variant(f"avg_over_time({q.sel('sglang:num_running_reqs')}[{q.RATE}])")
+    per_user = f"{q.server_rate_by(gen)} / (sum by (variant) ({running}) > 0)"
     return Row(
         "Throughput",
         [
@@ -183,7 +186,8 @@ def throughput_row() -> Row:
             Panel(
                 "timeseries",
                 "Output tok/s per running request",
-                "Decode speed one user sees: output tok/s divided by requests in the running batch, per variant.",
+                "Decode speed one user sees: output tok/s divided by the requests in the running batch (averaged "
+                "over the same rate window), per variant.",
                 "suffix: tok/s",
                 [Target(per_user, "{{variant}}")],
                 min=0,
