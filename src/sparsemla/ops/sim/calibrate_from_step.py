@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -328,15 +328,23 @@ def main(
 ) -> None:
     """Write the simulator calibration from a decode-step benchmark result."""
     from sparsemla.console import fail
-    from sparsemla.ops.sim.calibration import CalibrationError
 
     path = step_json or latest_result()
     if path is None:
         fail(f"no step-*.json in {RESULTS_DIR}", "run `make bench-step` on a GPU first, or pass the file")
+    write_and_report(calibrate, path, out, "pass the JSON written by `python -m benchmarks.step`")
+
+
+def write_and_report(calibrate_fn: Callable[[Path, Path], Path], path: Path, out: Path, hint: str) -> None:
+    """CLI tail of the calibration adapters: ``calibrate_fn(path, out)``, then one line saying what was written; a
+    result that cannot be read fails with ``hint`` (exit 2)."""
+    from sparsemla.console import fail
+    from sparsemla.ops.sim.calibration import CalibrationError
+
     try:
-        written = calibrate(path, out)
+        written = calibrate_fn(path, out)
     except (StepResultError, CalibrationError) as exc:
-        fail(str(exc), "pass the JSON written by `python -m benchmarks.step`")
+        fail(str(exc), hint)
     cal = load_calibration(written)
     refs = f"; reference states (compared with, not served) {', '.join(cal.references)}" if cal.references else ""
     print(f"wrote {written}: states {', '.join(cal.states)}{refs}; {cal.provenance.gpu}, {cal.provenance.date}")

@@ -214,13 +214,7 @@ def main(
     path = step_json or latest_result()
     if path is None:
         fail(f"no step_v32-*.json in {RESULTS_DIR}", "run `python -m benchmarks.step_v32` on a GPU first, or pass it")
-    try:
-        written = calibrate(path, out)
-    except (StepResultError, CalibrationError) as exc:
-        fail(str(exc), "pass the JSON written by `python -m benchmarks.step_v32`")
-    cal = load_calibration(written)
-    refs = f"; reference states (compared with, not served) {', '.join(cal.references)}" if cal.references else ""
-    print(f"wrote {written}: states {', '.join(cal.states)}{refs}; {cal.provenance.gpu}, {cal.provenance.date}")
+    v4.write_and_report(calibrate, path, out, "pass the JSON written by `python -m benchmarks.step_v32`")
 
 
 if __name__ == "__main__":
