@@ -214,6 +214,24 @@ def test_filter_runs_where_it_was_measured_faster():
     assert topk._filter_choice(512, 1, 1, 4096, False, True, info, (1024, 1024)) == (0, 1, 0)  # nothing streams
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_split_rows_take_more_participants_when_few_rows(arch):
+    """Few rows: up to SPLITS_MAX programs per row of 1024-position spans (the SMs are otherwise idle); many rows keep
+    4096-position spans; the grid stays within SPLIT_PROGRAMS_PER_SM programs per SM; one program on the interpreter."""
+    info = dev.target(arch)
+    for rows in (1, 4, 8, 64, 300):
+        splits = topk.topk_splits(rows, 65536, info)
+        assert splits & (splits - 1) == 0 and splits <= topk.SPLITS_MAX
+        assert splits == 1 or rows * splits <= info.num_sms * topk.SPLIT_PROGRAMS_PER_SM
+        few = rows * splits <= topk.SPLIT_FEW_PROGRAMS_PER_SM * info.num_sms
+        assert topk.topk_span(rows, splits, info) == (topk.SPLIT_SPAN_FEW if few else topk.SPLIT_SPAN)
+    assert topk.topk_splits(1, 65536, info) == topk.SPLITS_MAX and topk.topk_span(1, 32, info) == 1024
+    assert topk.topk_span(64, topk.topk_splits(64, 65536, info), info) == 4096
+    assert topk.topk_splits(8, topk.SPLIT_SPAN, info) == 1  # rows of one SPLIT_SPAN stay in one program
+    assert topk.topk_splits(8, topk.SPLIT_SPAN + 1, info) == 4
+    assert topk.topk_splits(8, 65536, dev.INTERPRETER) == 1
+
+
 def test_filter_tiles_are_checked():
     assert topk._filter_tiles(512, 4096, None) == topk.FILTER_TILES[512]
     assert topk._filter_tiles(2048, 4096, (8192, 4096)) == (4096, 4096)  # groups never exceed the register tile

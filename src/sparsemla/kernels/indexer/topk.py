@@ -15,8 +15,8 @@ threshold bin holds exactly the keys still needed (at most four passes); a longe
 pass (four passes plus the compaction). The tile sizes come from shapes only (``k``, the row capacity and, for the
 top-k kernel, the row count), so a captured CUDA graph replays for any lengths.
 
-Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than ``SPLIT_SPAN`` is shared by up to
-``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each
+Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by
+up to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each
 owns a contiguous span, adds its span's 256-bin histogram of a radix pass into the row's histogram in a workspace
 (int32 atomics: exact, order-free), and waits at a per-row arrival counter until every participant has added its
 own; all participants then read the same merged histogram and take the same decisions (threshold bin, early stop).
@@ -58,9 +58,16 @@ TOPK_SIZES = (512, 1024, 2048)
 TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
-# Split rows: a participant's span is at least SPLIT_SPAN positions; at most SPLITS_MAX programs share a row, and the
-# grid asks for about SPLIT_PROGRAMS_PER_SM programs per SM in all (a shape-only choice: graph-safe).
+# Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
+# most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise
+# idle); at most SPLITS_MAX programs share a row, and the grid asks for about SPLIT_PROGRAMS_PER_SM programs per SM in
+# all (shape-only choices: graph-safe). H200, CUDA-graph replay (results/bench/explore/topk_participants_*): B = 8,
+# k = 512, 16k rows take 19 us with 16 participants of 1024 against 33 us with 4 of 4096, 64k rows 29 vs 34 us with
+# 32 participants; at B = 64 the 4096 span stays best past 4k (16k: 49 us with 4 participants, 54 with 8). Rows of at
+# most SPLIT_SPAN positions stay in one program (B = 8, 4k, k = 2048: 18 us against 25 us in four 1024 spans).
 SPLIT_SPAN = 4096
+SPLIT_SPAN_FEW = 1024
+SPLIT_FEW_PROGRAMS_PER_SM = 2
 SPLITS_MAX = 32
 SPLIT_PROGRAMS_PER_SM = 4
 # Two-pass filter of long rows (see _select_filtered / _filter_split): (GROUPS, CANDS) per k -- strided groups whose
@@ -81,6 +88,7 @@ FILTER_UNROLL = 4
 _BINS, _PASSES = 256, 4  # radix digit bins and passes of the 32-bit keys
 _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split workspace always has room for
 HIST_BINS = tl.constexpr(_BINS)
+SPLIT_MIN_ROW = tl.constexpr(SPLIT_SPAN)
 HIST_PASSES = tl.constexpr(_PASSES)
 
 
@@ -594,7 +602,8 @@ def _indexer_topk_kernel(
     p_slot = slot_ptr + i_r * stride_slot
     p_pt = pt_ptr + i_r * stride_pt
     p_cand = cand_ptr + i_r * stride_cand
-    n_part = tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS)
+    # rows of at most SPLIT_SPAN positions stay in one program whatever the span (measured faster: topk_span)
+    n_part = tl.where(n > SPLIT_MIN_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
     if (n <= K) | (n_part == 1):
         if part == 0:
             if SPLITS == 1:
@@ -707,15 +716,23 @@ def _check_k(k: int) -> None:
 
 def topk_splits(rows: int, n_cols: int, info: dev.DeviceInfo) -> int:
     """Programs that may share one row (the grid's second factor), from shapes and the device only: enough for rows
-    of ``n_cols`` to be split into :data:`SPLIT_SPAN` spans, within about :data:`SPLIT_PROGRAMS_PER_SM` programs per SM
-    in all (at most :data:`SPLITS_MAX`, a power of two). One under the interpreter, which runs programs one at a
-    time (a participant would wait for one that never starts)."""
-    if info is dev.INTERPRETER or rows == 0:
-        return 1
-    want = triton.cdiv(max(n_cols, 1), SPLIT_SPAN)
+    of ``n_cols`` (more than :data:`SPLIT_SPAN`) to be split into :data:`SPLIT_SPAN_FEW` spans, within about
+    :data:`SPLIT_PROGRAMS_PER_SM` programs per SM in all (at most :data:`SPLITS_MAX`, a power of two). One under the
+    interpreter, which runs programs one at a time (a participant would wait for one that never starts)."""
+    if info is dev.INTERPRETER or rows == 0 or n_cols <= SPLIT_SPAN:
+        return 1  # rows of one SPLIT_SPAN are never shared
+    want = triton.cdiv(max(n_cols, 1), SPLIT_SPAN_FEW)
     room = max(info.num_sms * SPLIT_PROGRAMS_PER_SM // rows, 1)
     splits = min(want, room, SPLITS_MAX)
     return 1 if splits < 2 else triton.next_power_of_2(splits + 1) // 2  # the largest power of two <= splits
+
+
+def topk_span(rows: int, splits: int, info: dev.DeviceInfo) -> int:
+    """The shortest span a participant of a split row owns (how many take part is ``cdiv(length, span)``, at most
+    ``splits``): :data:`SPLIT_SPAN_FEW` where ``rows * splits`` programs are at most
+    :data:`SPLIT_FEW_PROGRAMS_PER_SM` per SM, else :data:`SPLIT_SPAN`. From shapes and the device only. Rows of at
+    most :data:`SPLIT_SPAN` positions stay in one program either way."""
+    return SPLIT_SPAN_FEW if rows * splits <= SPLIT_FEW_PROGRAMS_PER_SM * info.num_sms else SPLIT_SPAN
 
 
 class _SplitWorkspace:
@@ -758,7 +775,7 @@ def indexer_topk_fwd(
     sorted: bool = True,
     row_tiles: tuple[int, int] | None = None,
     splits: int | None = None,
-    span: int = SPLIT_SPAN,
+    span: int | None = None,
     filter_tiles: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
@@ -767,8 +784,9 @@ def indexer_topk_fwd(
     With ``page_table`` [rows, max_pages] int32 also writes ``out_slots`` [rows, k] with
     ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
     ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
-    :func:`topk_splits`, ``span`` :data:`SPLIT_SPAN` and ``filter_tiles`` :data:`FILTER_TILES` (``(0, 0)``: rows past
-    the register tiles stream; tests and sweeps use these to reach every path)."""
+    :func:`topk_splits`, ``span`` the shortest participant span of :func:`topk_span` and ``filter_tiles``
+    :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream; tests and sweeps use these to reach every
+    path)."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -798,6 +816,9 @@ def indexer_topk_fwd(
     n_split = topk_splits(rows, logits.shape[1], info) if splits is None else splits
     if n_split < 1 or n_split & (n_split - 1) or (n_split > 1 and info is dev.INTERPRETER):
         raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
+    span = topk_span(rows, n_split, info) if span is None else span
+    if span < 1:
+        raise ValueError(f"span must be >= 1, got {span}")
     tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
@@ -846,5 +867,6 @@ __all__ = [
     "TOPK_SIZES",
     "TOPK_WARPS",
     "indexer_topk_fwd",
+    "topk_span",
     "topk_splits",
 ]
