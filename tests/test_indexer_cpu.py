@@ -5,6 +5,7 @@ The interpreter is chosen when ``@triton.jit`` runs, so a fixture reloads ``spar
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -230,6 +231,8 @@ def test_split_rows_take_more_participants_when_few_rows(arch):
     assert topk.topk_splits(8, topk.SPLIT_SPAN, info) == 1  # rows of one SPLIT_SPAN stay in one program
     assert topk.topk_splits(8, topk.SPLIT_SPAN + 1, info) == 4
     assert topk.topk_splits(8, 65536, dev.INTERPRETER) == 1
+    small = dataclasses.replace(info, num_sms=10)  # e.g. an A2: a row's participants must all be resident at once
+    assert topk.topk_splits(1, 65536, small) == 8
 
 
 def test_filter_tiles_are_checked():

@@ -717,13 +717,16 @@ def _check_k(k: int) -> None:
 def topk_splits(rows: int, n_cols: int, info: dev.DeviceInfo) -> int:
     """Programs that may share one row (the grid's second factor), from shapes and the device only: enough for rows
     of ``n_cols`` (more than :data:`SPLIT_SPAN`) to be split into :data:`SPLIT_SPAN_FEW` spans, within about
-    :data:`SPLIT_PROGRAMS_PER_SM` programs per SM in all (at most :data:`SPLITS_MAX`, a power of two). One under the
-    interpreter, which runs programs one at a time (a participant would wait for one that never starts)."""
+    :data:`SPLIT_PROGRAMS_PER_SM` programs per SM in all (at most :data:`SPLITS_MAX` and the SM count, a power of
+    two). One under the interpreter, which runs programs one at a time (a participant would wait for one that never
+    starts)."""
     if info is dev.INTERPRETER or rows == 0 or n_cols <= SPLIT_SPAN:
         return 1  # rows of one SPLIT_SPAN are never shared
     want = triton.cdiv(max(n_cols, 1), SPLIT_SPAN_FEW)
     room = max(info.num_sms * SPLIT_PROGRAMS_PER_SM // rows, 1)
-    splits = min(want, room, SPLITS_MAX)
+    # a row's participants wait for each other, so all of them must be resident at once; a program of the k = 2048
+    # tiles may be the only one an SM holds (registers): at most one participant per SM (GPUs with < 32 SMs)
+    splits = min(want, room, SPLITS_MAX, info.num_sms)
     return 1 if splits < 2 else triton.next_power_of_2(splits + 1) // 2  # the largest power of two <= splits
 
 
