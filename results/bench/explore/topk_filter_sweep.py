@@ -47,6 +47,15 @@ def same_set(out, logits, lens, k):
     return True
 
 
+def torch_topk_row(B, ctx, k, logits):
+    """The torch.topk row of a sweep (its real length, positions only), printed as it is taken."""
+    sub = logits[:, :ctx]
+    row = dict(B=B, ctx=ctx, k=k, variant="torch_topk",
+               us=round(graph_us(lambda: torch.topk(sub, k, dim=1, sorted=False)), 2))  # fmt: skip
+    print(row, flush=True)
+    return row
+
+
 def variants(k):
     v = [("split", dict(filter_tiles=(0, 0)))]
     if not QUICK:
@@ -106,10 +115,7 @@ def main():
                     print(row, flush=True)
                     json.dump(dict(meta=meta, rows=res), open(dest, "w"), indent=1)
                 tk.FILTER_UNROLL = 4
-                sub = logits[:, :ctx]
-                res.append(dict(B=B, ctx=ctx, k=k, variant="torch_topk",
-                                us=round(graph_us(lambda: torch.topk(sub, k, dim=1, sorted=False)), 2)))  # fmt: skip
-                print(res[-1], flush=True)
+                res.append(torch_topk_row(B, ctx, k, logits))
     json.dump(dict(meta=meta, rows=res), open(dest, "w"), indent=1)
 
 

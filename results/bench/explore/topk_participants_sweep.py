@@ -14,7 +14,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from topk_filter_sweep import DEV, graph_us, same_set  # noqa: E402
+from topk_filter_sweep import DEV, graph_us, same_set, torch_topk_row  # noqa: E402
 
 from benchmarks.indexer import gpu_indexer_cache, make_case  # noqa: E402
 from sparsemla.kernels import device as dev  # noqa: E402
@@ -76,10 +76,7 @@ def main() -> None:
                     res.append(row)
                     print(row, flush=True)
                     json.dump(dict(meta=meta, rows=res), open(dest, "w"), indent=1)
-                sub = logits[:, :ctx]
-                res.append(dict(B=B, ctx=ctx, k=k, variant="torch_topk",
-                                us=round(graph_us(lambda: torch.topk(sub, k, dim=1, sorted=False)), 2)))  # fmt: skip
-                print(res[-1], flush=True)
+                res.append(torch_topk_row(B, ctx, k, logits))
     json.dump(dict(meta=meta, rows=res), open(dest, "w"), indent=1)
 
 

@@ -722,7 +722,7 @@ def topk_splits(rows: int, n_cols: int, info: dev.DeviceInfo) -> int:
     starts)."""
     if info is dev.INTERPRETER or rows == 0 or n_cols <= SPLIT_SPAN:
         return 1  # rows of one SPLIT_SPAN are never shared
-    want = triton.cdiv(max(n_cols, 1), SPLIT_SPAN_FEW)
+    want = triton.cdiv(n_cols, SPLIT_SPAN_FEW)
     room = max(info.num_sms * SPLIT_PROGRAMS_PER_SM // rows, 1)
     # a row's participants wait for each other, so all of them must be resident at once; a program of the k = 2048
     # tiles may be the only one an SM holds (registers): at most one participant per SM (GPUs with < 32 SMs)
