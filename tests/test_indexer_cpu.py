@@ -15,6 +15,7 @@ from sparsemla import flags
 from sparsemla.kernels import device as dev
 from sparsemla.kernels import layouts
 from sparsemla.kernels.indexer import api, topk
+from sparsemla.kernels.indexer import triton as triton_mod
 from sparsemla.kernels.indexer.reference import indexer_logits_reference, indexer_topk_reference, row_lengths
 
 
@@ -233,6 +234,22 @@ def test_split_rows_take_more_participants_when_few_rows(arch):
     assert topk.topk_splits(8, 65536, dev.INTERPRETER) == 1
     small = dataclasses.replace(info, num_sms=10)  # e.g. an A2: a row's participants must all be resident at once
     assert topk.topk_splits(1, 65536, small) == 8
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"])
+def test_logits_config_per_code_path(arch):
+    """mma.sync targets put the heads on the MMA's M side and, from MMA_SYNC_FEW_SPLITS_FROM rows, run fewer and
+    longer programs (4 per SM instead of 8); wgmma targets keep swap-AB and 8 per SM; fused and unfused launches take
+    the same operand order (the head sum's order decides near-ties in the top-k)."""
+    info = dev.target(arch)
+    mma_sync = not info.has_wgmma
+    for batch in (1, 8, 31, 32, 64, 128):
+        cfg = triton_mod.choose_logits_config(info, batch, 1, 64)
+        fused = triton_mod.choose_logits_config(info, batch, 1, 64, fuse_topk=True)
+        assert cfg.swap_ab is not mma_sync and fused.swap_ab == cfg.swap_ab and fused.num_splits == cfg.num_splits
+        per_sm = 4 if mma_sync and batch >= triton_mod.MMA_SYNC_FEW_SPLITS_FROM else 8
+        assert cfg.num_splits == min(256, -(-info.num_sms * per_sm // batch))
+    assert triton_mod.choose_logits_config(dev.INTERPRETER, 64, 1, 64).swap_ab is False
 
 
 def test_filter_tiles_are_checked():
