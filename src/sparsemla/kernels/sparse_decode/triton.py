@@ -66,13 +66,10 @@ class DecodeConfig:
     dv_split: int = 1
     partial_bf16: bool = False
     int_dequant: bool = False
-    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
-        if self.prefetch and self.dv_split != 1:
-            raise ValueError("prefetch keeps whole rows: it needs dv_split=1")
 
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
@@ -173,31 +170,17 @@ def _split_tiles(
 
 
 @triton.jit
-def _tile_offsets(b_idx, psz, pst, ALIGNED: tl.constexpr):
-    """(valid mask, data-row byte offsets, RoPE offsets in bf16 units, scale-row byte offsets) of slot ids ``b_idx``
-    [BLOCK_N] in a cache of pages of ``psz`` tokens, ``pst`` bytes apart (-1 = no token)."""
-    m_n = b_idx >= 0
-    b_slot = tl.where(m_n, b_idx, 0)
-    b_page = (b_slot // psz).to(tl.int64)
-    b_off = (b_slot % psz).to(tl.int64)
-    o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
-    o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
-    o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
-    if ALIGNED:
-        o_tok = tl.multiple_of(o_tok, 16)
-        o_rope = tl.multiple_of(o_rope, 8)
-    return m_n, o_tok, o_rope, o_scale
-
-
-@triton.jit
-def _load_raw_tile(
+def _load_kv_tile(
     p_cache, o_tok, o_rope, o_scale, m_n,
-    C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, INT_DEQUANT: tl.constexpr,
+    BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
+    INT_DEQUANT: tl.constexpr = False,
 ):  # fmt: skip
-    """The loads of chunks ``C0 .. C0+NC-1`` of a tile, untouched: (NoPE bytes [BLOCK_N, NC, 64] uint8 (or fp8),
-    scale bytes (one int64 word [BLOCK_N] when ALIGNED, else [BLOCK_N, NC] uint8), RoPE [BLOCK_N, NC, 64] bf16 (chunk 7,
-    zeros elsewhere)). Nothing here uses the loaded values, so a tile loaded one iteration ahead keeps
-    its loads in flight while the current tile is computed; :func:`_dequant_tile` finishes it."""
+    """Chunks ``C0 .. C0+NC-1`` of the tile's token rows dequantized to [BLOCK_N, NC*64]: chunks 0..6 = fp8 NoPE *
+    2^(ue8m0 - 127) (exact in bf16), chunk 7 = bf16 RoPE. Built as [BLOCK_N, NC, 64] so the per-64 scale is a
+    [BLOCK_N, NC] tensor, then flattened. (C0, NC) = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves.
+
+    ALIGNED: the 8 scale bytes of a token are read as ONE 8-byte word (a [BLOCK_N] int64 load, which Triton can
+    software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
     o_c = C0 + tl.arange(0, NC)
     o_d = tl.arange(0, 64)
     o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
@@ -212,33 +195,13 @@ def _load_raw_tile(
         b_k8 = tl.load(p_k8 + o_k, mask=m_nope, other=0.0)  # [BLOCK_N, NC, 64] fp8
     if ALIGNED:
         p_w = p_cache.to(tl.pointer_type(tl.int64), bitcast=True)
-        b_e = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
+        b_w = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
+        b_e = ((b_w[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, NC]
+        b_e = tl.where((o_c < 7)[None, :] & m_n[:, None], b_e, 127.0)
     else:
         m_e = m_n[:, None] & (o_c < 7)[None, :]
-        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127)  # [BLOCK_N, NC] uint8
-    p_rope = (p_cache + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-    o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
-    m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
-    b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, NC, 64]: chunk 7 (if in range), zeros elsewhere
-    return b_k8, b_e, b_r
-
-
-@triton.jit
-def _dequant_tile(
-    b_k8, b_e, b_r, m_n,
-    BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
-    INT_DEQUANT: tl.constexpr,
-):  # fmt: skip
-    """[BLOCK_N, NC*64] from :func:`_load_raw_tile`'s loads: chunks 0..6 = fp8 NoPE * 2^(ue8m0 - 127) (exact in
-    bf16), chunk 7 = bf16 RoPE. Built as [BLOCK_N, NC, 64] so the per-64 scale is a [BLOCK_N, NC] tensor, then
-    flattened. ALIGNED: the 8 scale bytes of a token came as ONE 8-byte word, split here with shifts."""
-    o_c = C0 + tl.arange(0, NC)
-    if ALIGNED:
-        b_ef = ((b_e[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, NC]
-        b_ef = tl.where((o_c < 7)[None, :] & m_n[:, None], b_ef, 127.0)
-    else:
-        b_ef = b_e.to(tl.float32)
-    b_sc = tl.math.exp2(b_ef - 127.0)
+        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, NC]
+    b_sc = tl.math.exp2(b_e - 127.0)
     tl.static_assert(not (DOT_F32 and INT_DEQUANT), "the interpreter runs fp32 dots from fp8 loads, not inline PTX")
     if DOT_F32:
         b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
@@ -248,24 +211,16 @@ def _dequant_tile(
         b_k = (b_kb * two_120) * b_sc.to(tl.bfloat16)[:, :, None]  # the e4m3 value, then times its scale
     else:
         b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None]
-    if C0 + NC == 8:  # the RoPE chunk is in this range (bytes 448..575 of the data row); chunk 7's NoPE is 0 here
+    if C0 + NC == 8:  # the RoPE chunk is in this range: bf16 at bytes 448..575 of the data row
+        p_rope = (p_cache + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16), bitcast=True)
+        o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
+        m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
+        b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, NC, 64] (chunk 7)
         if DOT_F32:
             b_k = b_k + b_r.to(tl.float32)
         else:
             b_k = b_k + b_r
     return tl.reshape(b_k, [BLOCK_N, NC * 64])
-
-
-@triton.jit
-def _load_kv_tile(
-    p_cache, o_tok, o_rope, o_scale, m_n,
-    BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
-    INT_DEQUANT: tl.constexpr = False,
-):  # fmt: skip
-    """Chunks ``C0 .. C0+NC-1`` of the tile's token rows dequantized to [BLOCK_N, NC*64] (load, then dequant at once).
-    (C0, NC) = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves."""
-    b_k8, b_e, b_r = _load_raw_tile(p_cache, o_tok, o_rope, o_scale, m_n, C0, NC, ALIGNED, INT_DEQUANT)
-    return _dequant_tile(b_k8, b_e, b_r, m_n, BLOCK_N, C0, NC, ALIGNED, DOT_F32, INT_DEQUANT)
 
 
 @triton.jit
@@ -287,7 +242,6 @@ def _sparse_decode_kernel(
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -334,55 +288,32 @@ def _sparse_decode_kernel(
     # index row are scalars selected per tile, so both caches share one pipelined loop body.
     # The slot ids of the next tile are loaded one iteration ahead (their latency hides behind this tile's math).
     b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, o_n, BLOCK_N)
-    if PREFETCH:  # tile t_lo's loads now; each iteration then issues the next tile's before computing its own
-        tl.static_assert(DV_SPLIT == 1, "the prefetching loop keeps whole rows")
-        in_main = t_lo < t_main
-        m_nx, o_tok, o_rope, o_scale = _tile_offsets(
-            b_idx_next,
-            tl.where(in_main, page_size, page_size_x),
-            tl.where(in_main, page_stride, page_stride_x),
-            ALIGNED,
-        )
-        m_nx = m_nx & (t_lo < t_hi)
-        b_k8, b_e, b_r = _load_raw_tile(
-            tl.where(in_main, cache, cache_x), o_tok, o_rope, o_scale, m_nx, 0, 8, ALIGNED, INT_DEQUANT
-        )
-        b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, t_lo + 1, o_n, BLOCK_N)
     for i_t in range(t_lo, t_hi):
-        if PREFETCH:
-            m_n = m_nx  # tile i_t's, loaded last iteration
-            in_next = i_t + 1 < t_main
-            m_nx, o_tok, o_rope, o_scale = _tile_offsets(
-                b_idx_next,
-                tl.where(in_next, page_size, page_size_x),
-                tl.where(in_next, page_stride, page_stride_x),
-                ALIGNED,
-            )
-            m_nx = m_nx & (i_t + 1 < t_hi)  # the next split's first tile is not this program's
-            b_k8_cur, b_e_cur, b_r_cur = b_k8, b_e, b_r
-            b_k8, b_e, b_r = _load_raw_tile(
-                tl.where(in_next, cache, cache_x), o_tok, o_rope, o_scale, m_nx, 0, 8, ALIGNED, INT_DEQUANT
-            )  # tile i_t + 1, in flight while tile i_t is computed
-            b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 2, o_n, BLOCK_N)
-            b_k = _dequant_tile(b_k8_cur, b_e_cur, b_r_cur, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT)
+        in_main = i_t < t_main
+        p_cache = tl.where(in_main, cache, cache_x)
+        psz = tl.where(in_main, page_size, page_size_x)
+        pst = tl.where(in_main, page_stride, page_stride_x)
+        b_idx = b_idx_next  # [BLOCK_N] slot ids of tile i_t
+        b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, o_n, BLOCK_N)
+        m_n = b_idx >= 0
+        b_slot = tl.where(m_n, b_idx, 0)
+        b_page = (b_slot // psz).to(tl.int64)
+        b_off = (b_slot % psz).to(tl.int64)
+        o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
+        o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
+        o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
+        if ALIGNED:
+            o_tok = tl.multiple_of(o_tok, 16)
+            o_rope = tl.multiple_of(o_rope, 8)
+        if DV_SPLIT == 1:
+            b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT)
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         else:
-            in_main = i_t < t_main
-            p_cache = tl.where(in_main, cache, cache_x)
-            psz = tl.where(in_main, page_size, page_size_x)
-            pst = tl.where(in_main, page_stride, page_stride_x)
-            b_idx = b_idx_next  # [BLOCK_N] slot ids of tile i_t
-            b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, o_n, BLOCK_N)
-            m_n, o_tok, o_rope, o_scale = _tile_offsets(b_idx, psz, pst, ALIGNED)
-            if DV_SPLIT == 1:
-                b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT)
-                b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-            else:
-                b_ka = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT)
-                b_kb = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT)
-                b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-                b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
-                b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
+            b_ka = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_kb = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+            b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
+            b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
@@ -590,7 +521,7 @@ def sparse_decode_fwd(
         INT_DEQUANT=cfg.int_dequant and not interpret,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
-        DOT_PREC="ieee" if interpret else "tf32", PREFETCH=cfg.prefetch,
+        DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
