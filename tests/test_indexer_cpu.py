@@ -238,17 +238,21 @@ def test_split_rows_take_more_participants_when_few_rows(arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"])
 def test_logits_config_per_code_path(arch):
-    """mma.sync targets put the heads on the MMA's M side and, from MMA_SYNC_FEW_SPLITS_FROM rows, run fewer and
-    longer programs (4 per SM instead of 8); wgmma targets keep swap-AB and 8 per SM; fused and unfused launches take
-    the same operand order (the head sum's order decides near-ties in the top-k)."""
+    """From MMA_SYNC_FEW_SPLITS_FROM rows mma.sync targets run at most 4 longer programs per SM (rounded down: 9
+    splits at B=64 on 132 SMs measured as slow as 17); wgmma targets and fewer rows keep 8 per SM (rounded up). Every
+    target keeps swap-AB, and the fused and logits launches take the same operand order and splits (the head sum's
+    order decides near-ties in the top-k)."""
     info = dev.target(arch)
     mma_sync = not info.has_wgmma
     for batch in (1, 8, 31, 32, 64, 128):
         cfg = triton_mod.choose_logits_config(info, batch, 1, 64)
         fused = triton_mod.choose_logits_config(info, batch, 1, 64, fuse_topk=True)
-        assert cfg.swap_ab is not mma_sync and fused.swap_ab == cfg.swap_ab and fused.num_splits == cfg.num_splits
-        per_sm = 4 if mma_sync and batch >= triton_mod.MMA_SYNC_FEW_SPLITS_FROM else 8
-        assert cfg.num_splits == min(256, -(-info.num_sms * per_sm // batch))
+        assert cfg.swap_ab and fused.swap_ab and fused.num_splits == cfg.num_splits
+        if mma_sync and batch >= triton_mod.MMA_SYNC_FEW_SPLITS_FROM:
+            assert cfg.num_splits == info.num_sms * 4 // batch
+        else:
+            assert cfg.num_splits == min(256, -(-info.num_sms * 8 // batch))
+    assert triton_mod.choose_logits_config(dev.target("sm_89"), 64, 1, 64).num_splits == 8  # 142 SMs
     assert triton_mod.choose_logits_config(dev.INTERPRETER, 64, 1, 64).swap_ab is False
 
 

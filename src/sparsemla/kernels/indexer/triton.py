@@ -272,20 +272,25 @@ def choose_logits_config(
     takes the same tiles (43 KB of shared memory at most: within the 101,376 B of sm_86/89/120); sm_80/86 have no
     e4m3 type and run bf16 MMAs on integer-dequantized keys.
 
-    mma.sync targets (sm_80..sm_89, sm_120) put the heads on the MMA's M side (``swap_ab`` off) and, from
-    ``MMA_SYNC_FEW_SPLITS_FROM`` rows, give each SM ``MMA_SYNC_PROGRAMS_PER_SM`` longer programs instead of 8: sm_89
-    code path on the H200, B=64 at 4k / 16k / 64k: 29.9 / 80.9 / 286 us against 34.4 / 93.9 / 331 with the wgmma
-    path's choice (B=1, 64k: 13.3 vs 13.9; B=8 keeps 8 programs per SM: 64k 50 us vs 104 with 8 splits)."""
+    mma.sync targets (sm_80..sm_89, sm_120), from ``MMA_SYNC_FEW_SPLITS_FROM`` rows: at most
+    ``MMA_SYNC_PROGRAMS_PER_SM`` longer programs per SM instead of 8. sm_89 code path on the H200, B=64 at 4k / 16k /
+    64k: 30.5 / 85.0 / 301 us with 8 splits against 34.4 / 93.9 / 331 with the wgmma path's 17; rounding up to 9
+    splits lost it all (34.0 / - / 351: 64 x 9 programs at 3 resident per SM is a worse tail than 64 x 8). B=8 keeps 8
+    programs per SM (64k: 51.5 us vs 115 with 8 splits). Heads on the MMA's M side (``swap_ab`` off) measured another
+    5 % faster there (28.9 / 80.9 / 286) but sum the heads in a warp-count-dependent order, so the fused launch (8
+    warps) and the logits launch (4) would select differently among near-tied keys: not taken."""
     interp = info is dev.INTERPRETER
     num_warps = 4 if next_n * heads <= 64 else 8
     if fuse_topk:
         num_warps = max(num_warps, 8)  # the tail program sorts k <= 2048 keys
-    mma_sync = not interp and not info.has_wgmma
-    per_sm = MMA_SYNC_PROGRAMS_PER_SM if mma_sync and batch >= MMA_SYNC_FEW_SPLITS_FROM else 8
+    if not interp and not info.has_wgmma and batch >= MMA_SYNC_FEW_SPLITS_FROM:
+        num_splits = max(1, info.num_sms * MMA_SYNC_PROGRAMS_PER_SM // batch)  # at most this many per SM
+    else:
+        num_splits = num_splits_for(batch, info.num_sms)
     return LogitsConfig(
         block_n=64 if interp else 128,
-        swap_ab=not interp and not mma_sync,
-        num_splits=num_splits_for(batch, info.num_sms, programs_per_sm=per_sm),
+        swap_ab=not interp,
+        num_splits=num_splits,
         num_warps=num_warps,
         num_stages=1 if interp else (2 if batch <= 4 else 5),
         dot_mode=_dot_mode(info),
