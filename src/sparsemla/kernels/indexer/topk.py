@@ -570,7 +570,6 @@ def _indexer_topk_kernel(
     stride_slot,
     n_cols,
     n_rows,
-    n_sms,
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_SMALL: tl.constexpr,
@@ -589,7 +588,6 @@ def _indexer_topk_kernel(
     if SPLITS == 1:
         i_r = tl.program_id(0).to(tl.int64)
         part = 0
-        worker = 0
     else:
         # (row, part) in start order: every program a participant waits for has already started
         ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed", scope="gpu")
@@ -597,10 +595,6 @@ def _indexer_topk_kernel(
             tl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
         i_r = (ticket // SPLITS).to(tl.int64)
         part = ticket % SPLITS
-        # The participant that selects a row alone (no split): programs start in ticket order, ticket t lands on
-        # about SM t % n_sms, so t and t + n_sms share an SM; shifting the worker by the row's round of n_sms tickets
-        # keeps two rows' workers off one SM (B=64 in 8 splits on 132 SMs: 64 SMs busy instead of 33 with 2 each).
-        worker = ((i_r * SPLITS) // n_sms) % SPLITS
     n = tl.load(lens_ptr + i_r)
     n = tl.minimum(tl.maximum(n, 0), n_cols)
     src = logits_ptr + i_r * stride_l
@@ -611,7 +605,7 @@ def _indexer_topk_kernel(
     # rows of at most SPLIT_SPAN positions stay in one program whatever the span (measured faster: topk_span)
     n_part = tl.where(n > SPLIT_MIN_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
     if (n <= K) | (n_part == 1):
-        if part == worker:
+        if part == 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
                           PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL)  # fmt: skip
@@ -850,7 +844,6 @@ def indexer_topk_fwd(
         slots.stride(0),
         logits.shape[1],
         rows,
-        info.num_sms,
         K=k,
         BLOCK=_topk_block(k),
         ROW_SMALL=row_small,
