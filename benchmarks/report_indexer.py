@@ -109,10 +109,54 @@ def code_paths_section(data: dict) -> str:
             )
     note = (
         "In the sm_89 path the logits tie the native ones at B=1 and fall behind at B=64: the same 128-token tiles "
-        "and 5 stages, fp8 mma.sync instead of wgmma; the launch parameters were tuned on the wgmma path."
+        "and 5 stages with fp8 mma.sync instead of wgmma; from 32 rows that path runs at most 4 programs per SM "
+        "(`choose_logits_config`)."
     )
     out += ["", note]
+    out += _mma_ceiling_lines(cells, data.get("heads", 64))
     return "\n".join(out) + "\n"
+
+
+EXPLORE = Path(__file__).resolve().parents[1] / "results" / "bench" / "explore"
+IDX_DIM = 128  # the indexer's head dim: one fp8 MMA of 2 x H x 128 FLOPs per key
+
+
+def _best_tflops(path: Path) -> dict[str, float]:
+    """{operand dtype: the best TFLOP/s of the GEMM configurations} of one mma_ceiling JSON."""
+    best: dict[str, float] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        if "tflops" in r:
+            best[r["dtype"]] = max(best.get(r["dtype"], 0.0), r["tflops"])
+    return best
+
+
+def _mma_ceiling_lines(cells: dict, heads: int, explore: Path = EXPLORE) -> list[str]:
+    """How close the sm_89 path's longest B=64 logits come to that path's fp8 MMA rate on this GPU, from the newest
+    exploratory GEMM ceilings (``results/bench/explore/mma_ceiling.py``), when both are there."""
+    s89 = sorted(explore.glob("mma_ceiling-sm89-*.json"))
+    nat = sorted(explore.glob("mma_ceiling-native-*.json"))
+    longest = max((k for k, v in cells.items() if k[0] == 64 and "sparsemla_sm89path_graph" in v), default=None)
+    if not s89 or not nat or longest is None:
+        return []
+    ceil89, ceilnat = _best_tflops(s89[-1]), _best_tflops(nat[-1])
+    if "fp8_e4m3" not in ceil89 or "bf16" not in ceil89 or "fp8_e4m3" not in ceilnat:
+        return []
+    b, ctx, _ = longest
+    v = cells[longest]
+    gflop = 2.0 * b * ctx * heads * IDX_DIM / 1e9
+    rate = gflop / v["sparsemla_sm89path_graph"] * 1e3  # TFLOP/s
+    bound = gflop / ceil89["fp8_e4m3"] * 1e3  # us at that rate
+    need = gflop / (1.2 * v["sparsemla_graph"]) * 1e3
+    return [
+        "",
+        f"What bounds the sm_89 path on this GPU (exploratory: a Triton fp8 / bf16 GEMM per code path, "
+        f"`{s89[-1].relative_to(explore.parents[2])}`): its fp8 MMAs (mma.sync) peak at "
+        f"{ceil89['fp8_e4m3']:.0f} TFLOP/s against {ceilnat['fp8_e4m3']:.0f} with wgmma, and below its own bf16 "
+        f"mma.sync ({ceil89['bf16']:.0f}) (a property of the H200: not measured on an Ada or Blackwell GPU). "
+        f"B={b} at {ctx // 1024}k is {gflop:.1f} GFLOP of MMAs: {fmt_us(bound)} µs at that peak "
+        f"({bound / v['sparsemla_graph']:.2f}x the native time); the kernel runs at {rate:.0f} TFLOP/s "
+        f"({rate / ceil89['fp8_e4m3']:.0%} of it), and 1.2x of native would take {need / ceil89['fp8_e4m3']:.0%}.",
+    ]
 
 
 def _code_path_lines(cells: dict) -> list[str]:

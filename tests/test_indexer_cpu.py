@@ -346,3 +346,32 @@ def test_report_section_renders_committed_json():
     assert {"sparsemla", "sparsemla_topk", "torch_fallback", "torch_topk", "floor"} <= providers
     text = indexer_section(data)
     assert "| B=64 ctx=65536 logits | 160 |" in text and "Cap independence" in text
+
+
+def test_code_paths_note_bounds_the_sm89_path_by_its_mma_rate(tmp_path):
+    """The code-path section's bound line: GFLOP of the longest B=64 logits over the sm_89 path's best fp8 GEMM rate,
+    the share of it the kernel reaches, and what 1.2x of native would need; no line without both ceiling files."""
+    import json
+
+    from benchmarks.report_indexer import _mma_ceiling_lines
+
+    cells = {(64, 65536, 65536): {"sparsemla_graph": 200.0, "sparsemla_sm89path_graph": 400.0}}
+    assert _mma_ceiling_lines(cells, 64, tmp_path) == []
+    explore = tmp_path / "results" / "bench" / "explore"
+    explore.mkdir(parents=True)
+    rows = [
+        dict(dtype="fp8_e4m3", tflops=100.0),
+        dict(dtype="fp8_e4m3", tflops=343.6),
+        dict(dtype="bf16", tflops=400.0),
+    ]
+    (explore / "mma_ceiling-sm89-x-2026-01-01.json").write_text(
+        json.dumps({"rows": rows + [dict(dtype="bf16", error="x")]})
+    )
+    (explore / "mma_ceiling-native-x-2026-01-01.json").write_text(
+        json.dumps({"rows": [dict(dtype="fp8_e4m3", tflops=1000.0)]})
+    )
+    text = "".join(_mma_ceiling_lines(cells, 64, explore))
+    # 2 * 64 * 65536 * 64 * 128 = 68.7 GFLOP: 200 us at 343.6 TFLOP/s, 1.00x native; 172 TFLOP/s = 50 %; 1.2x -> 83 %
+    assert "peak at 344 TFLOP/s against 1000 with wgmma" in text and "bf16 mma.sync (400)" in text
+    assert "68.7 GFLOP" in text and "200 µs at that peak (1.00x" in text and "(50% of it)" in text
+    assert "would take 83%" in text
