@@ -158,43 +158,31 @@ def _with_digit(prefix, d, P: tl.constexpr):
 
 
 @triton.jit
-def _register_pass(key, valid, prefix, k_rem, HI: tl.constexpr, BITS: tl.constexpr, ROW: tl.constexpr):
-    """One radix pass over the register keys: the ``BITS``-bit digit below bit ``HI`` (the top digit offset so signed
-    order is bin order), counting only keys whose bits from ``HI`` up equal ``prefix``'s. Returns the new prefix, the
-    keys still to take from its bin, and whether that bin holds more keys than that (another pass is needed)."""
-    LO: tl.constexpr = HI - BITS
-    MASK: tl.constexpr = (1 << BITS) - 1
-    if HI == 32:
-        m = valid
-        digit = ((key >> LO) + (1 << (BITS - 1))) & MASK
-    else:
-        m = valid & ((key >> HI) == (prefix >> HI))
-        digit = (key >> LO) & MASK
-    d, above, in_bin = _pick_bin(tl.histogram(digit, 1 << BITS, mask=m), k_rem, ROW + 1)
-    k_rem -= above
-    if HI == 32:
-        prefix = (d - (1 << (BITS - 1))) << LO
-    else:
-        prefix = prefix | (d << LO)
-    return prefix, k_rem, (in_bin != k_rem).to(tl.int32)
-
-
-@triton.jit
 def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr):
     """Radix search over register keys ``key`` [ROW] (``valid`` of them, more than ``K``) for the ``K``-th largest:
     returns ``(prefix, low, k_rem)``, the threshold's bits above ``low`` (the lower ones zero), and how many keys whose
-    bits above ``low`` equal the prefix's win. Digits of 12, 12 and 8 bits: the first holds the sign, the exponent and
-    3 mantissa bits (an 8-bit first digit splits little more than the sign and the exponent, so real logits took
-    three or four passes). A pass that leaves exactly ``k_rem`` keys in its threshold bin ends the search early.
-    ``zero`` is an int32 scalar 0 (the loop-carried values take its type)."""
-    prefix, k_rem, more = _register_pass(key, valid, zero, zero + K, 32, 12, ROW)
-    low = zero + 20
-    if more != 0:
-        prefix, k_rem, more = _register_pass(key, valid, prefix, k_rem, 20, 12, ROW)
-        low = zero + 8
+    bits above ``low`` equal the prefix's win. A pass that leaves exactly ``k_rem`` keys in its threshold bin ends the
+    search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type)."""
+    prefix = zero  # the threshold key, 8 bits at a time from the top
+    k_rem = zero + K  # keys still to take from the bin that matches ``prefix``
+    low = zero + 32  # low bits of the threshold not determined yet
+    more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
+    for p in tl.static_range(4):
         if more != 0:
-            prefix, k_rem, more = _register_pass(key, valid, prefix, k_rem, 8, 8, ROW)
-            low = zero
+            if p == 0:
+                m = valid
+                digit = ((key >> 24) + 128) & 255
+            else:
+                m = valid & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
+                digit = (key >> (24 - 8 * p)) & 255
+            d, above, in_bin = _pick_bin(tl.histogram(digit, 256, mask=m), k_rem, ROW + 1)
+            k_rem -= above
+            if p == 0:
+                prefix = (d - 128) << 24
+            else:
+                prefix = prefix | (d << (24 - 8 * p))
+            low = zero + (24 - 8 * p)
+            more = (in_bin != k_rem).to(tl.int32)
     return prefix, low, k_rem
 
 
