@@ -92,6 +92,28 @@ def test_topk_exact_with_ties(tri):
     assert (out[2, 300:] == -1).all() and (out[3] == -1).all()
 
 
+@pytest.mark.parametrize("passes", [1, 2, 3, 4], ids=lambda p: f"exit-after-pass{p}")
+def test_topk_radix_digit_edges(tri, passes):
+    """Rows built bit by bit so the in-register search (8-bit digits from the top) ends after each of its passes:
+    500 keys win outright, the threshold bin holds the 12 keys still needed, and losers whose keys differ from those
+    only in the digit's lowest bit sit at smaller positions -- a pass that ended one bit short, or a wrong digit
+    boundary, takes them instead."""
+    n, k, take = 2048, 512, 12
+    shift = 24 - 8 * (passes - 1)  # the deciding digit's lowest bit
+    common = 0x3F800000 >> (shift + 8) << (shift + 8)  # the digits above it: those of 1.0
+    lose, thr, top = (0x3E, 0x3F, 0x41) if passes == 1 else (0x82, 0x83, 0xB0)  # positive floats: no sign bit
+    bits = torch.full((n,), common | (lose << shift), dtype=torch.int64)
+    bits[:500] = common | (top << shift)  # outright winners
+    win = torch.arange(n - take, n)
+    bits[win] = common | (thr << shift)  # the threshold bin, at the end of the row
+    bits |= 0x15 & ((1 << shift) - 1)  # the same lower bits everywhere: never deciding
+    logits = bits.to(torch.int32).view(torch.float32).view(1, n)  # positive floats: order key = bits
+    assert torch.isfinite(logits).all()
+    out = torch.full((1, k), -7, dtype=torch.int32)
+    topk.indexer_topk_fwd(logits, torch.tensor([n], dtype=torch.int32), k, out=out, sorted=False)
+    assert torch.equal(out[0], torch.cat([torch.arange(500), win]).to(torch.int32))
+
+
 def test_topk_page_transform(tri):
     """With a page table the kernel also writes page_table[pos // 64] * 64 + pos % 64 (-1 padded)."""
     g = torch.Generator().manual_seed(4)
