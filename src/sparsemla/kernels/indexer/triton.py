@@ -273,12 +273,10 @@ def choose_logits_config(
     e4m3 type and run bf16 MMAs on integer-dequantized keys.
 
     mma.sync targets (sm_80..sm_89, sm_120), from ``MMA_SYNC_FEW_SPLITS_FROM`` rows: at most
-    ``MMA_SYNC_PROGRAMS_PER_SM`` longer programs per SM instead of 8. sm_89 code path on the H200, B=64 at 4k / 16k /
-    64k: 30.5 / 85.0 / 301 us with 8 splits against 34.4 / 93.9 / 331 with the wgmma path's 17; rounding up to 9
-    splits lost it all (34.0 / - / 351: 64 x 9 programs at 3 resident per SM is a worse tail than 64 x 8). B=8 keeps 8
-    programs per SM (64k: 51.5 us vs 115 with 8 splits). Heads on the MMA's M side (``swap_ab`` off) measured another
-    5 % faster there (28.9 / 80.9 / 286) but sum the heads in a warp-count-dependent order, so the fused launch (8
-    warps) and the logits launch (4) would select differently among near-tied keys: not taken."""
+    ``MMA_SYNC_PROGRAMS_PER_SM`` longer programs per SM instead of 8, rounded down (a rounded-up count left a worse
+    tail of programs; sm_89 code path on the H200, results/bench/explore/README.md). ``swap_ab`` stays on there too:
+    with the heads on the M side their sum's order depends on the warp count, so the fused launch (8 warps) and the
+    logits launch (4) would select differently among near-tied keys."""
     interp = info is dev.INTERPRETER
     num_warps = 4 if next_n * heads <= 64 else 8
     if fuse_topk:
