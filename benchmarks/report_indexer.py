@@ -11,6 +11,7 @@ from pathlib import Path
 
 from benchmarks.indexer import PROVIDERS
 from benchmarks.report import cells_by, fmt_us
+from sparsemla.kernels.layouts import IDX_DIM  # the indexer's head dim: 2 x H x IDX_DIM MMA FLOPs per key
 
 # (B, ctx) -> logits-only target in us; (B, ctx, "topk") for the logits + top-k target (issue 4)
 TARGETS: dict[tuple, float] = {(64, 4096): 14.0, (64, 16384): 45.0, (64, 65536): 160.0, (1, 4096): 8.0}
@@ -118,7 +119,6 @@ def code_paths_section(data: dict) -> str:
 
 
 EXPLORE = Path(__file__).resolve().parents[1] / "results" / "bench" / "explore"
-IDX_DIM = 128  # the indexer's head dim: one fp8 MMA of 2 x H x 128 FLOPs per key
 
 
 def _best_tflops(path: Path) -> dict[str, float]:

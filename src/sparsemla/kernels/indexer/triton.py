@@ -201,10 +201,14 @@ MMA_SYNC_FEW_SPLITS_FROM = 32
 MMA_SYNC_PROGRAMS_PER_SM = 4
 
 
-def num_splits_for(batch: int, num_sms: int, programs_per_sm: int = 8, max_splits: int = 256) -> int:
-    """Programs per request: enough to give every SM ``programs_per_sm`` programs; a function of B only (graph-safe)."""
+def num_splits_for(
+    batch: int, num_sms: int, programs_per_sm: int = 8, max_splits: int = 256, at_most: bool = False
+) -> int:
+    """Programs per request: enough to give every SM ``programs_per_sm`` programs (``at_most``: no more than that,
+    rounded down); a function of B only (graph-safe)."""
     want = num_sms * programs_per_sm
-    return max(1, min(max_splits, -(-want // max(batch, 1))))
+    per_request = want // max(batch, 1) if at_most else -(-want // max(batch, 1))
+    return max(1, min(max_splits, per_request))
 
 
 def _check_logits_inputs(q_fp8, kv_cache_fp8, weights, seq_lens, page_table) -> tuple[int, int, int]:
@@ -282,7 +286,7 @@ def choose_logits_config(
     if fuse_topk:
         num_warps = max(num_warps, 8)  # the tail program sorts k <= 2048 keys
     if not interp and not info.has_wgmma and batch >= MMA_SYNC_FEW_SPLITS_FROM:
-        num_splits = max(1, info.num_sms * MMA_SYNC_PROGRAMS_PER_SM // batch)  # at most this many per SM
+        num_splits = num_splits_for(batch, info.num_sms, MMA_SYNC_PROGRAMS_PER_SM, at_most=True)
     else:
         num_splits = num_splits_for(batch, info.num_sms)
     return LogitsConfig(
