@@ -92,23 +92,42 @@ def test_topk_exact_with_ties(tri):
     assert (out[2, 300:] == -1).all() and (out[3] == -1).all()
 
 
-@pytest.mark.parametrize("passes", [1, 2, 3, 4], ids=lambda p: f"exit-after-pass{p}")
-def test_topk_radix_digit_edges(tri, passes):
-    """Rows built bit by bit so the in-register search (8-bit digits from the top) ends after each of its passes:
-    500 keys win outright, the threshold bin holds the 12 keys still needed, and losers whose keys differ from those
-    only in the digit's lowest bit sit at smaller positions -- a pass that ended one bit short, or a wrong digit
-    boundary, takes them instead."""
+def _digit_cases() -> list:
+    """(digit width, pass) pairs: every pass of both widths the launcher may choose (topk.radix_bits)."""
+    cases = []
+    for bits in (topk.RADIX_BITS, topk.RADIX_BITS_WIDE_K):
+        for p in range(1, -(-32 // bits) + 1):
+            cases.append(pytest.param(bits, p, id=f"{bits}bit-exit-after-pass{p}"))
+    return cases
+
+
+@pytest.mark.parametrize("bits, passes", _digit_cases())
+def test_topk_radix_digit_edges(tri, monkeypatch, bits, passes):
+    """Rows built bit by bit so the in-register search (``bits``-wide digits from the top, the last one narrower)
+    ends after each of its passes: 500 keys win outright, the threshold bin holds the 12 keys still needed, and
+    losers whose keys differ from those only in the digit's lowest bit sit at smaller positions -- a pass that ended
+    one bit short, or a wrong digit boundary, takes them instead."""
+    monkeypatch.setattr(topk, "RADIX_BITS", bits)  # the launcher's width for k = 512 (interpreter: no filter)
     n, k, take = 2048, 512, 12
-    shift = 24 - 8 * (passes - 1)  # the deciding digit's lowest bit
-    common = 0x3F800000 >> (shift + 8) << (shift + 8)  # the digits above it: those of 1.0
-    lose, thr, top = (0x3E, 0x3F, 0x41) if passes == 1 else (0x82, 0x83, 0xB0)  # positive floats: no sign bit
-    bits = torch.full((n,), common | (lose << shift), dtype=torch.int64)
-    bits[:500] = common | (top << shift)  # outright winners
+    top = 32 - bits * (passes - 1)  # the deciding digit is bits [shift, top) of the sign-flipped key
+    shift = max(top - bits, 0)
+    width = top - shift
+    assert width >= 2
+    one = 0x3F800000  # 1.0: positive floats, so the order key is the bit pattern and the sign flip sets bit 31
+    common = (one >> top << top) if top < 32 else 0  # the digits above the deciding one: those of 1.0
+    if passes == 1:  # the top digit holds the sign bit and the exponent's top: stay at or below 1.0's (finite)
+        win_d = (one >> shift) & ((1 << width) - 1)
+        lose = (win_d - 2) & ~1
+    else:
+        win_d, lose = (1 << width) - 1, 0
+    thr = lose + 1  # the digit's lowest bit alone separates the threshold bin from the losers
+    bits_row = torch.full((n,), common | (lose << shift), dtype=torch.int64)
+    bits_row[:500] = common | (win_d << shift)  # outright winners
     win = torch.arange(n - take, n)
-    bits[win] = common | (thr << shift)  # the threshold bin, at the end of the row
-    bits |= 0x15 & ((1 << shift) - 1)  # the same lower bits everywhere: never deciding
-    logits = bits.to(torch.int32).view(torch.float32).view(1, n)  # positive floats: order key = bits
-    assert torch.isfinite(logits).all()
+    bits_row[win] = common | (thr << shift)  # the threshold bin, at the end of the row
+    bits_row |= 0x15 & ((1 << shift) - 1)  # the same lower bits everywhere: never deciding
+    logits = bits_row.to(torch.int32).view(torch.float32).view(1, n)
+    assert torch.isfinite(logits).all() and (logits > 0).all()
     out = torch.full((1, k), -7, dtype=torch.int32)
     topk.indexer_topk_fwd(logits, torch.tensor([n], dtype=torch.int32), k, out=out, sorted=False)
     assert torch.equal(out[0], torch.cat([torch.arange(500), win]).to(torch.int32))

@@ -4,8 +4,9 @@ logits + top-k tail of :mod:`sparsemla.kernels.indexer.triton` share, the top-k 
 Semantics are those of :func:`sparsemla.kernels.indexer.reference.indexer_topk_reference` (this module never imports
 it).
 
-Top-k (exact, deterministic): one program per row finds the k-th largest key by 8-bit radix passes (``tl.histogram``;
-a compare-count 4-bit variant measured 2-3x slower on the H200) over an order-preserving int32 image of the fp32
+Top-k (exact, deterministic): one program per row finds the k-th largest key by radix passes (``tl.histogram``:
+5-bit digits in registers, see :func:`radix_bits`; 8-bit ones when streaming; a compare-count 4-bit variant measured
+2-3x slower on the H200) over an order-preserving int32 image of the fp32
 logits, compacts the winners (ties at the threshold go to the smaller positions), then sorts the k winners by (value
 desc, position asc) with one bitonic sort of a packed int64. Each row takes one of three paths, chosen on the device
 from its length: ``length <= k`` needs no selection; a row that fits a register tile (``TOPK_ROW_TILES`` /
@@ -22,10 +23,12 @@ owns a contiguous span, adds its span's 256-bin histogram of a radix pass into t
 own; all participants then read the same merged histogram and take the same decisions (threshold bin, early stop).
 After the last pass each participant publishes its span's winner counts, and writes its winners at their
 position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when
-asked), writes the page slots, and zeroes the row's workspace for the next launch. Programs take their (row, part)
-from a start ticket, so every program a participant waits for has started before it: no deadlock while the SMs hold
-at least ``splits`` programs at once. The interpreter runs programs one after another, so it always uses one
-program per row.
+asked), writes the page slots, and zeroes the row's workspace for the next launch. A split launch has one solo
+program per row besides the participants (the grid's first ``rows`` programs): it selects the rows that get a single
+participant (at most ``SPLIT_SPAN`` positions), which then never share an SM with one another while the rows are
+fewer than the SMs. Participants take their (row, part) from a start ticket, so every program a participant waits
+for has started before it: no deadlock while the SMs hold at least ``splits`` programs at once. The interpreter runs
+programs one after another, so it always uses one program per row.
 
 Two-pass filter (long rows): instead of four radix passes over the whole row, one pass keeps the maximum of each of
 ``GROUPS`` strided groups (position mod GROUPS); the radix prefix ``t`` of the k-th largest maximum bounds the
@@ -90,6 +93,11 @@ _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split 
 HIST_BINS = tl.constexpr(_BINS)
 SPLIT_MIN_ROW = tl.constexpr(SPLIT_SPAN)
 HIST_PASSES = tl.constexpr(_PASSES)
+# Digit widths of the in-register radix search (_threshold_prefix), chosen per launch by radix_bits. The streaming
+# and split passes (_span_histogram) keep 8-bit digits: each of their passes streams the row or crosses a barrier
+# (narrower digits were not measured there).
+RADIX_BITS = 5
+RADIX_BITS_WIDE_K = 8
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -120,9 +128,9 @@ def _bin_combine(n_a, ge_a, above_a, n_b, ge_b, above_b):
 
 @triton.jit
 def _pick_bin(hist, k_rem, BIG: tl.constexpr):
-    """Radix step over a 256-bin histogram: the bin ``d`` holding the ``k_rem``-th largest key, the number of keys in
-    bins above it, and the number in it (one fused reduction after the suffix scan)."""
-    ge = tl.cumsum(hist, axis=0, reverse=True)  # [256] keys at or above each bin
+    """Radix step over a histogram (bins in key order): the bin ``d`` holding the ``k_rem``-th largest key, the number
+    of keys in bins above it, and the number in it (one fused reduction after the suffix scan)."""
+    ge = tl.cumsum(hist, axis=0, reverse=True)  # [bins] keys at or above each bin
     sel = ge >= k_rem  # bins [0, d]
     n_sel, ge_d, above = tl.reduce((sel.to(tl.int32), tl.where(sel, ge, BIG), tl.where(sel, 0, ge)), 0, _bin_combine)
     return n_sel - 1, above, ge_d - above
@@ -158,40 +166,49 @@ def _with_digit(prefix, d, P: tl.constexpr):
 
 
 @triton.jit
-def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr):
+def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):
     """Radix search over register keys ``key`` [ROW] (``valid`` of them, more than ``K``) for the ``K``-th largest:
     returns ``(prefix, low, k_rem)``, the threshold's bits above ``low`` (the lower ones zero), and how many keys whose
-    bits above ``low`` equal the prefix's win. A pass that leaves exactly ``k_rem`` keys in its threshold bin ends the
-    search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type)."""
-    prefix = zero  # the threshold key, 8 bits at a time from the top
+    bits above ``low`` equal the prefix's win. Digits of ``BITS`` bits from the top (the last one narrower), one
+    ``tl.histogram`` of ``2 ** BITS`` bins per pass; a pass that leaves exactly ``k_rem`` keys in its threshold
+    bin ends the search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type).
+
+    Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
+    mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
+    ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
+    D: tl.constexpr = BITS
+    NB: tl.constexpr = tl.constexpr(1) << BITS
+    # unsigned order as int32 bits (sign flipped): digit order is key order; masks after the arithmetic shifts
+    ukey = key ^ (-2147483647 - 1)
+    prefix = zero  # the threshold's flipped bits, one digit at a time from the top
     k_rem = zero + K  # keys still to take from the bin that matches ``prefix``
     low = zero + 32  # low bits of the threshold not determined yet
     more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
-    for p in tl.static_range(4):
+    for p in tl.static_range((32 + D - 1) // D):
+        top = 32 - D * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
+        shift = (top - D) * (top > D)  # this pass's digit: bits [shift, top)
         if more != 0:
             if p == 0:
                 m = valid
-                digit = ((key >> 24) + 128) & 255
             else:
-                m = valid & ((key >> (32 - 8 * p)) == (prefix >> (32 - 8 * p)))
-                digit = (key >> (24 - 8 * p)) & 255
-            d, above, in_bin = _pick_bin(tl.histogram(digit, 256, mask=m), k_rem, ROW + 1)
+                m = valid & ((ukey >> top) == (prefix >> top))
+            # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
+            # below sets them again
+            digit = (ukey >> shift) & (NB - 1)
+            d, above, in_bin = _pick_bin(tl.histogram(digit, NB, mask=m), k_rem, ROW + 1)
             k_rem -= above
-            if p == 0:
-                prefix = (d - 128) << 24
-            else:
-                prefix = prefix | (d << (24 - 8 * p))
-            low = zero + (24 - 8 * p)
+            prefix = prefix | (d << shift)
+            low = zero + shift
             more = (in_bin != k_rem).to(tl.int32)
-    return prefix, low, k_rem
+    return prefix ^ (-2147483647 - 1), low, k_rem
 
 
 @triton.jit
-def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr):
+def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):
     """Writes ``payload`` of the top-``K`` of the register keys ``key`` [ROW] (``valid`` of them, at least ``K``) to
     ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
-    prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW)
+    prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW, BITS)
     # keys above the prefix all win; k_rem of the keys equal to it win, smallest indices first
     hi = key >> low
     gt = valid & (hi > (prefix >> low))
@@ -205,14 +222,16 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 
 @triton.jit
-def _select_in_registers(src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr):
+def _select_in_registers(
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
+):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
     held in registers."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW)
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -262,6 +281,7 @@ def _select_filtered(
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
     FROM_L2: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     """Same contract as :func:`_select_in_registers` for a row longer than ``GROUPS`` in two streaming passes, or
     returns 0 (nothing written) when more than ``CANDS`` candidates pass the filter; 1 when done.
@@ -276,12 +296,12 @@ def _select_filtered(
     zero = length * 0
     gmax = _group_maxima(src_ptr, zero, length, GROUPS, UNROLL, FROM_L2)  # [GROUPS]
     # every group holds a key (length > GROUPS): the K-th largest of GROUPS > K maxima exists
-    t, _low, _k_rem = _threshold_prefix(gmax, tl.arange(0, GROUPS) < GROUPS, zero, K, GROUPS)
+    t, _low, _k_rem = _threshold_prefix(gmax, tl.arange(0, GROUPS) < GROUPS, zero, K, GROUPS, BITS)
     n_cand = _list_candidates(src_ptr, zero, length, t, cand_ptr, CANDS, GROUPS, UNROLL, FROM_L2)
     done = (n_cand <= CANDS).to(tl.int32)
     if done != 0:
         tl.debug_barrier()
-        _select_candidates(src_ptr, n_cand, cand_ptr, idx_out_ptr, K, CANDS)
+        _select_candidates(src_ptr, n_cand, cand_ptr, idx_out_ptr, K, CANDS, BITS)
     return done
 
 
@@ -377,6 +397,7 @@ def _topk_row(
     GROUPS: tl.constexpr,
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -389,15 +410,17 @@ def _topk_row(
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2)
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2)
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
                 if GROUPS > 0:
-                    done = _select_filtered(src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2)
+                    done = _select_filtered(
+                        src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
+                    )
                 if done == 0:
                     _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
         tl.debug_barrier()
@@ -505,6 +528,7 @@ def _filter_split(
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
     SPLITS: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     """Participant ``part`` of ``n_part`` in the two-pass filter of :func:`_select_filtered` over one row, owning
     positions ``[lo, hi)``. Its span's group maxima merge into the row's ``gmax_ptr`` [GROUPS] (uint32 atomic max of
@@ -523,7 +547,7 @@ def _filter_split(
     tl.atomic_max(ugmax + group, ukey, mask=ukey != 0, sem="relaxed", scope="gpu")
     _arrive_and_wait(bar_ptr, n_part)
     merged = tl.load(ugmax + o_g, cache_modifier=".cg").to(tl.int32, bitcast=True) ^ smallest  # [GROUPS] row's
-    t, _low, _k_rem = _threshold_prefix(merged, o_g < GROUPS, zero, K, GROUPS)
+    t, _low, _k_rem = _threshold_prefix(merged, o_g < GROUPS, zero, K, GROUPS, BITS)
     slab = cand_ptr + (1 + part) * CANDS
     n_mine = _list_candidates(src_ptr, lo, hi, t, slab, CANDS, GROUPS, UNROLL, False)
     tl.store(cnt_ptr + part, n_mine)
@@ -541,14 +565,16 @@ def _filter_split(
 
 
 @triton.jit
-def _select_candidates(src_ptr, n_cand, cand_ptr, idx_out_ptr, K: tl.constexpr, CANDS: tl.constexpr):
+def _select_candidates(
+    src_ptr, n_cand, cand_ptr, idx_out_ptr, K: tl.constexpr, CANDS: tl.constexpr, BITS: tl.constexpr
+):
     """Top-``K`` of the ``n_cand`` (``K <= n_cand <= CANDS``) positions listed in position order at ``cand_ptr``,
     selected in one register tile; their positions go to ``idx_out_ptr[0:K]`` in position order."""
     o_c = tl.arange(0, CANDS)
     ok = o_c < n_cand
     pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS]
     key = tl.where(ok, _order_key(_load_row(src_ptr + pos, ok, False)), -2147483647 - 1)
-    _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS)
+    _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS, BITS)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -584,12 +610,21 @@ def _indexer_topk_kernel(
     GROUPS: tl.constexpr,
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
+    RADIX: tl.constexpr,
 ):
+    # Split launches: programs 0 .. n_rows - 1 are the rows' solo programs (a row of one participant is selected
+    # there: the first programs dispatched, one per SM while the rows are fewer than the SMs, whatever the split
+    # count; with the solo work on ticket holders instead, two of them shared an SM once the grid outgrew one program
+    # per SM, and such rows took twice as long). The others are split participants and take (row, part) from a
+    # start ticket, so every program a participant waits for has already started; solo programs never wait.
+    pid = tl.program_id(0)
     if SPLITS == 1:
-        i_r = tl.program_id(0).to(tl.int64)
-        part = 0
+        i_r = pid.to(tl.int64)
+        part = pid * 0 - 1
+    elif pid < n_rows:
+        i_r = pid.to(tl.int64)
+        part = pid * 0 - 1
     else:
-        # (row, part) in start order: every program a participant waits for has already started
         ticket = tl.atomic_add(ws_ptr, 1, sem="relaxed", scope="gpu")
         if ticket == n_rows * SPLITS - 1:
             tl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
@@ -605,14 +640,14 @@ def _indexer_topk_kernel(
     # rows of at most SPLIT_SPAN positions stay in one program whatever the span (measured faster: topk_span)
     n_part = tl.where(n > SPLIT_MIN_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
     if (n <= K) | (n_part == 1):
-        if part == 0:
+        if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1)  # fmt: skip
-    elif part < n_part:
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX)  # fmt: skip
+    elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
         p_hist = ws_ptr + 1 + rows64 + i_r * (HIST_PASSES * HIST_BINS)
@@ -626,7 +661,7 @@ def _indexer_topk_kernel(
         if GROUPS > 0:
             if span >= filter_min_span:
                 phase, n_cand = _filter_split(src, lo, hi, part, n_part, p_gmax, p_cnt + 2 * SPLITS, p_bar, p_cand,
-                                              K, GROUPS, CANDS, UNROLL, SPLITS)  # fmt: skip
+                                              K, GROUPS, CANDS, UNROLL, SPLITS, RADIX)  # fmt: skip
         if n_cand > CANDS:
             phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS, phase)
         tl.debug_barrier()
@@ -644,7 +679,7 @@ def _indexer_topk_kernel(
                 tl.store(p_gmax + o_g, tl.zeros([GROUPS], dtype=tl.int32), cache_modifier=".cg")
             tl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
             if n_cand <= CANDS:
-                _select_candidates(src, n_cand, p_cand, p_idx, K, CANDS)
+                _select_candidates(src, n_cand, p_cand, p_idx, K, CANDS, RADIX)
                 tl.debug_barrier()
             _finish_row(src, n, p_idx, p_slot, p_pt, K, SORT, WRITE_SLOTS, True, PAGE_BITS, False)
 
@@ -707,6 +742,15 @@ def _filter_choice(
         groups, cands = _filter_tiles(k, row_max, None)
         return groups, cands, FILTER_MIN_SPAN[k]
     return 0, 1, 0
+
+
+def radix_bits(k: int, groups: int) -> int:
+    """Digit width of the in-register radix search of a top-k launch: :data:`RADIX_BITS`, except
+    :data:`RADIX_BITS_WIDE_K` for k = 2048 launches that compile the filter (``groups > 0``). H200, CUDA-graph
+    replay, B = 64 (results/bench/explore/topk_radix_bits_ab-*, README): 5-bit digits took a 4k row's top-512 from 21.4
+    to 18.6 us and the fused B = 1 4k top-512 from 16.4 to 15.0 us (20 calls per graph), but made the k = 2048 split
+    launches with the filter compiled in slower (64 x 16k: 47 -> 64 us, 64 x 64k: 138 -> 193), where 8-bit stays."""
+    return RADIX_BITS_WIDE_K if k >= 2048 and groups > 0 else RADIX_BITS
 
 
 def _check_k(k: int) -> None:
@@ -829,7 +873,8 @@ def indexer_topk_fwd(
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
     cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
-    _indexer_topk_kernel[(rows * n_split,)](
+    grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
+    _indexer_topk_kernel[(grid,)](
         logits,
         lengths,
         pt,
@@ -858,6 +903,7 @@ def indexer_topk_fwd(
         GROUPS=groups,
         CANDS=cands,
         UNROLL=FILTER_UNROLL,
+        RADIX=radix_bits(k, groups),
         num_warps=TOPK_WARPS,
     )
     return out

@@ -34,6 +34,7 @@ from sparsemla.kernels.indexer.topk import (
     _topk_paths,
     _topk_row,
     indexer_topk_fwd,
+    radix_bits,
 )
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
@@ -84,6 +85,7 @@ def _indexer_logits_kernel(
     TOPK_ROW_SMALL: tl.constexpr,
     TOPK_ROW_MAX: tl.constexpr,
     TOPK_STREAM: tl.constexpr,
+    TOPK_RADIX: tl.constexpr,
     SORT: tl.constexpr,
 ):
     i_b = tl.program_id(0)
@@ -181,6 +183,7 @@ def _indexer_logits_kernel(
                     0,
                     1,
                     1,
+                    TOPK_RADIX,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
@@ -361,6 +364,7 @@ def _launch_logits(
         TOPK_ROW_SMALL=row_small,
         TOPK_ROW_MAX=row_max,
         TOPK_STREAM=stream,
+        TOPK_RADIX=radix_bits(k, 0),
         SORT=sorted,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
