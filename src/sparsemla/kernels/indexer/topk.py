@@ -4,31 +4,31 @@ logits + top-k tail of :mod:`sparsemla.kernels.indexer.triton` share, the top-k 
 Semantics are those of :func:`sparsemla.kernels.indexer.reference.indexer_topk_reference` (this module never imports
 it).
 
-Top-k (exact, deterministic): one program per row finds the k-th largest key by radix passes (``tl.histogram``:
-5-bit digits in registers, see :func:`radix_bits`; 8-bit ones when streaming; a compare-count 4-bit variant measured
-2-3x slower on the H200) over an order-preserving int32 image of the fp32
-logits, compacts the winners (ties at the threshold go to the smaller positions), then sorts the k winners by (value
-desc, position asc) with one bitonic sort of a packed int64. Each row takes one of three paths, chosen on the device
-from its length: ``length <= k`` needs no selection; a row that fits a register tile (``TOPK_ROW_TILES`` /
-``FUSED_ROW_TILES``: a small and a large tile, so a short row does not pay for the large one) is loaded once, its keys
-stay in registers for every radix pass and the compaction scan, and the search stops after the first pass whose
-threshold bin holds exactly the keys still needed (at most four passes); a longer row streams from memory once per
-pass (four passes plus the compaction). The tile sizes come from shapes only (``k``, the row capacity and, for the
-top-k kernel, the row count), so a captured CUDA graph replays for any lengths.
+Top-k (exact, deterministic): one program per row finds the k-th largest key by radix passes (``tl.histogram``: 5-bit
+digits in registers, see :func:`radix_bits`; 8-bit ones when streaming; a compare-count 4-bit variant measured 2-3x
+slower on the H200) over an order-preserving int32 image of the fp32 logits, compacts the winners (ties at the threshold
+go to the smaller positions), then sorts the k winners by (value desc, position asc) with one bitonic sort of a packed
+int64. Each row takes one of three paths, chosen on the device from its length: ``length <= k`` needs no selection; a
+row that fits a register tile (``TOPK_ROW_TILES`` / ``FUSED_ROW_TILES``: a small and a large tile, so a short row does
+not pay for the large one) is loaded once, its keys stay in registers for every radix pass and the compaction scan, and
+the search stops after the first pass whose threshold bin holds exactly the keys still needed (at most seven 5-bit or
+four 8-bit passes); a longer row streams from memory once per pass (four passes plus the compaction). The tile sizes
+come from shapes only (``k``, the row capacity and, for the top-k kernel, the row count), so a captured CUDA graph
+replays for any lengths.
 
-Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by
-up to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each
-owns a contiguous span, adds its span's 256-bin histogram of a radix pass into the row's histogram in a workspace
-(int32 atomics: exact, order-free), and waits at a per-row arrival counter until every participant has added its
-own; all participants then read the same merged histogram and take the same decisions (threshold bin, early stop).
-After the last pass each participant publishes its span's winner counts, and writes its winners at their
-position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when
-asked), writes the page slots, and zeroes the row's workspace for the next launch. A split launch has one solo
-program per row besides the participants (the grid's first ``rows`` programs): it selects the rows that get a single
-participant (at most ``SPLIT_SPAN`` positions), which then never share an SM with one another while the rows are
-fewer than the SMs. Participants take their (row, part) from a start ticket, so every program a participant waits
-for has started before it: no deadlock while the SMs hold at least ``splits`` programs at once. The interpreter runs
-programs one after another, so it always uses one program per row.
+Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by up
+to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
+a contiguous span, adds its span's 256-bin histogram of a radix pass into the row's histogram in a workspace (int32
+atomics: exact, order-free), and waits at a per-row arrival counter until every participant has added its own; all
+participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the last
+pass each participant publishes its span's winner counts, and writes its winners at their position-order slots (so the
+set and its order are deterministic). The last participant to arrive sorts (when asked), writes the page slots, and
+zeroes the row's workspace for the next launch. A split launch has one solo program per row besides the participants
+(the grid's first ``rows`` programs): it selects the rows that get a single participant (by default those of at most
+``SPLIT_SPAN`` positions), which then never share an SM with one another while the rows are fewer than the SMs.
+Participants take their (row, part) from a start ticket, so every program a participant waits for has started before it:
+no deadlock while the SMs hold at least ``splits`` programs at once. The interpreter runs programs one after another, so
+it always uses one program per row.
 
 Two-pass filter (long rows): instead of four radix passes over the whole row, one pass keeps the maximum of each of
 ``GROUPS`` strided groups (position mod GROUPS); the radix prefix ``t`` of the k-th largest maximum bounds the
