@@ -176,7 +176,6 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
     ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
-    D: tl.constexpr = BITS
     NB: tl.constexpr = tl.constexpr(1) << BITS
     # unsigned order as int32 bits (sign flipped): digit order is key order; masks after the arithmetic shifts
     ukey = key ^ (-2147483647 - 1)
@@ -184,9 +183,9 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     k_rem = zero + K  # keys still to take from the bin that matches ``prefix``
     low = zero + 32  # low bits of the threshold not determined yet
     more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
-    for p in tl.static_range((32 + D - 1) // D):
-        top = 32 - D * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
-        shift = (top - D) * (top > D)  # this pass's digit: bits [shift, top)
+    for p in tl.static_range((32 + BITS - 1) // BITS):
+        top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
+        shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
         if more != 0:
             if p == 0:
                 m = valid
@@ -612,11 +611,8 @@ def _indexer_topk_kernel(
     UNROLL: tl.constexpr,
     RADIX: tl.constexpr,
 ):
-    # Split launches: programs 0 .. n_rows - 1 are the rows' solo programs (a row of one participant is selected
-    # there: the first programs dispatched, one per SM while the rows are fewer than the SMs, whatever the split
-    # count; with the solo work on ticket holders instead, two of them shared an SM once the grid outgrew one program
-    # per SM, and such rows took twice as long). The others are split participants and take (row, part) from a
-    # start ticket, so every program a participant waits for has already started; solo programs never wait.
+    # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
+    # module docstring); split participants take (row, part) from a start ticket.
     pid = tl.program_id(0)
     if SPLITS == 1:
         i_r = pid.to(tl.int64)
