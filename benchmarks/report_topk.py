@@ -61,7 +61,12 @@ def topk_section(data: dict) -> str:
         "",
     ]
     out += [f"- `{name}`: {text}." for name, text in methods.items()]
-    out += ["", "`≠`: not the same set as `torch.topk` (see `values_match` in the JSON); `err`: the row's error.", ""]
+    out += ["", "`≠`: not the same set as `torch.topk` (see `values_match` in the JSON); `err`: the row's error."]
+    if "merged_from" in data:  # runs made path by path (one device call each) and joined by `benchmarks.topk --merge`
+        shapes = data["shapes"].items()
+        per_path = "; ".join(f"{p}: B {s['B']}, lengths {s['lengths']}, k {s['k']}" for p, s in shapes)
+        out += ["", f"Measured path by path in one commit and joined ({per_path}); `-`: not measured in that path."]
+    out.append("")
     cols = [c for c in COLUMNS if any((c[0], c[1]) == (r["provider"], r["path"]) for r in rows)]
     for k in sorted({r["k"] for r in rows if r.get("k")}):
         out += [f"**k = {k}**", "", "| B | length | " + " | ".join(c[2] for c in cols) + " |"]

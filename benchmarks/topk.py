@@ -25,6 +25,10 @@ inside sglang's decode-step graph). Each code path (native = wgmma on Hopper; ``
 the mma.sync code of sm_80..sm_120) runs in its own process; the path-independent providers (torch, sglang) run in
 the native one only. Every row is checked against the ``torch.topk`` set of its own path's logits (``exact``).
 
+``--merge a.json --merge b.json`` (no GPU needed) joins runs of one commit on one GPU made path by path (one device
+call each, to stay inside its time limit) into one JSON: rows concatenated, the shapes kept per path, the targets
+evaluated again over all rows (the sm89 rows are compared with the native run's torch / sglang rows).
+
 Writes ``<out-dir>/topk-<gpu>-<date>.json`` with the rows, the versions, the methods and the issue's targets
 (``TARGETS``) evaluated per code path and method from the measured rows.
 """
@@ -537,6 +541,28 @@ def run_path(path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Pat
     run.save()
 
 
+def merge_results(files: list[Path], out_dir: Path) -> Path:
+    """Join per-path runs of one commit on one GPU into one result (see the module docstring); returns the path."""
+    runs = [json.loads(f.read_text()) for f in files]
+    for key in ("op", "gpu", "git_sha", "torch", "triton"):
+        if len({r[key] for r in runs}) != 1:
+            raise ValueError(f"cannot merge runs with different {key}: {sorted({str(r[key]) for r in runs})}")
+    merged = dict(runs[0])
+    merged["code_paths"] = [p for r in runs for p in r["code_paths"]]
+    if len(set(merged["code_paths"])) != len(merged["code_paths"]):
+        raise ValueError(f"cannot merge runs that repeat a code path: {merged['code_paths']}")
+    merged["date"] = max(r["date"] for r in runs)
+    merged["shapes"] = {p: r["shapes"] for r in runs for p in r["code_paths"]}
+    merged["merged_from"] = [f.name for f in files]
+    merged["sglang_jit"] = next((r["sglang_jit"] for r in runs if "v1" in r["sglang_jit"]), runs[0]["sglang_jit"])
+    merged["rows"] = [row for r in runs for row in r["rows"]]
+    merged["target_results"] = evaluate_targets(merged["rows"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"topk-{gpu_slug(merged['gpu'])}-{merged['date']}.json"
+    path.write_text(json.dumps(merged, indent=1, default=list) + "\n")
+    return path
+
+
 # -- the run -----------------------------------------------------------------------------------------------------------
 def print_table(rows: list[dict]) -> None:
     """Last lines of the run: us_graph / us_graph20 per (k, B, length) and provider@path ('x' = not exact)."""
@@ -620,6 +646,7 @@ def main(
     seed: int = typer.Option(0, help="Random seed."),
     child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
     build_sglang_only: Path = typer.Option(None, hidden=True, help="(internal) build sglang's JIT top-k, report here."),
+    merge: list[Path] = typer.Option(None, help="Join these per-path result JSONs into one (no GPU needed)."),
 ) -> None:
     """Time every top-k provider in each code path on the current CUDA GPU and write one JSON with target verdicts."""
     from sparsemla.console import fail
@@ -638,6 +665,16 @@ def main(
         fail(f"k must be 512, 1024 or 2048, got {bad}")
     if build_sglang_only is not None:
         build_sglang(sglang_src, build_sglang_only)
+        return
+    if merge:
+        try:
+            written = merge_results(merge, out_dir)
+        except (OSError, ValueError, KeyError) as exc:
+            fail(f"--merge: {exc}", "pass result JSONs of one commit on one GPU, one per code path")
+        rows = json.loads(written.read_text())["rows"]
+        print_table(rows)
+        print_targets(evaluate_targets(rows))
+        print(f"wrote {written}")
         return
     import torch
 

@@ -138,3 +138,44 @@ def test_report_renders_the_newest_json(tmp_path):
     page = report.render(tmp_path)
     assert report_topk.TITLE in page
     assert "Not measured yet" not in page and "Source: `" in page and "topk-h200-2026-12-03.json" in page
+
+
+def _path_json(path: str, **kw) -> dict:
+    rows = (
+        [r for r in SYNTHETIC if r["path"] == path] if path == "sm89" else [r for r in SYNTHETIC if r["path"] != "sm89"]
+    )
+    shapes = {"B": [64], "lengths": [4096] if path == "sm89" else [4096, 16384, 65536], "k": [512, 2048]}
+    sgl = {"status": "not requested"} if path == "sm89" else _synthetic_json()["sglang_jit"]
+    return {**_synthetic_json(), "code_paths": [path], "shapes": shapes, "rows": rows, "sglang_jit": sgl, **kw}
+
+
+def test_merge_joins_per_path_runs_and_evaluates_targets_over_all_rows(tmp_path):
+    """Runs made path by path (one device call each) join into one JSON: rows of both, shapes per path, sglang's
+    build report kept, and the sm_89 path's verdicts compared with the native run's torch.topk rows."""
+    files = []
+    for path in ("native", "sm89"):
+        files.append(tmp_path / f"{path}.json")
+        files[-1].write_text(json.dumps(_path_json(path)))
+    result = CliRunner().invoke(topk.app, ["--out-dir", str(tmp_path / "out"), "--merge", str(files[0]), "--merge",
+                                           str(files[1])])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (written,) = (tmp_path / "out").glob("topk-*.json")
+    data = json.loads(written.read_text())
+    assert data["code_paths"] == ["native", "sm89"] and len(data["rows"]) == len(SYNTHETIC)
+    assert data["shapes"]["sm89"]["lengths"] == [4096] and data["sglang_jit"]["v1"]["built"] is True
+    v = _verdict(data["target_results"], "k512_B64_4k", path="sm89")
+    assert v["measured_us"] == 9.0 and v["conditions"][1]["ref_us"] == 20.0 and v["pass"] is True
+    assert "Measured path by path" in report_topk.topk_section(data)
+
+
+@pytest.mark.parametrize("bad", ["same-path", "other-commit"])
+def test_merge_refuses_runs_that_do_not_belong_together(tmp_path, bad):
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps(_path_json("native")))
+    other = _path_json("native") if bad == "same-path" else _path_json("sm89", git_sha="fedcba9876543210")
+    b.write_text(json.dumps(other))
+    result = CliRunner().invoke(topk.app, ["--out-dir", str(tmp_path / "out"), "--merge", str(a), "--merge", str(b)])
+    assert result.exit_code == 2
+    assert ("repeat a code path" if bad == "same-path" else "different git_sha") in result.output
+    assert not (tmp_path / "out").exists()
