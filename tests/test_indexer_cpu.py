@@ -369,6 +369,9 @@ def test_bad_inputs(tri):
         tri.indexer_logits_fwd(q, kv, w, seq_lens, pt.long())
     with pytest.raises(ValueError, match="logits"):
         topk.indexer_topk_fwd(torch.zeros(1, 64, dtype=torch.float64), seq_lens, 512)
+    for bad in (dict(reg_span=3000), dict(reg_span=65536), dict(reg_bits=7)):
+        with pytest.raises(ValueError, match="reg_span must be"):
+            topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **bad)
 
 
 def test_report_section_renders_committed_json():

@@ -203,16 +203,18 @@ def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return logits, torch.tensor(lengths, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("filt", ["filter", "radix"])
+@pytest.mark.parametrize("filt", ["filter", "radix-registers", "radix-streaming"])
 @pytest.mark.parametrize("splits", [2, 4, 32])
 @pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
 @pytest.mark.parametrize("k", [512, 2048])
 def test_topk_split_rows(k, sort, splits, filt):
     """Rows shared by several programs (1024-position spans to reach many participants), through the two-pass filter
-    (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone:
-    exact sets, the order asked for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero
-    for the next launch."""
+    (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone
+    (spans of at most 4096 positions in registers, longer ones streaming; or every span streaming): exact sets, the
+    order asked for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero for the next
+    launch."""
     tiles = (topk.FILTER_TILES[k] if topk.FILTER_TILES[k][0] else (4096, 4096)) if filt == "filter" else (0, 0)
+    reg_span = 0 if filt == "radix-streaming" else 4096  # spans of at most 4096 in registers, longer ones stream
     logits, lens = _split_rows(k, 70000, seed=k + splits)
     ref = indexer_topk_reference(logits, lens, k)
     expect = ref if sort else _by_position(ref)
@@ -223,7 +225,7 @@ def test_topk_split_rows(k, sort, splits, filt):
     for _ in range(2):  # the workspace must come back to zero after every launch
         topk.indexer_topk_fwd(
             logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=slots,
-            sorted=sort, splits=splits, span=1024, filter_tiles=tiles,
+            sorted=sort, splits=splits, span=1024, filter_tiles=tiles, reg_span=reg_span,
         )  # fmt: skip
         assert torch.equal(out.cpu(), expect)
         p = expect.clamp(min=0).long()
@@ -232,6 +234,22 @@ def test_topk_split_rows(k, sort, splits, filt):
         )
         ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
         assert int(ws.abs().sum()) == 0, "ticket, counters, histograms, span counts or group maxima left non-zero"
+
+
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_topk_split_register_digits(bits):
+    """The register path of split participants with each digit width: 32 participants of <= 2048 positions, rows of
+    heavy ties, all-equal and -inf rows among random ones; exact sets in position order and a zeroed workspace."""
+    k = 512
+    logits, lens = _split_rows(k, 40000, seed=bits)
+    expect = _by_position(indexer_topk_reference(logits, lens, k))
+    out = torch.full((len(lens), k), -7, dtype=torch.int32, device=DEV)
+    for _ in range(2):
+        topk.indexer_topk_fwd(logits.to(DEV), lens.to(DEV), k, out=out, sorted=False, splits=32, span=1024,
+                              filter_tiles=(0, 0), reg_span=2048, reg_bits=bits)  # fmt: skip
+        assert torch.equal(out.cpu(), expect)
+        ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
+        assert int(ws.abs().sum()) == 0
 
 
 def test_topk_split_many_rows_and_graph_replay():

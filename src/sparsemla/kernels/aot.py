@@ -211,12 +211,12 @@ def _indexer_case(batch: int, ctx: int, fused: bool) -> Callable[[], object]:
     return call
 
 
-def _topk_case(rows: int, cols: int, k: int) -> Callable[[], object]:
+def _topk_case(rows: int, cols: int, k: int, **options: int) -> Callable[[], object]:
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
 
     def call() -> object:
         logits = torch.randn(rows, cols)
-        return indexer_topk_fwd(logits, torch.full((rows,), cols, dtype=torch.int32), k)
+        return indexer_topk_fwd(logits, torch.full((rows,), cols, dtype=torch.int32), k, **options)
 
     return call
 
@@ -309,6 +309,8 @@ def cases() -> dict[str, Callable[[], object]]:
     for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
+    for k in (512, 2048):  # split participants holding their span in registers (off by default: SPLIT_REG_SPAN)
+        out[f"topk{k} rows64 cols16k reg-spans"] = _topk_case(64, 16384, k, reg_span=4096)
     out.update(prefill_cases())
     out.update(decode_v32_cases())
     return out

@@ -18,8 +18,9 @@ replays for any lengths.
 
 Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by up
 to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
-a contiguous span, adds its span's 256-bin histogram of a radix pass into the row's histogram in a workspace (int32
-atomics: exact, order-free), and waits at a per-row arrival counter until every participant has added its own; all
+a contiguous span, adds its span's histogram of a radix pass (256 bins streaming; 2 ** SPLIT_REG_BITS bins where the
+span is held in registers, see SPLIT_REG_SPAN) into the row's histogram in a workspace (int32 atomics: exact,
+order-free), and waits at a per-row arrival counter until every participant has added its own; all
 participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the last
 pass each participant publishes its span's winner counts, and writes its winners at their position-order slots (so the
 set and its order are deterministic). The last participant to arrive sorts (when asked), writes the page slots, and
@@ -91,13 +92,18 @@ FILTER_UNROLL = 4
 _BINS, _PASSES = 256, 4  # radix digit bins and passes of the 32-bit keys
 _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split workspace always has room for
 HIST_BINS = tl.constexpr(_BINS)
-SPLIT_MIN_ROW = tl.constexpr(SPLIT_SPAN)
 HIST_PASSES = tl.constexpr(_PASSES)
 # Digit widths of the in-register radix search (_threshold_prefix), chosen per launch by radix_bits. The streaming
-# and split passes (_span_histogram) keep 8-bit digits: each of their passes streams the row or crosses a barrier
-# (narrower digits were not measured there).
+# passes (_span_histogram, also of split spans) keep 8-bit digits: each of their passes streams the row (narrower
+# digits were not measured there).
 RADIX_BITS = 5
 RADIX_BITS_WIDE_K = 8
+# Split participants whose span is at most SPLIT_REG_SPAN positions load it once into a register tile of that size
+# and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass); longer
+# spans stream 8-bit passes (_select_split). 0 turns the register path off: it stays off by default until it is timed
+# against the streaming passes (results/bench/explore/topk_split_regs_ab.py; exact in the GPU tests, not yet timed).
+SPLIT_REG_SPAN = 0
+SPLIT_REG_BITS = 5
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -512,6 +518,81 @@ def _select_split(
 
 
 @triton.jit
+def _select_split_registers(
+    src_ptr,
+    lo,
+    hi,
+    part,
+    n_part,
+    hist_ptr,
+    cnt_ptr,
+    bar_ptr,
+    idx_out_ptr,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BITS: tl.constexpr,
+    phase0,
+):
+    """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
+    registers: the radix search of :func:`_threshold_prefix` (``BITS``-bit digits, early stop) with each pass's
+    span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged and
+    its winners written from registers (one scan, as in :func:`_select_keys`)."""
+    NB: tl.constexpr = tl.constexpr(1) << BITS
+    tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_PASSES * HIST_BINS, "a row's histogram region")
+    tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
+    o_t = tl.arange(0, TILE)
+    o_bin = tl.arange(0, NB)
+    offs = lo + o_t
+    valid = offs < hi
+    key = _order_key(_load_row(src_ptr + offs, valid, False))  # [TILE]
+    ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _threshold_prefix)
+    zero = lo * 0
+    prefix = zero
+    k_rem = zero + K
+    low = zero + 32
+    more = zero + 1
+    phase = zero + phase0
+    for p in tl.static_range((32 + BITS - 1) // BITS):
+        top = 32 - BITS * p
+        shift = (top - BITS) * (top > BITS)
+        if more != 0:
+            if p == 0:
+                m = valid
+            else:
+                m = valid & ((ukey >> top) == (prefix >> top))
+            hist = tl.histogram((ukey >> shift) & (NB - 1), NB, mask=m)  # [NB] this span's
+            tl.atomic_add(hist_ptr + p * NB + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+            phase += 1
+            _arrive_and_wait(bar_ptr, phase * n_part)
+            merged = tl.load(hist_ptr + p * NB + o_bin, cache_modifier=".cg")  # [NB] the whole row's
+            d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
+            k_rem -= above
+            prefix = prefix | (d << shift)
+            low = zero + shift
+            more = (in_bin != k_rem).to(tl.int32)
+    thr = (prefix ^ (-2147483647 - 1)) >> low
+    hk = key >> low
+    gt = valid & (hk > thr)
+    eq = valid & (hk == thr)
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (TILE <= 32768)
+    tl.store(cnt_ptr + part * 2, tl.sum(gt.to(tl.int32), axis=0))
+    tl.store(cnt_ptr + part * 2 + 1, tl.sum(eq.to(tl.int32), axis=0))
+    phase += 1
+    _arrive_and_wait(bar_ptr, phase * n_part)
+    o_s = tl.arange(0, SPLITS)
+    earlier = o_s < part
+    gt_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    eq_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    before = tl.cumsum(both, axis=0) - both
+    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
+    take = gt | (eq & (eq_rank < k_rem))
+    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
+    tl.store(idx_out_ptr + slot, offs, mask=take)
+    return phase
+
+
+@triton.jit
 def _filter_split(
     src_ptr,
     lo,
@@ -610,6 +691,9 @@ def _indexer_topk_kernel(
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
     RADIX: tl.constexpr,
+    REG_SPAN: tl.constexpr,
+    REG_BITS: tl.constexpr,
+    SPLIT_ROW: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -633,8 +717,8 @@ def _indexer_topk_kernel(
     p_slot = slot_ptr + i_r * stride_slot
     p_pt = pt_ptr + i_r * stride_pt
     p_cand = cand_ptr + i_r * stride_cand
-    # rows of at most SPLIT_SPAN positions stay in one program whatever the span (measured faster: topk_span)
-    n_part = tl.where(n > SPLIT_MIN_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
+    # rows of at most SPLIT_ROW positions stay in one program whatever the span (SPLIT_SPAN by default, see topk_span)
+    n_part = tl.where(n > SPLIT_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
     if (n <= K) | (n_part == 1):
         if part < 0:
             if SPLITS == 1:
@@ -659,7 +743,15 @@ def _indexer_topk_kernel(
                 phase, n_cand = _filter_split(src, lo, hi, part, n_part, p_gmax, p_cnt + 2 * SPLITS, p_bar, p_cand,
                                               K, GROUPS, CANDS, UNROLL, SPLITS, RADIX)  # fmt: skip
         if n_cand > CANDS:
-            phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS, phase)
+            in_regs = n * 0
+            if REG_SPAN > 0:
+                in_regs = (span <= REG_SPAN).to(tl.int32)
+            if in_regs != 0:
+                if REG_SPAN > 0:  # compiled only with a tile
+                    phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
+                                                    REG_SPAN, SPLITS, REG_BITS, phase)  # fmt: skip
+            else:
+                phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS, phase)
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
@@ -820,6 +912,9 @@ def indexer_topk_fwd(
     splits: int | None = None,
     span: int | None = None,
     filter_tiles: tuple[int, int] | None = None,
+    reg_span: int | None = None,
+    reg_bits: int | None = None,
+    split_row: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -828,8 +923,10 @@ def indexer_topk_fwd(
     ``page_table[row, pos // page_size] * page_size + pos % page_size`` (-1 padded). Returns the positions.
     ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
     :func:`topk_splits`, ``span`` the shortest participant span of :func:`topk_span` and ``filter_tiles``
-    :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream; tests and sweeps use these to reach every
-    path)."""
+    :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream), ``reg_span`` / ``reg_bits``
+    :data:`SPLIT_REG_SPAN` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream) and ``split_row``
+    the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`); tests and sweeps use these to
+    reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -862,6 +959,11 @@ def indexer_topk_fwd(
     span = topk_span(rows, n_split, info) if span is None else span
     if span < 1:
         raise ValueError(f"span must be >= 1, got {span}")
+    reg_span = SPLIT_REG_SPAN if reg_span is None else reg_span
+    reg_bits = SPLIT_REG_BITS if reg_bits is None else reg_bits
+    if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768 or reg_bits not in (4, 5, 6, 8):
+        raise ValueError(f"reg_span must be 0 or a power of two <= 32768 and reg_bits 4, 5, 6 or 8, got {reg_span}, "
+                         f"{reg_bits}")  # fmt: skip
     tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
@@ -900,6 +1002,9 @@ def indexer_topk_fwd(
         CANDS=cands,
         UNROLL=FILTER_UNROLL,
         RADIX=radix_bits(k, groups),
+        REG_SPAN=reg_span if n_split > 1 else 0,
+        REG_BITS=reg_bits,
+        SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         num_warps=TOPK_WARPS,
     )
     return out

@@ -1,0 +1,87 @@
+"""Exploratory A/B (not a benchmark claim): split participants that hold their span in registers (5- or 8-bit radix
+digits, one merged histogram and barrier per pass; ``reg_span`` / ``reg_bits`` of ``indexer_topk_fwd``) against the
+8-bit streaming passes of the code before (``--old``, a copy of kernels/indexer/topk.py) and against the new code with
+the register path off (``reg_span=0``); ``span2k`` / ``span1k`` also split rows longer than 2048 / 1024 positions
+(``span`` and ``split_row``), e.g. 4k rows into two or four participants. Real indexer logits, cap 65536, position
+order with page slots (what the sglang hooks call); CUDA-graph replay (do_bench median, L2 flushed), one call per graph
+and 20 per graph; every output checked against the torch.topk set.
+
+    PYTHONPATH=/tmp/site:. python results/bench/explore/topk_split_regs_ab.py --old F --path native --out F.json
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+from topk_filter_sweep import DEV, graph_us, same_set  # noqa: E402
+
+from benchmarks.indexer import gpu_indexer_cache, make_case  # noqa: E402
+from sparsemla.kernels.indexer import topk as new  # noqa: E402
+from sparsemla.kernels.indexer import triton as tri  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--old", required=True)
+p.add_argument("--path", required=True, help="native or sm89 (set TRITON_OVERRIDE_ARCH to match)")
+p.add_argument("--out", required=True)
+p.add_argument("--shapes", default="64x16384,8x16384,1x16384,64x65536,1x65536,128x16384,64x8192")
+p.add_argument("--ks", default="512,2048")
+p.add_argument("--code", default="", help="what the package's code is (the GPU copy has no .git)")
+p.add_argument("--variants", default="old,stream,regs5,regs8,regs5_8k,regs5_8k_nofilter")
+args = p.parse_args()
+spec = importlib.util.spec_from_file_location("topk_old", args.old)
+old = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(old)
+
+VARIANTS = {
+    "old": (old, {}),
+    "stream": (new, dict(reg_span=0)),
+    "regs5": (new, dict(reg_span=4096, reg_bits=5)),
+    "regs8": (new, dict(reg_span=4096, reg_bits=8)),
+    "regs5_8k": (new, dict(reg_span=8192, reg_bits=5)),
+    "regs5_8k_nofilter": (new, dict(reg_span=8192, reg_bits=5, filter_tiles=(0, 0))),
+    "regs5_span2k": (new, dict(reg_span=4096, reg_bits=5, span=2048, split_row=2048)),
+    "regs5_span1k": (new, dict(reg_span=4096, reg_bits=5, span=1024, split_row=1024)),
+}
+CAP = 65536
+gen = torch.Generator(device=DEV).manual_seed(0)
+kv = gpu_indexer_cache(64 * CAP // 64 + 64, DEV, gen)
+rows = []
+for shape in args.shapes.split(","):
+    b, ctx = (int(x) for x in shape.split("x"))
+    case = make_case(b, ctx, CAP, kv, gen)
+    logits = tri.indexer_logits_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, CAP, True)
+    info = new.dev.launch_info(DEV)
+    for k in (int(x) for x in args.ks.split(",")):
+        for name in args.variants.split(","):
+            mod, kw = VARIANTS[name]
+            out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
+            slots = torch.empty_like(out)
+
+            def call(mod=mod, out=out, slots=slots, k=k, logits=logits, case=case, kw=kw):
+                mod.indexer_topk_fwd(logits, case.seq_lens, k, out=out, sorted=False, page_table=case.page_table,
+                                     out_slots=slots, page_size=64, **kw)  # fmt: skip
+
+            try:
+                call()
+                exact = same_set(out, logits, case.seq_lens, k)
+                us1, us20 = graph_us(call), graph_us(call, 20)
+                err = None
+            except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
+                exact, us1, us20, err = False, None, None, repr(exc)[:300]
+            splits = new.topk_splits(b, CAP, info)
+            row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
+                       us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,
+                       span=new.topk_span(b, splits, info), error=err)  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+gpu = torch.cuda.get_device_name()
+meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, path=args.path, cap=CAP,
+            old=args.old, variants={k: str(v[1]) for k, v in VARIANTS.items()},
+            code=args.code)  # fmt: skip
+Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
