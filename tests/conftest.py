@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 
@@ -21,6 +25,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     mp = getattr(config, "_sparsemla_env", None)
     if mp is not None:
         mp.undo()
+    aot = getattr(config, "_sparsemla_aot", None)
+    if aot is not None:  # children test_aot.py never waited for (-k, -x, an interrupt) stop here; the folder goes
+        for proc in aot.procs:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(aot.folder, ignore_errors=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The AOT compile behind tests/test_aot.py (~9 minutes on two cores) starts now, in the background and at a lower
+    # priority, so it overlaps the rest of the suite; see tests/aot_background.py.
+    if any(item.path.name == "test_aot.py" for item in session.items):
+        import aot_background
+
+        folder = Path(tempfile.mkdtemp(prefix="sparsemla-aot-"))
+        session.config._sparsemla_aot = aot_background.start(folder)
 
 
 def _cuda_available() -> bool:

@@ -5,15 +5,10 @@ records. No GPU: Triton compiles for a target it does not run on (see sparsemla.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from sparsemla import flags
 from sparsemla.kernels import device as dev
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,23 +16,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict:
-    """The AOT records of every case on every target (two child processes: this machine has two cores)."""
-    tmp = tmp_path_factory.mktemp("aot")
-    groups = [["sm_80", "sm_86", "sm_89"], ["sm_90", "sm_100", "sm_120"]]
+def records(pytestconfig, tmp_path_factory) -> dict:
+    """The AOT records of every case on every target: from the children conftest.py started in the background after
+    collection, or started here (see tests/aot_background.py)."""
+    import aot_background
 
-    def compile_group(i: int) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "sparsemla.kernels.aot", "--json", str(tmp / f"{i}.json")]
-        for arch in groups[i]:
-            cmd += ["--arch", arch]
-        env = flags.child_env({"TRITON_INTERPRET": None})  # the interpreter never compiles
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
-
-    with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(compile_group, range(2)))
-    docs = [json.loads((tmp / f"{i}.json").read_text()) for i in range(2) if (tmp / f"{i}.json").exists()]
-    assert len(docs) == 2, "\n".join(r.stderr[-2000:] for r in runs)
-    return {"triton": docs[0]["triton"], "records": docs[0]["records"] + docs[1]["records"], "runs": runs}
+    run = getattr(pytestconfig, "_sparsemla_aot", None) or aot_background.start(tmp_path_factory.mktemp("aot"))
+    return run.wait()
 
 
 def test_every_kernel_compiles_and_fits_on_every_target(records):
