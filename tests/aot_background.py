@@ -1,7 +1,8 @@
 """The ahead-of-time compile behind tests/test_aot.py, as two background child processes (this machine has two
 cores): every case of ``sparsemla.kernels.aot`` for three targets each. conftest.py starts them as soon as collection
-has chosen test_aot.py, at a lower CPU priority, so the ~9 minutes of compiling overlap the rest of the suite (which
-keeps one core busy) instead of adding to it; test_aot.py waits for them (or starts them itself when run alone)."""
+has chosen test_aot.py, at a lower CPU priority, and moves test_aot.py to the end of the run, so the ~9 minutes of
+compiling overlap the rest of the suite (which keeps one core busy) instead of adding to it; test_aot.py waits for
+them (or starts them itself when run alone)."""
 
 from __future__ import annotations
 
