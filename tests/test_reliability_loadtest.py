@@ -366,3 +366,41 @@ def test_die_with_parent_kills_an_orphan(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_a_worker_forked_by_the_locustfile_process_dies_with_it_before_locust_init(tmp_path: Path) -> None:
+    """Locust's `--processes` workers wait in connect_to_master (minutes) before the init event: they are armed at the
+    fork. The process that imported the locustfile forks a worker and a worker's own fork, then dies; the worker must
+    go at once, and the worker's child (whose parent is the worker, not the importer) must not be killed by the
+    importer's death nor exit at its own fork."""
+    pids = tmp_path / "pids"
+    code = (
+        "import os, sys, time\n"
+        "import sparsemla.loadtest.locustfile\n"
+        "worker = os.fork()\n"
+        "if worker == 0:\n"
+        "    grandchild = os.fork()\n"
+        "    if grandchild == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        f"    open({str(pids)!r} + '.tmp', 'w').write(f'{{os.getpid()}} {{grandchild}}')\n"
+        f"    os.rename({str(pids)!r} + '.tmp', {str(pids)!r})\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        f"while not os.path.exists({str(pids)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "os._exit(0)\n"  # dies without reaping or signalling its worker, like a SIGKILLed master
+    )
+    importer = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert importer.returncode == 0
+    worker, grandchild = (int(p) for p in pids.read_text().split())
+    try:
+        deadline = time.monotonic() + 10
+        while is_alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_alive(worker), "the forked worker kept running after the process that forked it died"
+        assert is_alive(grandchild), "the worker's own child was killed with the importer or exited at its fork"
+    finally:
+        for pid in (worker, grandchild):
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)

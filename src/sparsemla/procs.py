@@ -10,6 +10,7 @@ the group, wait, then SIGKILL; it reports what it could not stop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_RUN_DIR = Path(".run")
 
@@ -339,6 +341,26 @@ def wait_http(url: str, timeout: float = 30.0, pid: int | None = None) -> None:
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+@functools.cache
+def _libc() -> Any | None:
+    """The C library through ctypes, looked up once (the lookup may run ``ldconfig``: not in a fork hook)."""
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def can_die_with_parent() -> bool:
+    """True where :func:`die_with_parent` can arm (Linux with a C library); call it before forking, so the lookup is
+    done in the parent and a forked child's call costs one system call."""
+    return _libc() is not None and hasattr(_libc(), "prctl")
+
+
 def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> bool:
     """Have the kernel send ``sig`` to this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
 
@@ -346,16 +368,9 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> bool:
     that parent is already gone (it died before the call: this process was re-parented), this process exits at once,
     so no window is left in which an orphan keeps running. The setting is cleared in forked children, so each forked
     worker calls this itself. Returns False where prctl is not available (not Linux): then nothing is armed."""
-    import ctypes
-    import ctypes.util
-
-    if not sys.platform.startswith("linux"):
+    if not can_die_with_parent():
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        armed = libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    armed = _libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     if os.getppid() != expected_parent:
         os._exit(128 + int(sig))  # the parent died before the setting took effect
     return armed

@@ -54,11 +54,28 @@ from sparsemla.loadtest.sse import (
 )
 from sparsemla.loadtest.stamped_reader import StampedLines
 from sparsemla.loadtest.workload import DEFAULT_WORKLOAD, parse_workload, user_rng
-from sparsemla.procs import die_with_parent
+from sparsemla.procs import can_die_with_parent, die_with_parent
 
 log = logging.getLogger("sparsemla.loadtest")
 _USER_IDS = itertools.count()
 _IMPORT_PID = os.getpid()  # Locust imports this file before `--processes` forks: in a forked worker, the master's PID
+_FORKED_BY = [0]  # PID of the process that called fork(); the child reads its copy
+
+
+def _arm_forked_worker() -> None:
+    # A worker of `--processes` blocks in Locust's connect_to_master (5 s per try, up to 60 tries) before the init
+    # event fires, so arming there would leave a worker whose master died early running for minutes: arm at the
+    # fork instead. Only children forked by the importing process itself (a grandchild's parent is someone else).
+    if _FORKED_BY[0] == _IMPORT_PID:
+        die_with_parent(_IMPORT_PID)
+
+
+def _note_fork() -> None:
+    _FORKED_BY[0] = os.getpid()
+
+
+if hasattr(os, "register_at_fork") and can_die_with_parent():  # Linux only: prctl(PR_SET_PDEATHSIG)
+    os.register_at_fork(before=_note_fork, after_in_child=_arm_forked_worker)
 
 
 @events.init_command_line_parser.add_listener
@@ -175,9 +192,7 @@ def _on_init(environment: Any, **_: Any) -> None:
     if options is None:
         return
     runner = environment.runner
-    if os.getpid() != _IMPORT_PID:  # a worker forked by `--processes`: dies with its master
-        die_with_parent(_IMPORT_PID)
-    elif options.llm_parent_pid:
+    if os.getpid() == _IMPORT_PID and options.llm_parent_pid:  # workers of `--processes` were armed at the fork
         die_with_parent(options.llm_parent_pid)
     if isinstance(runner, WorkerRunner):
         _SINK.forward = True
