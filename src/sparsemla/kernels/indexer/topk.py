@@ -172,23 +172,49 @@ def _with_digit(prefix, d, P: tl.constexpr):
 
 
 @triton.jit
-def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):
-    """Radix search over register keys ``key`` [ROW] (``valid`` of them, more than ``K``) for the ``K``-th largest:
-    returns ``(prefix, low, k_rem)``, the threshold's bits above ``low`` (the lower ones zero), and how many keys whose
-    bits above ``low`` equal the prefix's win. Digits of ``BITS`` bits from the top (the last one narrower), one
-    ``tl.histogram`` of ``2 ** BITS`` bins per pass; a pass that leaves exactly ``k_rem`` keys in its threshold
-    bin ends the search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type).
+def _merge_histogram(hist, hist_ptr, bar_ptr, target, NB: tl.constexpr):
+    """Split rows: adds this participant's ``hist`` [NB] into the row's ``hist_ptr`` [NB] (int32 atomics: exact,
+    order-free), waits until ``target`` arrivals at ``bar_ptr`` and returns the row's merged histogram [NB]."""
+    o_bin = tl.arange(0, NB)
+    tl.atomic_add(hist_ptr + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+    _arrive_and_wait(bar_ptr, target)
+    return tl.load(hist_ptr + o_bin, cache_modifier=".cg")  # [NB] the whole row's
+
+
+@triton.jit
+def _radix_threshold(
+    ukey,
+    valid,
+    zero,
+    K: tl.constexpr,
+    BITS: tl.constexpr,
+    BIG: tl.constexpr,
+    hist_ptr,
+    bar_ptr,
+    n_part,
+    phase0,
+    MERGE: tl.constexpr,
+):
+    """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
+    them) for the ``K``-th largest: returns ``(prefix, low, k_rem, phase)``, the threshold's flipped bits above
+    ``low`` (the lower ones zero), how many keys whose bits above ``low`` equal the prefix's win, and the barrier
+    phases used. Digits of ``BITS`` bits from the top (the last one narrower), one ``tl.histogram`` of ``2 ** BITS``
+    bins per pass; a pass that leaves exactly ``k_rem`` keys in its threshold bin ends the search early. ``zero`` is
+    an int32 scalar 0 (the loop-carried values take its type); ``BIG`` exceeds every count.
+
+    ``MERGE`` (split rows): each pass's histogram is merged with the other participants' through ``hist_ptr``
+    [passes, 2 ** BITS] and a barrier at ``bar_ptr`` (phases from ``phase0``, ``n_part`` arrivals each), so every
+    participant takes the same decisions; otherwise those arguments are unused.
 
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
     ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    # unsigned order as int32 bits (sign flipped): digit order is key order; masks after the arithmetic shifts
-    ukey = key ^ (-2147483647 - 1)
     prefix = zero  # the threshold's flipped bits, one digit at a time from the top
     k_rem = zero + K  # keys still to take from the bin that matches ``prefix``
     low = zero + 32  # low bits of the threshold not determined yet
     more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
+    phase = zero + phase0
     for p in tl.static_range((32 + BITS - 1) // BITS):
         top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
@@ -200,12 +226,43 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
             # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
             # below sets them again
             digit = (ukey >> shift) & (NB - 1)
-            d, above, in_bin = _pick_bin(tl.histogram(digit, NB, mask=m), k_rem, ROW + 1)
+            hist = tl.histogram(digit, NB, mask=m)  # [NB]
+            if MERGE:
+                phase += 1
+                hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
+            d, above, in_bin = _pick_bin(hist, k_rem, BIG)
             k_rem -= above
             prefix = prefix | (d << shift)
             low = zero + shift
             more = (in_bin != k_rem).to(tl.int32)
+    return prefix, low, k_rem, phase
+
+
+@triton.jit
+def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):
+    """Radix search of :func:`_radix_threshold` over order keys ``key`` [ROW] (``valid`` of them, more than ``K``)
+    in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
+    ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
+    prefix, low, k_rem, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False)
     return prefix ^ (-2147483647 - 1), low, k_rem
+
+
+@triton.jit
+def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
+    """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
+    (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
+    row. ``gt_before`` / ``eq_before`` keys above / equal to it come earlier in the row (other spans), so a winner's
+    slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits)."""
+    hi = key >> low
+    thr = prefix >> low
+    gt = valid & (hi > thr)
+    eq = valid & (hi == thr)
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
+    before = tl.cumsum(both, axis=0) - both
+    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
+    take = gt | (eq & (eq_rank < k_rem))
+    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
+    tl.store(idx_out_ptr + slot, payload, mask=take)
 
 
 @triton.jit
@@ -214,16 +271,7 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
     ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
     prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW, BITS)
-    # keys above the prefix all win; k_rem of the keys equal to it win, smallest indices first
-    hi = key >> low
-    gt = valid & (hi > (prefix >> low))
-    eq = valid & (hi == (prefix >> low))
-    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (ROW <= 32768)
-    before = tl.cumsum(both, axis=0) - both
-    eq_before = before >> 16
-    take = gt | (eq & (eq_before < k_rem))
-    slot = (before & 0xFFFF) + tl.minimum(eq_before, k_rem)
-    tl.store(idx_out_ptr + slot, payload, mask=take)
+    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
 
 
 @triton.jit
@@ -445,6 +493,21 @@ def _arrive_and_wait(bar_ptr, target):
 
 
 @triton.jit
+def _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, target, SPLITS: tl.constexpr):
+    """Split rows: publishes this span's counts of keys above / equal to the threshold at ``cnt_ptr[part]``
+    ([SPLITS, 2] int32), waits until ``target`` arrivals at ``bar_ptr`` and returns the counts of the spans before
+    this one, ``(gt_before, eq_before)``: where its winners start in position order."""
+    tl.store(cnt_ptr + part * 2, n_gt)
+    tl.store(cnt_ptr + part * 2 + 1, n_eq)
+    _arrive_and_wait(bar_ptr, target)
+    o_s = tl.arange(0, SPLITS)
+    earlier = o_s < part
+    gt_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    eq_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    return gt_before, eq_before
+
+
+@triton.jit
 def _select_split(
     src_ptr,
     lo,
@@ -466,7 +529,6 @@ def _select_split(
     ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]). Returns the barrier phases used,
     ``phase0`` (those already used at the row's counter) included."""
     o_b = tl.arange(0, BLOCK)
-    o_bin = tl.arange(0, HIST_BINS)
     prefix = lo * 0  # the threshold key, 8 bits at a time from the top (the same on every participant)
     k_rem = lo * 0 + K
     low = lo * 0 + 32
@@ -475,10 +537,8 @@ def _select_split(
     for p in tl.static_range(HIST_PASSES):
         if more != 0:
             hist = _span_histogram(src_ptr, lo, hi, prefix, p, BLOCK, False)  # [256] this span's
-            tl.atomic_add(hist_ptr + p * HIST_BINS + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
             phase += 1
-            _arrive_and_wait(bar_ptr, phase * n_part)
-            merged = tl.load(hist_ptr + p * HIST_BINS + o_bin, cache_modifier=".cg")  # [256] the whole row's
+            merged = _merge_histogram(hist, hist_ptr + p * HIST_BINS, bar_ptr, phase * n_part, HIST_BINS)  # [256]
             d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
             k_rem -= above
             prefix = _with_digit(prefix, d, p)
@@ -494,14 +554,8 @@ def _select_split(
         hk = _order_key(_load_row(src_ptr + offs, m, False)) >> low  # [BLOCK]
         n_gt += tl.sum((m & (hk > thr)).to(tl.int32), axis=0)
         n_eq += tl.sum((m & (hk == thr)).to(tl.int32), axis=0)
-    tl.store(cnt_ptr + part * 2, n_gt)
-    tl.store(cnt_ptr + part * 2 + 1, n_eq)
     phase += 1
-    _arrive_and_wait(bar_ptr, phase * n_part)
-    o_s = tl.arange(0, SPLITS)
-    earlier = o_s < part
-    gt_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
-    eq_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
@@ -535,60 +589,27 @@ def _select_split_registers(
     phase0,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
-    registers: the radix search of :func:`_threshold_prefix` (``BITS``-bit digits, early stop) with each pass's
-    span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged and
-    its winners written from registers (one scan, as in :func:`_select_keys`)."""
+    registers: the radix search of :func:`_radix_threshold` (``BITS``-bit digits, early stop) with each pass's
+    span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
+    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
     tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_PASSES * HIST_BINS, "a row's histogram region")
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
-    o_t = tl.arange(0, TILE)
-    o_bin = tl.arange(0, NB)
-    offs = lo + o_t
+    offs = lo + tl.arange(0, TILE)
     valid = offs < hi
     key = _order_key(_load_row(src_ptr + offs, valid, False))  # [TILE]
-    ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _threshold_prefix)
+    ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _radix_threshold)
     zero = lo * 0
-    prefix = zero
-    k_rem = zero + K
-    low = zero + 32
-    more = zero + 1
-    phase = zero + phase0
-    for p in tl.static_range((32 + BITS - 1) // BITS):
-        top = 32 - BITS * p
-        shift = (top - BITS) * (top > BITS)
-        if more != 0:
-            if p == 0:
-                m = valid
-            else:
-                m = valid & ((ukey >> top) == (prefix >> top))
-            hist = tl.histogram((ukey >> shift) & (NB - 1), NB, mask=m)  # [NB] this span's
-            tl.atomic_add(hist_ptr + p * NB + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
-            phase += 1
-            _arrive_and_wait(bar_ptr, phase * n_part)
-            merged = tl.load(hist_ptr + p * NB + o_bin, cache_modifier=".cg")  # [NB] the whole row's
-            d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
-            k_rem -= above
-            prefix = prefix | (d << shift)
-            low = zero + shift
-            more = (in_bin != k_rem).to(tl.int32)
-    thr = (prefix ^ (-2147483647 - 1)) >> low
+    prefix, low, k_rem, phase = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr, n_part,
+                                                 phase0, True)  # fmt: skip
+    prefix = prefix ^ (-2147483647 - 1)
+    thr = prefix >> low
     hk = key >> low
-    gt = valid & (hk > thr)
-    eq = valid & (hk == thr)
-    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (TILE <= 32768)
-    tl.store(cnt_ptr + part * 2, tl.sum(gt.to(tl.int32), axis=0))
-    tl.store(cnt_ptr + part * 2 + 1, tl.sum(eq.to(tl.int32), axis=0))
+    n_gt = tl.sum((valid & (hk > thr)).to(tl.int32), axis=0)
+    n_eq = tl.sum((valid & (hk == thr)).to(tl.int32), axis=0)
     phase += 1
-    _arrive_and_wait(bar_ptr, phase * n_part)
-    o_s = tl.arange(0, SPLITS)
-    earlier = o_s < part
-    gt_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
-    eq_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
-    before = tl.cumsum(both, axis=0) - both
-    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
-    take = gt | (eq & (eq_rank < k_rem))
-    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    tl.store(idx_out_ptr + slot, offs, mask=take)
+    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
     return phase
 
 
