@@ -92,3 +92,42 @@ def test_a_kernel_reduced_to_a_trap_fails_the_gate(registers, ok):
                         registers, 0, 8, 2)  # fmt: skip
     assert r.ok is ok
     assert ("trap" in r.problem()) is not ok
+
+
+def test_sass_folder_holds_each_kernels_instructions_without_addresses(tmp_path):
+    """`sparsemla aot --sass DIR` (how a refactor is shown to leave the generated code alone without a GPU): one file
+    per target, case and kernel, instructions only, so two builds of the same code compare equal."""
+    import subprocess
+    import sys
+
+    from sparsemla import flags
+    from sparsemla.kernels.aot import sass_file_name
+
+    case = "indexer_fused_top512 B1 ctx64k"  # two kernels in one case
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparsemla.cli",
+        "aot",
+        "--arch",
+        "sm_120",
+        "--case",
+        case,
+        "--sass",
+        str(tmp_path / "s"),
+    ]
+    done = subprocess.run(cmd, env=flags.child_env({"TRITON_INTERPRET": None}), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted(p.name for p in (tmp_path / "s").iterdir())
+    kernels = ("_indexer_logits_kernel", "_indexer_topk_kernel")
+    assert files == sorted(sass_file_name("sm_120", case, k) for k in kernels)
+    assert (
+        sass_file_name("sm_120", case, kernels[0])
+        == "sm_120__indexer_fused_top512_B1_ctx64k___indexer_logits_kernel.sass"
+    )
+    for name, kernel in zip(files, kernels, strict=True):
+        text = (tmp_path / "s" / name).read_text()
+        assert f"Function : {kernel}" in text and "EF_CUDA_SM120" in text
+        assert "EXIT" in text and "/*0000*/" not in text and "/* 0x" not in text
+        assert all(line.strip() for line in text.splitlines())

@@ -7,6 +7,10 @@ Triton compiles for a target it does not run on: :class:`_TargetDriver` makes th
 ``metadata.shared`` (the shared memory a block needs) and, from ``cuobjdump -res-usage`` (shipped in the Triton wheel)
 on the cubin, registers per thread and spilled bytes per thread (stack frame + local memory).
 
+With a SASS folder (``--sass DIR``) every compiled kernel's SASS (``cuobjdump -sass``, instruction addresses and
+encodings stripped) is written there as ``<target>__<case>__<kernel>.sass``: a refactor that claims to change no
+generated code is checked on a machine without a GPU by comparing two such folders (``diff -r``).
+
 Must run in a process without ``TRITON_INTERPRET`` (the interpreter never compiles); ``python -m
 sparsemla.kernels.aot`` is that process. The cases are the shapes sglang passes (see :func:`cases`).
 """
@@ -109,15 +113,34 @@ def _cuobjdump() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def cubin_resources(cubin: bytes) -> tuple[int, int]:
-    """(registers per thread, spilled bytes per thread = STACK + LOCAL) of a cubin, from ``cuobjdump -res-usage``."""
+def _cubin_tool(cubin: bytes, option: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(_cuobjdump()), "-res-usage", f.name], capture_output=True, text=True, check=True)
-    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out.stdout)
+        return subprocess.run([str(_cuobjdump()), option, f.name], capture_output=True, text=True, check=True).stdout
+
+
+_SASS_NOISE = re.compile(r"/\*[0-9a-f]{4,}\*/|/\* 0x[0-9a-f]{16} \*/")  # instruction addresses and encodings
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """The SASS of a cubin (``cuobjdump -sass``) with instruction addresses and encodings removed: one instruction or
+    label per line, so two builds of the same code compare equal and a diff shows the instructions that changed."""
+    lines = (_SASS_NOISE.sub("", line).rstrip() for line in _cubin_tool(cubin, "-sass").splitlines())
+    return "\n".join(line for line in lines if line.strip()) + "\n"
+
+
+def sass_file_name(target: str, case: str, kernel: str) -> str:
+    """``<target>__<case>__<kernel>.sass`` with every character outside ``[A-Za-z0-9._+-]`` as ``_``."""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", f"{target}__{case}__{kernel}") + ".sass"
+
+
+def cubin_resources(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, spilled bytes per thread = STACK + LOCAL) of a cubin, from ``cuobjdump -res-usage``."""
+    out = _cubin_tool(cubin, "-res-usage")
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
     if not m:
-        raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out.stdout[-400:]}")
+        raise RuntimeError(f"cuobjdump -res-usage printed no resource line: {out[-400:]}")
     reg, stack, _, local = (int(g) for g in m.groups())
     return reg, stack + local
 
@@ -142,11 +165,22 @@ def watch_launches(on_kernel: Callable[[str, object], None], compile_only: bool 
 
 
 @contextlib.contextmanager
-def compile_only(name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources]) -> Iterator[None]:
-    """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running."""
+def compile_only(
+    name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources], sass_dir: Path | None = None
+) -> Iterator[None]:
+    """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running;
+    with ``sass_dir`` each kernel's SASS goes there too (:func:`sass_file_name`; a kernel launched again in the same
+    case gets ``.2.sass``, ``.3.sass`` ...)."""
+    seen: dict[str, int] = {}
 
     def record(kernel_name: str, kernel) -> None:  # noqa: ANN001 - a CompiledKernel
         reg, spilled = cubin_resources(kernel.asm["cubin"])
+        if sass_dir is not None:
+            seen[kernel_name] = seen.get(kernel_name, 0) + 1
+            file = sass_file_name(name, case, kernel_name)
+            if seen[kernel_name] > 1:
+                file = file.removesuffix(".sass") + f".{seen[kernel_name]}.sass"
+            (sass_dir / file).write_text(cubin_sass(kernel.asm["cubin"]))
         md = kernel.metadata
         sink.append(
             KernelResources(name, case, kernel_name, md.shared, info.smem_per_block, reg, spilled, md.num_warps,
@@ -316,9 +350,9 @@ def cases() -> dict[str, Callable[[], object]]:
     return out
 
 
-def compile_target(name: str, selected: list[str] | None = None) -> list[KernelResources]:
-    """Compile every case (or the ``selected`` ones) for target ``name``; a case that fails to compile is a record
-    with its error, never an exception."""
+def compile_target(name: str, selected: list[str] | None = None, sass_dir: Path | None = None) -> list[KernelResources]:
+    """Compile every case (or the ``selected`` ones) for target ``name`` (SASS to ``sass_dir`` when given, see
+    :func:`compile_only`); a case that fails to compile is a record with its error, never an exception."""
     info = dev.target(name)
     records: list[KernelResources] = []
     for case, call in cases().items():
@@ -326,7 +360,7 @@ def compile_target(name: str, selected: list[str] | None = None) -> list[KernelR
             continue
         before = len(records)
         try:
-            with compile_only(name, info, case, records):
+            with compile_only(name, info, case, records, sass_dir):
                 call()
         except Exception as exc:  # noqa: BLE001 - the record carries the compiler's reason
             msg = f"{type(exc).__name__}: {exc}".strip().splitlines()
@@ -375,7 +409,8 @@ def markdown(records: list[KernelResources], triton_version: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparsemla.kernels.aot [--arch sm_120 ...] [--json PATH]``: compile, print, optionally write JSON.
+    """``python -m sparsemla.kernels.aot [--arch sm_120 ...] [--json PATH] [--sass DIR]``: compile, print, optionally
+    write JSON and the SASS.
     Exit 1 when any kernel fails to compile, exceeds its shared-memory budget or spills more than SPILL_LIMIT."""
     import argparse
 
@@ -384,12 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help="only these cases (names as printed)")
     parser.add_argument("--json", type=Path, help="write the records here")
     parser.add_argument("--markdown", type=Path, help="write the docs/portability.md table here")
+    parser.add_argument("--sass", type=Path, help="write each kernel's SASS into this folder (compare with diff -r)")
     args = parser.parse_args(argv)
+    if args.sass:
+        args.sass.mkdir(parents=True, exist_ok=True)
     names = [dev.target_name(a) for a in args.arch or list(dev.TARGETS)]
     records: list[KernelResources] = []
     for name in names:
         t0 = time.time()
-        records += compile_target(name, args.case)
+        records += compile_target(name, args.case, args.sass)
         print(f"[aot] {name}: {time.time() - t0:.0f} s", file=sys.stderr)
     for r in records:
         status = "ok" if r.ok else f"FAIL {r.problem()}"

@@ -20,6 +20,9 @@ def aot_cmd(
     case: list[str] = typer.Option(None, "--case", help="Only these cases (names as printed)."),
     json_path: Path = typer.Option(None, "--json", help="Write the records as JSON here."),
     markdown: Path = typer.Option(None, "--markdown", help="Write the docs/portability.md table here."),
+    sass: Path = typer.Option(
+        None, "--sass", help="Write each kernel's SASS into this folder: diff -r two of them to see what a change did."
+    ),
 ) -> None:
     """Ahead-of-time compile of every Triton kernel at sglang's shapes: shared bytes, registers, spilled bytes per
     target; exit 1 when a kernel does not compile, exceeds the target's budget or spills more than 256 B."""
@@ -39,5 +42,7 @@ def aot_cmd(
         cmd += ["--json", str(json_path)]
     if markdown:
         cmd += ["--markdown", str(markdown)]
+    if sass:
+        cmd += ["--sass", str(sass)]
     # A child without TRITON_INTERPRET: the interpreter never compiles, and triton.jit reads it at import.
     raise typer.Exit(subprocess.run(cmd, env=flags.child_env({"TRITON_INTERPRET": None})).returncode)
