@@ -38,8 +38,8 @@ class AotRun:
             runs.append(subprocess.CompletedProcess(proc.args, proc.returncode, "", log))
         outs = [self.folder / f"{i}.json" for i in range(len(self.procs))]
         docs = [json.loads(out.read_text()) for out in outs if out.exists()]
-        assert len(docs) == 2, "\n".join(r.stderr[-2000:] for r in runs)
-        return {"triton": docs[0]["triton"], "records": docs[0]["records"] + docs[1]["records"], "runs": runs}
+        assert len(docs) == len(self.procs), "\n".join(r.stderr[-2000:] for r in runs)
+        return {"triton": docs[0]["triton"], "records": [r for doc in docs for r in doc["records"]], "runs": runs}
 
 
 def start(folder: Path) -> AotRun:
