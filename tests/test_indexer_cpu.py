@@ -258,6 +258,19 @@ def test_filter_runs_where_it_was_measured_faster():
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_split_spans_use_register_tiles_where_measured_faster(arch):
+    """The register tile is the launch's shortest span; k = 2048 uses it at any participant count, k = 512 only up to
+    SPLIT_REG_PARTS_PER_SM participants per SM, k = 1024 (not measured) never; spans that are not a power of two or
+    are longer than SPLIT_SPAN (explicit, from tests) stream."""
+    info = dev.target(arch)
+    assert topk._reg_choice(2048, 4096, info) == (4096, 2**31 - 1)
+    assert topk._reg_choice(2048, 1024, info) == (1024, 2**31 - 1)
+    assert topk._reg_choice(512, 4096, info) == (4096, topk.SPLIT_REG_PARTS_PER_SM[512] * info.num_sms)
+    assert topk._reg_choice(1024, 4096, info) == (0, 0)
+    assert topk._reg_choice(2048, 3000, info) == (0, 0) and topk._reg_choice(2048, 8192, info) == (0, 0)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
 def test_split_rows_take_more_participants_when_few_rows(arch):
     """Few rows: up to SPLITS_MAX programs per row of 1024-position spans (the SMs are otherwise idle); many rows keep
     4096-position spans; the grid stays within SPLIT_PROGRAMS_PER_SM programs per SM; one program on the interpreter."""

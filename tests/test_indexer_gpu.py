@@ -203,18 +203,19 @@ def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return logits, torch.tensor(lengths, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("filt", ["filter", "radix-registers", "radix-streaming"])
+@pytest.mark.parametrize("filt", ["filter", "radix-registers", "radix-streaming", "radix-default"])
 @pytest.mark.parametrize("splits", [2, 4, 32])
 @pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
 @pytest.mark.parametrize("k", [512, 2048])
 def test_topk_split_rows(k, sort, splits, filt):
     """Rows shared by several programs (1024-position spans to reach many participants), through the two-pass filter
     (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone
-    (spans of at most 4096 positions in registers, longer ones streaming; or every span streaming): exact sets, the
+    (spans of at most 4096 positions in registers, longer ones streaming; every span streaming; or the launcher's own
+    choice, a 1024 tile where SPLIT_REG_PARTS_PER_SM allows it): exact sets, the
     order asked for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero for the next
     launch."""
     tiles = (topk.FILTER_TILES[k] if topk.FILTER_TILES[k][0] else (4096, 4096)) if filt == "filter" else (0, 0)
-    reg_span = 0 if filt == "radix-streaming" else 4096  # spans of at most 4096 in registers, longer ones stream
+    reg_span = {"radix-streaming": 0, "radix-default": None}.get(filt, 4096)  # <= 4096 in registers, longer stream
     logits, lens = _split_rows(k, 70000, seed=k + splits)
     ref = indexer_topk_reference(logits, lens, k)
     expect = ref if sort else _by_position(ref)

@@ -41,12 +41,16 @@ spec.loader.exec_module(old)
 VARIANTS = {
     "old": (old, {}),
     "stream": (new, dict(reg_span=0)),
+    "default": (new, {}),
     "regs5": (new, dict(reg_span=4096, reg_bits=5)),
     "regs8": (new, dict(reg_span=4096, reg_bits=8)),
     "regs5_8k": (new, dict(reg_span=8192, reg_bits=5)),
     "regs5_8k_nofilter": (new, dict(reg_span=8192, reg_bits=5, filter_tiles=(0, 0))),
     "regs5_span2k": (new, dict(reg_span=4096, reg_bits=5, span=2048, split_row=2048)),
     "regs5_span1k": (new, dict(reg_span=4096, reg_bits=5, span=1024, split_row=1024)),
+    "regs5_1k": (new, dict(reg_span=1024, reg_bits=5)),
+    "regs5_2k": (new, dict(reg_span=2048, reg_bits=5)),
+    "regs8_1k": (new, dict(reg_span=1024, reg_bits=8)),
 }
 CAP = 65536
 gen = torch.Generator(device=DEV).manual_seed(0)
