@@ -343,8 +343,6 @@ def cases() -> dict[str, Callable[[], object]]:
     for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
-    for k in (512, 2048):  # split participants holding their span in registers (off by default: SPLIT_REG_SPAN)
-        out[f"topk{k} rows64 cols16k reg-spans"] = _topk_case(64, 16384, k, reg_span=4096)
     out.update(prefill_cases())
     out.update(decode_v32_cases())
     return out

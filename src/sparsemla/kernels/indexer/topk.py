@@ -101,7 +101,7 @@ RADIX_BITS_WIDE_K = 8
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream 8-bit passes (_select_split). A tile pays where it is full: H200, native, CUDA-graph replay of 20
-# calls, real logits (results/bench/explore/topk_split_regs_ab2-native.json), k = 2048: B = 64 8k 38 -> 28 us, 16k
+# calls, real logits (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json), k = 2048: B = 64 8k 38 -> 28 us, 16k
 # 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k (1024 tile) 26 -> 17; k = 512 only while a launch has at
 # most one participant per SM (B = 64 8k 40 -> 31, B = 32 16k 38 -> 28, B = 8 16k 16.3 -> 15.1), not past it (B = 64
 # 16k even, 32k 73 -> 76; B = 128 16k even); a tile 4x the span loses (B = 8 16k, k = 512: 16 -> 23). So
