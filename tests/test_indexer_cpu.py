@@ -257,17 +257,12 @@ def test_filter_runs_where_it_was_measured_faster():
     assert topk._filter_choice(512, 1, 1, 4096, False, True, info, (1024, 1024)) == (0, 1, 0)  # nothing streams
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
-def test_split_spans_use_register_tiles_where_measured_faster(arch):
-    """The register tile is the launch's shortest span; k = 2048 uses it at any participant count, k = 512 only up to
-    SPLIT_REG_PARTS_PER_SM participants per SM, k = 1024 (not measured) never; spans that are not a power of two or
-    are longer than SPLIT_SPAN (explicit, from tests) stream."""
-    info = dev.target(arch)
-    assert topk._reg_choice(2048, 4096, info) == (4096, 2**31 - 1)
-    assert topk._reg_choice(2048, 1024, info) == (1024, 2**31 - 1)
-    assert topk._reg_choice(512, 4096, info) == (4096, topk.SPLIT_REG_PARTS_PER_SM[512] * info.num_sms)
-    assert topk._reg_choice(1024, 4096, info) == (0, 0)
-    assert topk._reg_choice(2048, 3000, info) == (0, 0) and topk._reg_choice(2048, 8192, info) == (0, 0)
+def test_split_spans_use_register_tiles_where_measured_faster():
+    """The register tile is the launch's shortest span for k = 2048; k = 512 and 1024 stream; spans that are not a
+    power of two or longer than SPLIT_SPAN (explicit, from tests) stream."""
+    assert topk._reg_tile(2048, 4096) == 4096 and topk._reg_tile(2048, 1024) == 1024
+    assert topk._reg_tile(512, 4096) == 0 and topk._reg_tile(1024, 1024) == 0
+    assert topk._reg_tile(2048, 3000) == 0 and topk._reg_tile(2048, 8192) == 0
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])

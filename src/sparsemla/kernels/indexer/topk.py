@@ -19,7 +19,7 @@ replays for any lengths.
 Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by up
 to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
 a contiguous span, adds its span's histogram of a radix pass (256 bins streaming; 2 ** SPLIT_REG_BITS bins where the
-span is held in registers, see SPLIT_REG_PARTS_PER_SM) into the row's histogram in a workspace (int32 atomics: exact,
+span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics: exact,
 order-free), and waits at a per-row arrival counter until every participant has added its own; all
 participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the last
 pass each participant publishes its span's winner counts, and writes its winners at their position-order slots (so the
@@ -100,14 +100,15 @@ RADIX_BITS = 5
 RADIX_BITS_WIDE_K = 8
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
-# longer spans stream 8-bit passes (_select_split). A tile pays where it is full: H200, native, CUDA-graph replay of 20
-# calls, real logits (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json), k = 2048: B = 64 8k 38 -> 28 us, 16k
-# 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k (1024 tile) 26 -> 17; k = 512 only while a launch has at
-# most one participant per SM (B = 64 8k 40 -> 31, B = 32 16k 38 -> 28, B = 8 16k 16.3 -> 15.1), not past it (B = 64
-# 16k even, 32k 73 -> 76; B = 128 16k even); a tile 4x the span loses (B = 8 16k, k = 512: 16 -> 23). So
-# SPLIT_REG_PARTS_PER_SM[k] caps a launch's participants per SM (None: no cap, 0: always stream); k = 1024 was not
-# measured and streams.
-SPLIT_REG_PARTS_PER_SM: dict[int, int | None] = {512: 1, 1024: 0, 2048: None}
+# longer spans stream 8-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
+# (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json, _gate-*): k = 2048 gains wherever the
+# tile is full (B = 64 8k 38 -> 28 us, 16k 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k 26 -> 17; the
+# sm_89 path B = 64 16k 38 -> 31) and is even where spans outgrow it (B = 1 and 8 at 64k, B = 64 at 64k). k = 512
+# gains at about one participant per SM (B = 64 8k 40 -> 31, B = 32 16k 38 -> 28) but loses with many (B = 64 64k
+# 52 -> 75), and a tile compiled next to the streaming passes slows them down at k = 512 (B = 64 16k 44 -> 63 with
+# the tile's path gated off at run time): the participant count depends on the lengths, which the shape-only launch
+# does not know, so k = 512 (and k = 1024, not measured) keeps streaming. SPLIT_REG_TILE[k]: whether it holds spans.
+SPLIT_REG_TILE = {512: False, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5
 
 
@@ -717,7 +718,6 @@ def _indexer_topk_kernel(
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
     RADIX: tl.constexpr,
-    reg_max_parts,
     REG_SPAN: tl.constexpr,
     REG_BITS: tl.constexpr,
     SPLIT_ROW: tl.constexpr,
@@ -772,8 +772,7 @@ def _indexer_topk_kernel(
         if n_cand > CANDS:
             in_regs = n * 0
             if REG_SPAN > 0:
-                # n_rows * n_part: the launch's participants if every row were as long as this one
-                in_regs = ((span <= REG_SPAN) & (n_rows * n_part <= reg_max_parts)).to(tl.int32)
+                in_regs = (span <= REG_SPAN).to(tl.int32)
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
@@ -898,16 +897,13 @@ def topk_span(rows: int, splits: int, info: dev.DeviceInfo) -> int:
     return SPLIT_SPAN_FEW if rows * splits <= SPLIT_FEW_PROGRAMS_PER_SM * info.num_sms else SPLIT_SPAN
 
 
-_NO_CAP = 2**31 - 1
-
-
-def _reg_choice(k: int, span: int, info: dev.DeviceInfo) -> tuple[int, int]:
-    """``(REG_SPAN, reg_max_parts)`` of a launch by :data:`SPLIT_REG_PARTS_PER_SM`: a register tile of the launch's
-    shortest ``span`` and the most participants a launch may have for split spans to use it."""
-    per_sm = SPLIT_REG_PARTS_PER_SM.get(k, 0)
-    if per_sm == 0 or span & (span - 1) or span > SPLIT_SPAN:  # explicit spans (tests) may be any length
-        return 0, 0
-    return span, _NO_CAP if per_sm is None else per_sm * info.num_sms
+def _reg_tile(k: int, span: int) -> int:
+    """The register tile split participants hold their span in by :data:`SPLIT_REG_TILE`: the launch's shortest
+    ``span``, or 0 (spans stream) where ``k`` streams or the span is not a power of two up to :data:`SPLIT_SPAN`
+    (explicit spans from tests)."""
+    if not SPLIT_REG_TILE.get(k, False) or span & (span - 1) or span > SPLIT_SPAN:
+        return 0
+    return span
 
 
 class _SplitWorkspace:
@@ -964,10 +960,9 @@ def indexer_topk_fwd(
     ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
     :func:`topk_splits`, ``span`` the shortest participant span of :func:`topk_span` and ``filter_tiles``
     :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream), ``reg_span`` / ``reg_bits``
-    the span tile of :data:`SPLIT_REG_PARTS_PER_SM` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always
-    stream; an explicit tile holds every span that fits it, whatever the participant count) and ``split_row``
-    the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`); tests and sweeps use these to
-    reach every path."""
+    the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream)
+    and ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`); tests and
+    sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1000,7 +995,7 @@ def indexer_topk_fwd(
     span = topk_span(rows, n_split, info) if span is None else span
     if span < 1:
         raise ValueError(f"span must be >= 1, got {span}")
-    reg_span, reg_max_parts = _reg_choice(k, span, info) if reg_span is None else (reg_span, _NO_CAP)
+    reg_span = _reg_tile(k, span) if reg_span is None else reg_span
     reg_bits = SPLIT_REG_BITS if reg_bits is None else reg_bits
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768 or reg_bits not in (4, 5, 6, 8):
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768 and reg_bits 4, 5, 6 or 8, got {reg_span}, "
@@ -1043,7 +1038,6 @@ def indexer_topk_fwd(
         CANDS=cands,
         UNROLL=FILTER_UNROLL,
         RADIX=radix_bits(k, groups),
-        reg_max_parts=reg_max_parts,
         REG_SPAN=reg_span if n_split > 1 else 0,
         REG_BITS=reg_bits,
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
@@ -1054,7 +1048,7 @@ def indexer_topk_fwd(
 
 __all__ = [
     "FILTER_TILES",
-    "SPLIT_REG_PARTS_PER_SM",
+    "SPLIT_REG_TILE",
     "FUSED_ROW_TILES",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
