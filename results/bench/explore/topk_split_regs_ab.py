@@ -51,6 +51,10 @@ VARIANTS = {
     "regs5_1k": (new, dict(reg_span=1024, reg_bits=5)),
     "regs5_2k": (new, dict(reg_span=2048, reg_bits=5)),
     "regs8_1k": (new, dict(reg_span=1024, reg_bits=8)),
+    # the top-k kernel at 4 warps instead of TOPK_WARPS (8): k = 512's tile then takes ~168 registers, no spill (AOT)
+    "stream_w4": (new, dict(reg_span=0, _warps=4)),
+    "regs5_w4": (new, dict(reg_span=4096, reg_bits=5, _warps=4)),
+    "regs5_1k_w4": (new, dict(reg_span=1024, reg_bits=5, _warps=4)),
 }
 CAP = 65536
 gen = torch.Generator(device=DEV).manual_seed(0)
@@ -64,6 +68,8 @@ for shape in args.shapes.split(","):
     for k in (int(x) for x in args.ks.split(",")):
         for name in args.variants.split(","):
             mod, kw = VARIANTS[name]
+            kw = dict(kw)
+            mod.TOPK_WARPS = kw.pop("_warps", 8)  # read at every launch (capture included); 8 = the default
             out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
             slots = torch.empty_like(out)
 
@@ -78,6 +84,7 @@ for shape in args.shapes.split(","):
                 err = None
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
                 exact, us1, us20, err = False, None, None, repr(exc)[:300]
+            mod.TOPK_WARPS = 8
             splits = new.topk_splits(b, CAP, info)
             row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
                        us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,
