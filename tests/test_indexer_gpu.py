@@ -211,9 +211,8 @@ def test_topk_split_rows(k, sort, splits, filt):
     """Rows shared by several programs (1024-position spans to reach many participants), through the two-pass filter
     (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone
     (spans of at most 4096 positions in registers, longer ones streaming; every span streaming; or the launcher's own
-    choice, a 1024 tile where SPLIT_REG_TILE[k] holds spans): exact sets, the
-    order asked for, page slots, NaN-poisoned outputs fully written, and the workspace left at zero for the next
-    launch."""
+    choice, a 1024 tile where SPLIT_REG_TILE[k] holds spans): exact sets, the order asked for, page slots,
+    NaN-poisoned outputs fully written, and the workspace left at zero for the next launch."""
     tiles = (topk.FILTER_TILES[k] if topk.FILTER_TILES[k][0] else (4096, 4096)) if filt == "filter" else (0, 0)
     reg_span = {"radix-streaming": 0, "radix-default": None}.get(filt, 4096)  # <= 4096 in registers, longer stream
     logits, lens = _split_rows(k, 70000, seed=k + splits)

@@ -60,6 +60,7 @@ CAP = 65536
 gen = torch.Generator(device=DEV).manual_seed(0)
 kv = gpu_indexer_cache(64 * CAP // 64 + 64, DEV, gen)
 rows = []
+WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
 for shape in args.shapes.split(","):
     b, ctx = (int(x) for x in shape.split("x"))
     case = make_case(b, ctx, CAP, kv, gen)
@@ -69,7 +70,7 @@ for shape in args.shapes.split(","):
         for name in args.variants.split(","):
             mod, kw = VARIANTS[name]
             kw = dict(kw)
-            mod.TOPK_WARPS = kw.pop("_warps", 8)  # read at every launch (capture included); 8 = the default
+            mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
             out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
             slots = torch.empty_like(out)
 
@@ -84,7 +85,7 @@ for shape in args.shapes.split(","):
                 err = None
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
                 exact, us1, us20, err = False, None, None, repr(exc)[:300]
-            mod.TOPK_WARPS = 8
+            mod.TOPK_WARPS = WARPS[mod]
             splits = new.topk_splits(b, CAP, info)
             row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
                        us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,

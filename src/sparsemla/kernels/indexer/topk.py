@@ -901,7 +901,7 @@ def _reg_tile(k: int, span: int) -> int:
     """The register tile split participants hold their span in by :data:`SPLIT_REG_TILE`: the launch's shortest
     ``span``, or 0 (spans stream) where ``k`` streams or the span is not a power of two up to :data:`SPLIT_SPAN`
     (explicit spans from tests)."""
-    if not SPLIT_REG_TILE.get(k, False) or span & (span - 1) or span > SPLIT_SPAN:
+    if not SPLIT_REG_TILE[k] or span & (span - 1) or span > SPLIT_SPAN:
         return 0
     return span
 
@@ -1048,8 +1048,8 @@ def indexer_topk_fwd(
 
 __all__ = [
     "FILTER_TILES",
-    "SPLIT_REG_TILE",
     "FUSED_ROW_TILES",
+    "SPLIT_REG_TILE",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
