@@ -62,6 +62,9 @@ TOPK_SIZES = (512, 1024, 2048)
 TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
+# ``.maxnreg`` of the top-k kernel (None: ptxas's own choice, which caps k = 512 launches at 64 registers a thread
+# and spills 8-24 B on sm_90; with any cap >= 96 they compile to 96 registers and none).
+TOPK_MAXNREG: int | None = None
 # Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
 # most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise
 # idle); at most SPLITS_MAX programs share a row, and the grid asks for about SPLIT_PROGRAMS_PER_SM programs per SM in
@@ -1042,6 +1045,7 @@ def indexer_topk_fwd(
         REG_BITS=reg_bits,
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         num_warps=TOPK_WARPS,
+        maxnreg=TOPK_MAXNREG,
     )
     return out
 
