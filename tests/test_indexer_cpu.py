@@ -258,10 +258,11 @@ def test_filter_runs_where_it_was_measured_faster():
 
 
 def test_split_spans_use_register_tiles_where_measured_faster():
-    """The register tile is the launch's shortest span for k = 2048; k = 512 and 1024 stream; spans that are not a
-    power of two or longer than SPLIT_SPAN (explicit, from tests) stream."""
+    """The register tile is the launch's shortest span for k = 512 and 2048 (measured with TOPK_MAXNREG); k = 1024
+    streams; spans that are not a power of two or longer than SPLIT_SPAN (explicit, from tests) stream."""
     assert topk._reg_tile(2048, 4096) == 4096 and topk._reg_tile(2048, 1024) == 1024
-    assert topk._reg_tile(512, 4096) == 0 and topk._reg_tile(1024, 1024) == 0
+    assert topk._reg_tile(512, 4096) == 4096 and topk._reg_tile(512, 1024) == 1024 and topk._reg_tile(1024, 1024) == 0
+    assert topk.TOPK_MAXNREG is not None and topk.TOPK_MAXNREG >= 96  # k = 512's tile spills under ptxas's 64
     assert topk._reg_tile(2048, 3000) == 0 and topk._reg_tile(2048, 8192) == 0
 
 

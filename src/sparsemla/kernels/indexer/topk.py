@@ -62,9 +62,10 @@ TOPK_SIZES = (512, 1024, 2048)
 TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
-# ``.maxnreg`` of the top-k kernel (None: ptxas's own choice, which caps k = 512 launches at 64 registers a thread
-# and spills 8-24 B on sm_90; with any cap >= 96 they compile to 96 registers and none).
-TOPK_MAXNREG: int | None = None
+# ``.maxnreg`` of the top-k kernel. Without one, ptxas caps k = 512 launches at 64 registers a thread and spills
+# 8-24 B on sm_90; with any cap >= 96 they take 96 and spill nothing (k = 2048 takes 128 either way), which is what
+# lets k = 512 use SPLIT_REG_TILE. None: ptxas's own choice.
+TOPK_MAXNREG: int | None = 128
 # Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
 # most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise
 # idle); at most SPLITS_MAX programs share a row, and the grid asks for about SPLIT_PROGRAMS_PER_SM programs per SM in
@@ -107,11 +108,11 @@ RADIX_BITS_WIDE_K = 8
 # (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json, _gate-*): k = 2048 gains wherever the
 # tile is full (B = 64 8k 38 -> 28 us, 16k 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k 26 -> 17; the
 # sm_89 path B = 64 16k 38 -> 31) and is even where spans outgrow it (B = 1 and 8 at 64k, B = 64 at 64k). k = 512
-# gains at about one participant per SM (B = 64 8k 40 -> 31, B = 32 16k 38 -> 28) but loses with many (B = 64 64k
-# 52 -> 75), and a tile compiled next to the streaming passes slows them down at k = 512 (B = 64 16k 44 -> 63 with
-# the tile's path gated off at run time): the participant count depends on the lengths, which the shape-only launch
-# does not know, so k = 512 (and k = 1024, not measured) keeps streaming. SPLIT_REG_TILE[k]: whether it holds spans.
-SPLIT_REG_TILE = {512: False, 1024: False, 2048: True}
+# gains once TOPK_MAXNREG lifts ptxas's 64-register cap (topk_maxnreg-native-h200-2026-12-03.json: B = 64 16k
+# 44 -> 30, 32k 73 -> 51, 8k 37 -> 28; B = 128 16k 76 -> 52; B = 8 16k 16 -> 14; 64k even); under that cap the
+# tile spilled and slowed the streaming passes next to it (B = 64 16k 44 -> 63). k = 1024 is not measured: it
+# streams. SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
+SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5
 
 
