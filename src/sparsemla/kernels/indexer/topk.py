@@ -63,8 +63,9 @@ TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
 # ``.maxnreg`` of the top-k kernel. Without one, ptxas caps k = 512 launches at 64 registers a thread and spills
-# 8-24 B on sm_90; with any cap >= 96 they take 96 and spill nothing (k = 2048 takes 128 either way), which is what
-# lets k = 512 use SPLIT_REG_TILE. None: ptxas's own choice.
+# 8-24 B on sm_90; with any cap >= 96 they take 96 and spill nothing, which is what lets k = 512 use SPLIT_REG_TILE.
+# k = 2048 takes 128 on sm_90 either way (H200: same times with and without the cap); ahead of time the cap removes
+# its 8 B spill on sm_86/89 and adds 24 B on sm_100 (151 registers uncapped; docs/portability.md). None: ptxas's own.
 TOPK_MAXNREG: int | None = 128
 # Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
 # most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise
