@@ -63,6 +63,8 @@ VARIANTS = {
     # next levers (the default has .maxnreg 128): 16 participants per row (64k rows in 4096-key tiles), an 8192-key
     # tile (~225 registers, no spill at .maxnreg 255: one 8-warp program per SM), 4k rows split into 2048 / 1024 spans
     "splits16": (new, dict(splits=16)),
+    "splits4": (new, dict(splits=4)),  # 64k rows: 16384-key spans (k = 512's filter; k = 2048 streams)
+    "splits2": (new, dict(splits=2)),  # 64k rows: 32768-key spans (k = 2048's filter too)
     "regs5_8k_r255": (new, dict(reg_span=8192, reg_bits=5, _maxnreg=255)),
     "span2k_tile": (new, dict(reg_span=2048, reg_bits=5, span=2048, split_row=2048)),
     "span1k_tile": (new, dict(reg_span=1024, reg_bits=5, span=1024, split_row=1024)),
