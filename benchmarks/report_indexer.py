@@ -187,9 +187,9 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   scan; the bitonic sort of the k winners only with `sorted=True`). Longer rows are shared by up to 32 programs that
   merge each radix pass's histogram through per-row atomics and barriers (times in the top-k section below); a
   participant whose span fits the launch's span tile (1024 or 4096 keys) holds it in registers and runs 5-bit passes
-  there (k = 2048: B=64 16k 39 -> 31 us, B=8 16k 26 -> 17; k = 512, with the kernel's register cap raised to 128 by
-  `.maxnreg`: B=64 16k 44 -> 30, 32k 73 -> 51; exploratory, results/bench/explore/README.md); longer spans and
-  k = 1024 stream 8-bit passes. In split
+  there (k = 2048: B=64 16k 39 -> 31 us, B=8 16k 26 -> 17; k = 512, launched with `.maxnreg` 128 so that ptxas
+  allocates 96 registers instead of 64: B=64 16k 44 -> 30, 32k 73 -> 51; exploratory, results/bench/explore/README.md);
+  longer spans and k = 1024 stream 8-bit passes. In split
   launches of >= 2 programs per SM, rows whose span reaches 8192 (k = 512) or 32768 (k = 2048) positions take a
   two-pass filter instead: group maxima bound the threshold, and the candidates above it are selected in one
   register tile (B=64, top-512: 64k rows 92 vs 143 us, 256k 170 vs 481; exploratory, results/bench/explore/README.md).

@@ -125,9 +125,38 @@ def _sglang_line(data: dict) -> str:
         )
     for v, err in failed.items():
         parts.append(f"{v} not built: `{err.splitlines()[0][:300]}` (nvcc {sgl.get('nvcc')}).")
+    if failed:
+        parts.append(_last_jit_run())
     if pub:
         parts.append(f"Published figures ({pub.get('source')}): `{pub.get('kernel')}`, k = {pub.get('k')}: {figures}.")
     return " ".join(parts)
+
+
+def _last_jit_run(results: Path = Path("results/bench")) -> str:
+    """Where a run without sglang's JIT top-k points: the newest committed run (results/bench and explore/) that timed
+    it next to ours, with its v2 times at k = 2048, B = 64."""
+    runs = []
+    for f in results.rglob("topk*.json"):
+        data = json.loads(f.read_text())
+        if isinstance(data, dict) and data.get("sglang_jit", {}).get("v2", {}).get("built"):
+            runs.append((data.get("date", ""), f, data))
+    if not runs:
+        return "No committed run has timed it."
+    _, f, data = max(runs, key=lambda r: (r[0], str(r[1])))
+    cells = sorted(
+        (r["length"], r["us_graph20"])
+        for r in data["rows"]
+        if r.get("provider") == "sglang_jit_v2"
+        and r.get("B") == 64
+        and r.get("k") == 2048
+        and r.get("path") == "native"
+    )
+    times = " / ".join(fmt_us(us) for _, us in cells)
+    lengths = " / ".join(f"{n // 1024}k" for n, _ in cells)
+    where = f"`{f}` (commit `{data.get('git_sha')}`"
+    return (
+        f"The newest run that timed it next to ours: {where}; v2, k = 2048, B = 64: {times} µs graph20 at {lengths})."
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -179,3 +179,19 @@ def test_merge_refuses_runs_that_do_not_belong_together(tmp_path, bad):
     assert result.exit_code == 2
     assert ("repeat a code path" if bad == "same-path" else "different git_sha") in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_without_sglangs_jit_points_to_the_newest_run_that_timed_it(tmp_path):
+    """No silent gap: when the JIT top-k did not build, the section names the newest committed run (results/bench or
+    explore/) whose JSON timed it next to ours, with that run's v2 times; with none it says so."""
+    assert report_topk._last_jit_run(tmp_path) == "No committed run has timed it."
+    rows = [dict(path="native", provider="sglang_jit_v2", B=64, k=2048, length=n, us_graph20=us)
+            for n, us in ((16384, 7.25), (4096, 3.5))]  # fmt: skip
+    old = {**_synthetic_json(), "git_sha": "abc1234", "date": "2026-12-01", "rows": rows,
+           "sglang_jit": {"v1": {"built": True}, "v2": {"built": True, "build_s": 50.0}}}  # fmt: skip
+    (tmp_path / "explore").mkdir()
+    (tmp_path / "explore" / "topk-abc1234-h200-2026-12-01.json").write_text(json.dumps(old))
+    (tmp_path / "topk-h200-2026-12-03.json").write_text(json.dumps(_synthetic_json()))  # v2 failed: not a candidate
+    line = report_topk._last_jit_run(tmp_path)
+    assert "explore/topk-abc1234-h200-2026-12-01.json" in line and "`abc1234`" in line
+    assert "v2, k = 2048, B = 64: 3.5 / 7.2 µs graph20 at 4k / 16k" in line  # sorted by length

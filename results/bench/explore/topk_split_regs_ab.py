@@ -63,9 +63,13 @@ VARIANTS = {
     # next levers (the default has .maxnreg 128): 16 participants per row (64k rows in 4096-key tiles), an 8192-key
     # tile (~225 registers, no spill at .maxnreg 255: one 8-warp program per SM), 4k rows split into 2048 / 1024 spans
     "splits16": (new, dict(splits=16)),
-    "splits4": (new, dict(splits=4)),  # 64k rows: 16384-key spans (k = 512's filter; k = 2048 streams)
-    "splits2": (new, dict(splits=2)),  # 64k rows: 32768-key spans (k = 2048's filter too)
-    "regs5_8k_r255": (new, dict(reg_span=8192, reg_bits=5, _maxnreg=255)),
+    # 64k rows in 4 / 2 participants of 16384 / 32768 keys, streaming and through the two-pass filter (explicit
+    # filter tiles: by default a launch this small does not compile the filter)
+    "splits4": (new, dict(splits=4)),
+    "splits2": (new, dict(splits=2)),
+    "splits4_filter": (new, dict(splits=4, _filter=True)),  # _filter: filter_tiles = FILTER_TILES[k]
+    "splits2_filter": (new, dict(splits=2, _filter=True)),
+    "regs5_8k_r255": (new, dict(reg_span=8192, reg_bits=5, filter_tiles=(0, 0), _maxnreg=255)),
     "span2k_tile": (new, dict(reg_span=2048, reg_bits=5, span=2048, split_row=2048)),
     "span1k_tile": (new, dict(reg_span=1024, reg_bits=5, span=1024, split_row=1024)),
 }
@@ -84,6 +88,8 @@ for shape in args.shapes.split(","):
         for name in args.variants.split(","):
             mod, kw = VARIANTS[name]
             kw = dict(kw)
+            if kw.pop("_filter", False):
+                kw["filter_tiles"] = new.FILTER_TILES[k]
             mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
             mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
             out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
@@ -101,10 +107,11 @@ for shape in args.shapes.split(","):
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
                 exact, us1, us20, err = False, None, None, repr(exc)[:300]
             mod.TOPK_WARPS = WARPS[mod]
-            splits = new.topk_splits(b, CAP, info)
+            mod.TOPK_MAXNREG = MAXNREG[mod]
+            splits = kw.get("splits", new.topk_splits(b, CAP, info))  # the variant's own, else the launcher's
             row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
                        us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,
-                       span=new.topk_span(b, splits, info), error=err)  # fmt: skip
+                       span=kw.get("span", new.topk_span(b, splits, info)), error=err)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
 gpu = torch.cuda.get_device_name()

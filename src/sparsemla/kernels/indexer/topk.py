@@ -62,10 +62,13 @@ TOPK_SIZES = (512, 1024, 2048)
 TOPK_ROW_TILES = (4096, 4096)
 FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
-# ``.maxnreg`` of the top-k kernel. Without one, ptxas caps k = 512 launches at 64 registers a thread and spills
-# 8-24 B on sm_90; with any cap >= 96 they take 96 and spill nothing, which is what lets k = 512 use SPLIT_REG_TILE.
-# k = 2048 takes 128 on sm_90 either way (H200: same times with and without the cap); ahead of time the cap removes
-# its 8 B spill on sm_86/89 and adds 24 B on sm_100 (151 registers uncapped; docs/portability.md). None: ptxas's own.
+# ``.maxnreg`` of split launches whose participants hold spans in a register tile (SPLIT_REG_TILE). Left to itself,
+# ptxas allocates split k = 512 launches 64 registers a thread on sm_90 and spills 8-24 B (the limit is 255; it
+# chooses 64); under a cap of 128 it allocates 96 there (114-124 on sm_89/100/120) and spills nothing, which is what
+# lets k = 512 keep the tile's gains. k = 2048 allocates 128 on sm_90 either way (H200: same times); ahead of time
+# the cap removes its 8 B spill on sm_86/89 and adds 8-24 B on sm_100 (docs/portability.md; only sm_90 was timed).
+# One-program launches and streaming spans keep ptxas's own allocation; explicit tiles past SPLIT_SPAN need a higher
+# cap (an 8192-key tile takes ~225 registers under 255). None: never capped.
 TOPK_MAXNREG: int | None = 128
 # Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
 # most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise
@@ -109,10 +112,11 @@ RADIX_BITS_WIDE_K = 8
 # (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json, _gate-*): k = 2048 gains wherever the
 # tile is full (B = 64 8k 38 -> 28 us, 16k 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k 26 -> 17; the
 # sm_89 path B = 64 16k 38 -> 31) and is even where spans outgrow it (B = 1 and 8 at 64k, B = 64 at 64k). k = 512
-# gains once TOPK_MAXNREG lifts ptxas's 64-register cap (topk_maxnreg-native-h200-2026-12-03.json: B = 64 16k
-# 44 -> 30, 32k 73 -> 51, 8k 37 -> 28; B = 128 16k 76 -> 52; B = 8 16k 16 -> 14; 64k even); under that cap the
-# tile spilled and slowed the streaming passes next to it (B = 64 16k 44 -> 63). k = 1024 is not measured: it
-# streams. SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
+# gains once TOPK_MAXNREG makes ptxas allocate it 96 registers instead of 64 (topk_maxnreg-native-h200-2026-12-03
+# .json: B = 64 16k 44 -> 30, 32k 73 -> 51, 8k 37 -> 28; B = 128 16k 76 -> 52; B = 8 16k 16 -> 14; B = 64 64k,
+# where the filter runs, even; the formal run: B = 1 16k 11.2 -> 12.2, the one loss); at 64 registers the tile
+# spilled and slowed the streaming passes next to it (B = 64 16k 44 -> 63). k = 1024 is not measured: it streams.
+# SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5
 
@@ -1047,7 +1051,7 @@ def indexer_topk_fwd(
         REG_BITS=reg_bits,
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         num_warps=TOPK_WARPS,
-        maxnreg=TOPK_MAXNREG,
+        maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
     return out
 
@@ -1056,6 +1060,7 @@ __all__ = [
     "FILTER_TILES",
     "FUSED_ROW_TILES",
     "SPLIT_REG_TILE",
+    "TOPK_MAXNREG",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
