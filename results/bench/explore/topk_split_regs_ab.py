@@ -10,6 +10,7 @@ and 20 per graph; every output checked against the torch.topk set.
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -27,8 +28,12 @@ from sparsemla.kernels.indexer import triton as tri  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--old", required=True)
-p.add_argument("--path", required=True, help="native or sm89 (set TRITON_OVERRIDE_ARCH to match)")
-p.add_argument("--out", required=True)
+p.add_argument("--path", default="native", help="native or sm89 (set TRITON_OVERRIDE_ARCH to match)")
+p.add_argument("--out", default="")
+p.add_argument(
+    "--build-cubins", default="", help="no GPU: compile every launch with this Triton (3.8) for sm_90 into DIR"
+)
+p.add_argument("--cubins", default="", help="GPU: launch the top-k kernel from DIR's Triton 3.8 cubins (prod_cubins)")
 p.add_argument("--shapes", default="64x16384,8x16384,1x16384,64x65536,1x65536,128x16384,64x8192")
 p.add_argument("--ks", default="512,2048")
 p.add_argument("--code", default="", help="what the package's code is (the GPU copy has no .git)")
@@ -74,24 +79,64 @@ VARIANTS = {
     "span1k_tile": (new, dict(reg_span=1024, reg_bits=5, span=1024, split_row=1024)),
 }
 CAP = 65536
+WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
+MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}
+
+
+def variant(name: str, k: int) -> tuple:
+    """(module, launcher keywords) of a variant, its module-level knobs set (restore with ``restore``)."""
+    mod, kw = VARIANTS[name]
+    kw = dict(kw)
+    if kw.pop("_filter", False):
+        kw["filter_tiles"] = new.FILTER_TILES[k]
+    mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
+    mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
+    return mod, kw
+
+
+def restore(mod) -> None:  # noqa: ANN001
+    mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
+
+
+SHAPES = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
+KS = [int(x) for x in args.ks.split(",")]
+if args.build_cubins:  # here, no GPU: the same launches on CPU tensors of the same shapes, compiled for sm_90
+    from benchmarks import prod_cubins
+
+    def workload() -> None:
+        for b, ctx in SHAPES:
+            logits = torch.empty(b, CAP)
+            lens = torch.full((b,), ctx, dtype=torch.int32)
+            table = torch.zeros(b, CAP // 64, dtype=torch.int32)
+            for k in KS:
+                for name in args.variants.split(","):
+                    mod, kw = variant(name, k)
+                    out = torch.empty(b, k, dtype=torch.int32)
+                    mod.indexer_topk_fwd(logits, lens, k, out=out, sorted=False, page_table=table,
+                                         out_slots=torch.empty_like(out), page_size=64, **kw)  # fmt: skip
+                    restore(mod)
+
+    added = prod_cubins.build(workload, Path(args.build_cubins))
+    print(f"{len(added)} cubins added to {args.build_cubins} (Triton {triton.__version__})")
+    sys.exit(0)
+if not args.out:
+    sys.exit("--out is required (or --build-cubins)")
+replaying = contextlib.nullcontext({})
+if args.cubins:
+    from benchmarks import prod_cubins
+
+    replaying = prod_cubins.replay(Path(args.cubins), {"_indexer_topk_kernel"})
 gen = torch.Generator(device=DEV).manual_seed(0)
 kv = gpu_indexer_cache(64 * CAP // 64 + 64, DEV, gen)
 rows = []
-WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
-MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}
-for shape in args.shapes.split(","):
-    b, ctx = (int(x) for x in shape.split("x"))
+replayed = replaying.__enter__()
+for b, ctx in SHAPES:
     case = make_case(b, ctx, CAP, kv, gen)
     logits = tri.indexer_logits_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, CAP, True)
     info = new.dev.launch_info(DEV)
-    for k in (int(x) for x in args.ks.split(",")):
+    for k in KS:
         for name in args.variants.split(","):
-            mod, kw = VARIANTS[name]
-            kw = dict(kw)
-            if kw.pop("_filter", False):
-                kw["filter_tiles"] = new.FILTER_TILES[k]
-            mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
-            mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
+            mod, kw = variant(name, k)
             out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
             slots = torch.empty_like(out)
 
@@ -106,16 +151,17 @@ for shape in args.shapes.split(","):
                 err = None
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
                 exact, us1, us20, err = False, None, None, repr(exc)[:300]
-            mod.TOPK_WARPS = WARPS[mod]
-            mod.TOPK_MAXNREG = MAXNREG[mod]
+            restore(mod)
             splits = kw.get("splits", new.topk_splits(b, CAP, info))  # the variant's own, else the launcher's
             row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
                        us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,
                        span=kw.get("span", new.topk_span(b, splits, info)), error=err)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
+replaying.__exit__(None, None, None)
 gpu = torch.cuda.get_device_name()
+kernels = f"Triton 3.8 cubins from {args.cubins} ({replayed})" if args.cubins else f"Triton {triton.__version__}"
 meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, path=args.path, cap=CAP,
             old=args.old, variants={k: str(v[1]) for k, v in VARIANTS.items()},
-            code=args.code)  # fmt: skip
+            code=args.code, topk_kernel=kernels)  # fmt: skip
 Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")

@@ -1,0 +1,225 @@
+"""Production-Triton timing on the GPU machine: kernels compiled here by Triton 3.8 (the version sglang 0.5.23's torch
+2.14.1 installs, which cannot be carried to the GPU machine), launched there from their cubins.
+
+The GPU machine has Triton 3.6, which lowers some operations very differently (``tl.histogram``: 3.6 one warp vote
+per bin-index bit and a popcount per bin, 3.8 one shared-memory atomic per key; the top-k kernel's SASS is 2.7x
+longer on 3.6), so timings taken there describe a compiler production does not run. This module closes the gap:
+
+- ``build`` (here, Triton 3.8, no GPU): runs a workload's launchers with the same shapes as on the GPU, compiled for a
+  fake target (``sparsemla.kernels.aot.compile_only``), and stores each distinct launch's cubin with what launching it
+  takes: the specialisation key, the kernel parameters in order (non-constexpr arguments, then Triton 3.8's global
+  and profile scratch pointers), threads, shared memory and scratch sizes (``manifest.json`` + ``*.cubin.gz``).
+- ``replay`` (the GPU machine, Triton 3.6): within the block every ``kernel[grid](...)`` whose key is in the manifest
+  is launched from its cubin through the CUDA driver (``cuModuleLoadData`` / ``cuLaunchKernel`` on torch's current
+  stream, so CUDA-graph capture records it); a launch with no cubin raises instead of silently timing Triton 3.6.
+
+Keys are computed by :func:`launch_key` on both sides from the call's own arguments (kernel name, constexpr values,
+launch options, and per runtime argument the class Triton specialises on: dtype and 16-byte alignment of tensors,
+ints equal to 1 / divisible by 16 / needing 64 bits), so the two Triton versions never have to agree on internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gzip
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import triton
+
+MANIFEST = "manifest.json"
+_OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")  # launch options that select a compile
+_CTYPES = {
+    "i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+    "u1": ctypes.c_uint8, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+    "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "f32": ctypes.c_float, "fp64": ctypes.c_double,
+}  # fmt: skip
+
+
+def _arg_class(value: object) -> object:
+    """What Triton specialises a runtime argument on (the union over 3.6 and 3.8)."""
+    if isinstance(value, torch.Tensor):
+        return ["t", str(value.dtype), value.data_ptr() % 16 == 0]
+    if isinstance(value, bool):
+        return ["b", value]
+    if isinstance(value, int):
+        return ["i", value == 1, value % 16 == 0, not -(2**31) <= value < 2**31]
+    if isinstance(value, float):
+        return ["f"]
+    if value is None:
+        return ["n"]
+    return ["?", type(value).__name__]
+
+
+def _bind(fn: triton.JITFunction, args: tuple, kwargs: dict) -> dict[str, object]:
+    """The call's arguments by parameter name (positional first, then keywords; launch options left out)."""
+    names = fn.arg_names
+    bound = dict(zip(names, args, strict=False))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    return bound
+
+
+def launch_key(fn: triton.JITFunction, args: tuple, kwargs: dict) -> str:
+    """A stable key of one launch's compile: kernel name, constexpr values, launch options and the specialisation
+    class of every runtime argument."""
+    bound = _bind(fn, args, kwargs)
+    constexpr = {p.name for p in fn.params if p.is_constexpr}
+    desc = {
+        "kernel": fn.fn.__name__,
+        "args": [[n, repr(bound.get(n)) if n in constexpr else _arg_class(bound.get(n))] for n in fn.arg_names],
+        "options": {k: kwargs.get(k) for k in _OPTIONS if kwargs.get(k) is not None},
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _entry(kernel: object, key: str) -> dict:
+    """What launching a compiled (Triton 3.8) kernel takes, from its source signature and metadata."""
+    md = kernel.metadata
+    sig = kernel.src.signature
+    params = [[name, ty] for name, ty in sig.items() if ty != "constexpr"]
+    if any(isinstance(ty, tuple) or str(ty).startswith("tensordesc") for _, ty in params):
+        raise ValueError(f"{md.name}: tuple or tensor-descriptor arguments are not supported by the replay")
+    if getattr(md, "num_ctas", 1) != 1 or md.launch_pdl or md.launch_cooperative_grid:
+        raise ValueError(f"{md.name}: clusters, PDL and cooperative launches are not supported by the replay")
+    return {
+        "key": key, "name": md.name, "cubin": f"{key}.cubin.gz", "num_warps": md.num_warps, "shared": md.shared,
+        "global_scratch": [md.global_scratch_size, md.global_scratch_align],
+        "profile_scratch": [md.profile_scratch_size, md.profile_scratch_align], "params": params,
+        "triton": triton.__version__, "target": f"{md.target.backend}:{md.target.arch}",
+    }  # fmt: skip
+
+
+def build(workload: Callable[[], object], out_dir: Path, arch: str = "sm_90") -> list[dict]:
+    """Compile every launch ``workload()`` makes for ``arch`` (here, no GPU) and add its cubin to ``out_dir``'s
+    manifest. Returns the entries added by this call (a launch already in the manifest is kept once)."""
+    from sparsemla.kernels import aot
+    from sparsemla.kernels import device as dev
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_file = out_dir / MANIFEST
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else {}
+    added: list[dict] = []
+    real_run = triton.JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
+        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
+        key = launch_key(self, args, kwargs)
+        if key not in manifest:
+            (out_dir / f"{key}.cubin.gz").write_bytes(gzip.compress(kernel.asm["cubin"], mtime=0))
+            manifest[key] = _entry(kernel, key)
+            added.append(manifest[key])
+        return kernel
+
+    info = dev.target(arch)
+    records: list = []
+    with aot.compile_only(arch, info, "prod-cubins", records):  # the fake target's driver; launches only compile
+        inner = triton.JITFunction.run  # compile_only's own patch, restored for its exit
+        triton.JITFunction.run = run
+        try:
+            workload()
+        finally:
+            triton.JITFunction.run = inner
+    manifest_file.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return added
+
+
+class _Driver:
+    """The few CUDA driver calls the replay needs, through libcuda (torch has made the primary context current)."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.functions: dict[str, ctypes.c_void_p] = {}
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            msg = ctypes.c_char_p()
+            self.lib.cuGetErrorString(rc, ctypes.byref(msg))
+            raise RuntimeError(f"{what} failed: CUDA error {rc} {(msg.value or b'').decode()}")
+
+    def function(self, entry: dict, cubin: bytes) -> ctypes.c_void_p:
+        if entry["key"] not in self.functions:
+            module, func = ctypes.c_void_p(), ctypes.c_void_p()
+            self.check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+            self.check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, entry["name"].encode()),
+                       "cuModuleGetFunction")  # fmt: skip
+            if entry["shared"] > 49152:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                self.check(self.lib.cuFuncSetAttribute(func, 8, entry["shared"]), "cuFuncSetAttribute")
+            self.functions[entry["key"]] = func
+        return self.functions[entry["key"]]
+
+    def launch(self, func: ctypes.c_void_p, grid: tuple[int, int, int], threads: int, shared: int,
+               stream: int, params: list) -> None:  # fmt: skip
+        holders = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
+        self.check(self.lib.cuLaunchKernel(func, *(ctypes.c_uint(g) for g in grid), ctypes.c_uint(threads),
+                                           ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
+                                           ctypes.c_void_p(stream), holders, None), "cuLaunchKernel")  # fmt: skip
+
+
+def pack_params(entry: dict, bound: dict[str, object], scratch: list[int]) -> list:
+    """The kernel's parameters as ctypes values, in the cubin's order: runtime arguments by the manifest's types,
+    then the two scratch pointers."""
+    out: list = []
+    for name, ty in entry["params"]:
+        value = bound[name]
+        if ty.startswith("*"):
+            out.append(ctypes.c_uint64(value.data_ptr() if isinstance(value, torch.Tensor) else int(value or 0)))
+        elif ty in _CTYPES:
+            out.append(_CTYPES[ty](value))
+        else:
+            raise ValueError(f"{entry['name']}: parameter {name} of type {ty} is not supported by the replay")
+    return out + [ctypes.c_uint64(p) for p in scratch]
+
+
+@contextlib.contextmanager
+def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[str, int]]:
+    """Within the block, launches of ``kernels`` (kernel function names; None: all) run from ``cubin_dir``'s cubins
+    (see the module docstring), other kernels as usual; yields a dict counting the replayed launches per kernel name.
+    A replayed launch whose key has no cubin raises (build the workload first)."""
+    manifest = json.loads((cubin_dir / MANIFEST).read_text())
+    drivers: list[_Driver] = []  # created at the first launch (libcuda exists only on the GPU machine)
+    counts: dict[str, int] = {}
+    scratch_bufs: list[torch.Tensor] = []  # kept alive for the block: a captured graph may still use them
+    real_run = triton.JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
+        if kernels is not None and self.fn.__name__ not in kernels:
+            return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        key = launch_key(self, args, kwargs)
+        entry = manifest.get(key)
+        if entry is None:
+            raise KeyError(f"no Triton 3.8 cubin for this launch of {self.fn.__name__} (key {key}): build it first")
+        bound = _bind(self, args, kwargs)
+        g = grid(bound) if callable(grid) else grid
+        g = (tuple(g) + (1, 1))[:3]
+        if warmup:
+            return None
+        device = next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
+        scratch = []
+        for size, align in (entry["global_scratch"], entry["profile_scratch"]):
+            if size > 0:
+                buf = torch.empty(g[0] * g[1] * g[2] * size + align, dtype=torch.uint8, device=device)
+                scratch_bufs.append(buf)
+                scratch.append((buf.data_ptr() + align - 1) // align * align)
+            else:
+                scratch.append(0)
+        if not drivers:
+            drivers.append(_Driver())
+        driver = drivers[0]
+        func = driver.function(entry, gzip.decompress((cubin_dir / entry["cubin"]).read_bytes()))
+        stream = torch.cuda.current_stream(device).cuda_stream
+        driver.launch(func, g, 32 * entry["num_warps"], entry["shared"], stream, pack_params(entry, bound, scratch))
+        counts[entry["name"]] = counts.get(entry["name"], 0) + 1
+        return None
+
+    triton.JITFunction.run = run
+    try:
+        yield counts
+    finally:
+        triton.JITFunction.run = real_run
+
+
+__all__ = ["build", "launch_key", "pack_params", "replay"]

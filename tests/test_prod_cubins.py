@@ -1,0 +1,87 @@
+"""benchmarks/prod_cubins.py on the CPU: Triton 3.8 compiles a small kernel's launches for sm_90 into cubins with
+the parameter lists the driver launch needs, keys separate what Triton specialises on, and a launch with no cubin
+raises instead of running under another Triton. (The launch itself needs the GPU machine.) Runs in a child process:
+the test session's kernels are interpreted (conftest), the build needs Triton's compiler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sparsemla import flags
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tiny_kernel(x, y, n, one, scale, BLOCK: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    tl.store(y + o, tl.load(x + o, mask=m) * scale + one, mask=m)
+'''
+
+CHILD = '''
+import ctypes, json, sys
+from pathlib import Path
+import torch
+from benchmarks import prod_cubins as pc
+from tiny import _tiny_kernel
+
+out = Path(sys.argv[1])
+x, y = torch.randn(100), torch.empty(100)
+calls = [((x, y, 100, 1, 2.0), dict(BLOCK=32)), ((x, y, 96, 1, 2.0), dict(BLOCK=32)),
+         ((x, y, 100, 3, 2.0), dict(BLOCK=32, num_warps=2)), ((x, y, 101, 1, 0.5), dict(BLOCK=32))]
+
+
+def work():
+    for args, kw in calls:
+        _tiny_kernel[(4,)](*args, **kw)
+
+
+added = pc.build(work, out)
+again = pc.build(work, out)  # the same launches: nothing new
+keys = [pc.launch_key(_tiny_kernel, a, kw) for a, kw in calls]
+entry = json.loads((out / pc.MANIFEST).read_text())[keys[2]]
+packed = pc.pack_params(entry, pc._bind(_tiny_kernel, calls[2][0], calls[2][1]), [0, 0])
+try:
+    with pc.replay(out) as counts:
+        _tiny_kernel[(4,)](x, y, 100, 1, 2.0, BLOCK=64)  # never built
+    missing = "ran"
+except KeyError as exc:
+    missing = str(exc)
+print(json.dumps(dict(added=added, again=len(again), keys=keys, packed=[type(p).__name__ for p in packed],
+                      packed_ptr=packed[0].value == x.data_ptr(), missing=missing)))
+'''
+
+
+def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_launches(tmp_path):
+    (tmp_path / "tiny.py").write_text(KERNEL)
+    (tmp_path / "child.py").write_text(CHILD)
+    path = os.pathsep.join([str(ROOT), str(tmp_path), str(ROOT / "src")])
+    env = flags.child_env({"TRITON_INTERPRET": None, "PYTHONPATH": path, "TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    proc = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cubins")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    # n = 96 (divisible by 16) and one = 3 (not specialised to a constant) compile apart; n = 101 shares n = 100's
+    assert len(set(got["keys"])) == 3 and got["keys"][0] == got["keys"][3]
+    assert len(got["added"]) == 3 and got["again"] == 0
+    by_key = {e["key"]: e for e in got["added"]}
+    first, third = by_key[got["keys"][0]], by_key[got["keys"][2]]
+    assert first["params"] == [["x", "*fp32"], ["y", "*fp32"], ["n", "i32"], ["scale", "fp32"]]  # one = 1: constant
+    assert third["params"] == [["x", "*fp32"], ["y", "*fp32"], ["n", "i32"], ["one", "i32"], ["scale", "fp32"]]
+    assert first["num_warps"] == 4 and third["num_warps"] == 2 and first["target"] == "cuda:90"
+    assert first["triton"].startswith("3.8") and first["name"] == "_tiny_kernel"
+    for e in got["added"]:
+        assert (tmp_path / "cubins" / e["cubin"]).stat().st_size > 1000
+    # parameters, then the global and profile scratch pointers Triton 3.8 kernels take
+    assert got["packed"] == ["c_ulong", "c_ulong", "c_int", "c_int", "c_float", "c_ulong", "c_ulong"]
+    assert got["packed_ptr"] is True
+    assert "no Triton 3.8 cubin" in got["missing"]
