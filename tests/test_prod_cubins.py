@@ -15,7 +15,7 @@ from sparsemla import flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
-KERNEL = '''
+KERNEL = """
 import triton
 import triton.language as tl
 
@@ -25,9 +25,9 @@ def _tiny_kernel(x, y, n, one, scale, BLOCK: tl.constexpr):
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
     tl.store(y + o, tl.load(x + o, mask=m) * scale + one, mask=m)
-'''
+"""
 
-CHILD = '''
+CHILD = """
 import ctypes, json, sys
 from pathlib import Path
 import torch
@@ -58,7 +58,7 @@ except KeyError as exc:
     missing = str(exc)
 print(json.dumps(dict(added=added, again=len(again), keys=keys, packed=[type(p).__name__ for p in packed],
                       packed_ptr=packed[0].value == x.data_ptr(), missing=missing)))
-'''
+"""
 
 
 def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_launches(tmp_path):
