@@ -174,52 +174,71 @@ def pack_params(entry: dict, bound: dict[str, object], scratch: list[int]) -> li
     return out + [ctypes.c_uint64(p) for p in scratch]
 
 
-@contextlib.contextmanager
-def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[str, int]]:
-    """Within the block, launches of ``kernels`` (kernel function names; None: all) run from ``cubin_dir``'s cubins
-    (see the module docstring), other kernels as usual; yields a dict counting the replayed launches per kernel name.
-    A replayed launch whose key has no cubin raises (build the workload first)."""
-    manifest = json.loads((cubin_dir / MANIFEST).read_text())
-    drivers: list[_Driver] = []  # created at the first launch (libcuda exists only on the GPU machine)
-    counts: dict[str, int] = {}
-    scratch_bufs: list[torch.Tensor] = []  # kept alive for the block: a captured graph may still use them
-    real_run = triton.JITFunction.run
+class Replayer:
+    """Launches of ``kernels`` (kernel function names; None: all) from ``cubin_dir``'s cubins while entered (see the
+    module docstring), other kernels as usual. Reusable: modules stay loaded and scratch buffers stay alive between
+    entries (a captured CUDA graph may still use them), so a benchmark can enter it around every call it times.
+    ``counts`` counts the replayed launches per kernel name. A replayed launch whose key has no cubin raises."""
 
-    def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
-        if kernels is not None and self.fn.__name__ not in kernels:
-            return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        key = launch_key(self, args, kwargs)
-        entry = manifest.get(key)
+    def __init__(self, cubin_dir: Path, kernels: set[str] | None = None) -> None:
+        self.cubin_dir, self.kernels = cubin_dir, kernels
+        self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
+        self.driver: _Driver | None = None  # created at the first launch (libcuda exists only on the GPU machine)
+        self.counts: dict[str, int] = {}
+        self.scratch_bufs: list[torch.Tensor] = []
+        self._saved: list = []
+
+    def _run(self, fn: triton.JITFunction, real_run: Callable, args: tuple, grid: object, warmup: bool,
+             kwargs: dict) -> None:  # fmt: skip
+        key = launch_key(fn, args, kwargs)
+        entry = self.manifest.get(key)
         if entry is None:
-            raise KeyError(f"no Triton 3.8 cubin for this launch of {self.fn.__name__} (key {key}): build it first")
-        bound = _bind(self, args, kwargs)
+            raise KeyError(f"no Triton 3.8 cubin for this launch of {fn.fn.__name__} (key {key}): build it first")
+        bound = _bind(fn, args, kwargs)
         g = grid(bound) if callable(grid) else grid
         g = (tuple(g) + (1, 1))[:3]
         if warmup:
-            return None
+            return
         device = next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
         scratch = []
         for size, align in (entry["global_scratch"], entry["profile_scratch"]):
             if size > 0:
                 buf = torch.empty(g[0] * g[1] * g[2] * size + align, dtype=torch.uint8, device=device)
-                scratch_bufs.append(buf)
+                self.scratch_bufs.append(buf)
                 scratch.append((buf.data_ptr() + align - 1) // align * align)
             else:
                 scratch.append(0)
-        if not drivers:
-            drivers.append(_Driver())
-        driver = drivers[0]
-        func = driver.function(entry, gzip.decompress((cubin_dir / entry["cubin"]).read_bytes()))
+        if self.driver is None:
+            self.driver = _Driver()
+        func = self.driver.function(entry, gzip.decompress((self.cubin_dir / entry["cubin"]).read_bytes()))
         stream = torch.cuda.current_stream(device).cuda_stream
-        driver.launch(func, g, 32 * entry["num_warps"], entry["shared"], stream, pack_params(entry, bound, scratch))
-        counts[entry["name"]] = counts.get(entry["name"], 0) + 1
-        return None
+        self.driver.launch(func, g, 32 * entry["num_warps"], entry["shared"], stream,
+                           pack_params(entry, bound, scratch))  # fmt: skip
+        self.counts[entry["name"]] = self.counts.get(entry["name"], 0) + 1
 
-    triton.JITFunction.run = run
-    try:
+    def __enter__(self) -> dict[str, int]:
+        real_run = triton.JITFunction.run
+        replayer = self
+
+        def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
+            if replayer.kernels is not None and self.fn.__name__ not in replayer.kernels:
+                return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+            return replayer._run(self, real_run, args, grid, warmup, kwargs)
+
+        self._saved.append(real_run)
+        triton.JITFunction.run = run
+        return self.counts
+
+    def __exit__(self, *exc: object) -> None:
+        triton.JITFunction.run = self._saved.pop()
+
+
+@contextlib.contextmanager
+def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[str, int]]:
+    """Within the block, launches of ``kernels`` (None: all) run from ``cubin_dir``'s cubins (:class:`Replayer`);
+    yields a dict counting the replayed launches per kernel name."""
+    with Replayer(cubin_dir, kernels) as counts:
         yield counts
-    finally:
-        triton.JITFunction.run = real_run
 
 
-__all__ = ["build", "launch_key", "pack_params", "replay"]
+__all__ = ["Replayer", "build", "launch_key", "pack_params", "replay"]

@@ -33,8 +33,8 @@ that sglang 0.5.23's torch 2.14.1 installs (too large to carry there). The two l
 `tl.histogram`, the top-k's radix passes, is one warp vote per bin-index bit plus a popcount per bin on 3.6 and one
 shared-memory atomic per key on 3.8 (sm_90 SASS of the B = 64, 64k, k = 2048 top-k launch: 44,476 lines on 3.6,
 16,652 on 3.8), so the top-k times and the choices tuned on them (digit widths, register tiles, filters) are 3.6's.
-`benchmarks/prod_cubins.py` launches kernels compiled here by Triton 3.8 from their cubins on the GPU machine; no
-section below uses it yet.
+`benchmarks/prod_cubins.py` launches kernels compiled here by Triton 3.8 from their cubins on the GPU machine: a
+column headed `Triton 3.8` was timed that way (the top-k's `--cubins`).
 """
 
 

@@ -17,6 +17,7 @@ TITLE = "## Indexer top-k: every provider, both code paths"
 COLUMNS = (
     ("sparsemla_split", "native", "ours split (native)"),
     ("sparsemla_split", "sm89", "ours split (sm_89 path)"),
+    ("sparsemla_split_t38", "native", "ours split, Triton 3.8 (native)"),
     ("sparsemla_split_sorted", "native", "ours split sorted (native)"),
     ("sparsemla_split_sorted", "sm89", "ours split sorted (sm_89 path)"),
     ("torch_topk", "native", "torch.topk"),
@@ -62,6 +63,11 @@ def topk_section(data: dict) -> str:
     ]
     out += [f"- `{name}`: {text}." for name, text in methods.items()]
     out += ["", "`≠`: not the same set as `torch.topk` (see `values_match` in the JSON); `err`: the row's error."]
+    if t38 := data.get("triton38_cubins"):
+        versions, targets = ", ".join(t38.get("triton", [])), ", ".join(t38.get("targets", []))
+        out += ["", f"`ours split, Triton 3.8`: the same launches as `ours split`, compiled by Triton {versions} "
+                f"(production's) for {targets} on the build machine and launched here from their cubins "
+                f"(`benchmarks/prod_cubins.py`); every other column is Triton {data['triton']}."]  # fmt: skip
     if "merged_from" in data:  # runs made path by path (one device call each) and joined by `benchmarks.topk --merge`
         shapes = data["shapes"].items()
         per_path = "; ".join(f"{p}: B {s['B']}, lengths {s['lengths']}, k {s['k']}" for p, s in shapes)

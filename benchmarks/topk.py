@@ -10,6 +10,10 @@ width ``cap = max(length, 64k)``, every row of a batch at the real ``length``) i
   launch (``fuse=True``), the launcher's own choice (``fuse=None``: at cap >= 64k the logits launch then the split
   top-k) and the logits launch alone, side by side -- logits + top-k times, not top-k times (the fused top-k runs
   in the tail of the logits programs, so "fused minus logits" is no top-k cost).
+* ``sparsemla_split_t38`` (with ``--cubins DIR``, native path only): ``sparsemla_split`` with its top-k kernel
+  compiled by Triton 3.8 -- what production runs (sglang 0.5.23's torch 2.14.1 installs it; the GPU machine has 3.6,
+  which lowers ``tl.histogram`` to other code) -- on the build machine for sm_90 (``--build-cubins DIR``, no GPU,
+  the same shapes) and launched here from its cubins (``benchmarks/prod_cubins.py``).
 * ``torch_topk``: ``torch.topk(logits[:, :length], min(k, length), sorted=False)``, positions only.
 * ``sglang_jit_v1`` / ``sglang_jit_v2``: sglang 0.5.23's ``topk_transform_paged`` (``deepseek_v4/topk_v1.cuh``,
   k <= 1024) and ``topk_transform_paged_v2`` with its ``plan_topk_v2`` plan (``topk_v2.cuh``, sglang's default),
@@ -60,6 +64,9 @@ PROVIDERS: dict[str, str] = {
     "sparsemla_split": "indexer_topk_fwd with the launcher's split count and tiles, sorted=False (ascending "
     "positions: what the plugin's sglang top-k hooks call), page-table slots written",
     "sparsemla_split_sorted": "the same, sorted=True (by value desc, position asc)",
+    "sparsemla_split_t38": "sparsemla_split with its top-k kernel compiled by Triton 3.8 (production: sglang 0.5.23's "
+    "torch 2.14.1) for sm_90 on the build machine (--build-cubins) and launched from those cubins on the GPU "
+    "(benchmarks/prod_cubins.py; native path only)",
     "sparsemla_fused": "indexer_logits_topk_fwd(fuse=True, sorted=False): logits + top-k in one launch (length 4k)",
     "sparsemla_logits_topk": "indexer_logits_topk_fwd with the launcher's choice (fuse=None; at cap >= 64k the logits "
     "launch then the split top-k), sorted=False (length 4k)",
@@ -70,6 +77,9 @@ PROVIDERS: dict[str, str] = {
     "sglang_jit_v2": "sglang 0.5.23 topk_transform_paged_v2 (topk_v2.cuh, sglang's default SGLANG_OPT_USE_TOPK_V2=1) "
     "with its plan_topk_v2 plan built once outside the timed call, page-table slots written",
 }
+T38 = "sparsemla_split_t38"
+T38_KERNELS = {"_indexer_topk_kernel"}  # replayed from Triton 3.8 cubins; the logits kernel runs as usual
+DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p != T38)  # T38 joins with --cubins
 LOGITS_PROVIDERS = ("sparsemla_fused", "sparsemla_logits_topk", "sparsemla_logits")  # at FUSED_LENGTH only
 SGLANG_PROVIDERS = ("sglang_jit_v1", "sglang_jit_v2")
 PATH_INDEPENDENT = ("torch_topk", *SGLANG_PROVIDERS)  # the same code in every path: timed in the native one only
@@ -93,14 +103,14 @@ METHODS: dict[str, str] = {
 TARGETS: dict[str, dict[str, Any]] = {
     **{
         f"k512_B64_{n}": {
-            "k": 512, "B": 64, "length": length, "providers": ("sparsemla_split",), "limit_us": limit,
+            "k": 512, "B": 64, "length": length, "providers": ("sparsemla_split", T38), "limit_us": limit,
             "ratio_to": ("torch_topk", 0.5), "mode": "all",
         }
         for n, length, limit in (("4k", 4096, 10.0), ("16k", 16384, 20.0), ("64k", 65536, 40.0))
     },
     **{
         f"k2048_B64_{n}": {
-            "k": 2048, "B": 64, "length": length, "providers": ("sparsemla_split",), "limit_us": limit,
+            "k": 2048, "B": 64, "length": length, "providers": ("sparsemla_split", T38), "limit_us": limit,
             "faster_than": SGLANG_PROVIDERS, "mode": "any",
         }
         for n, length, limit in (("4k", 4096, 13.0), ("16k", 16384, 16.0), ("64k", 65536, 38.0))
@@ -395,8 +405,9 @@ def make_shape(case, logits, k: int) -> Shape:
     return Shape(case, logits, k, ref_pos, ref_slots.sort(dim=1).values)
 
 
-def time_ours(run: PathRun, shape: Shape, chosen: list[str]) -> None:
-    """Our top-k (split, both orders), torch.topk, and at FUSED_LENGTH the logits + top-k calls, on one shape."""
+def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayer=None) -> None:  # noqa: ANN001
+    """Our top-k (split, both orders; with ``replayer``, a prod_cubins.Replayer, also from Triton 3.8 cubins),
+    torch.topk, and at FUSED_LENGTH the logits + top-k calls, on one shape."""
     import torch
 
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
@@ -425,6 +436,15 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str]) -> None:
             fn = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
                                    out_slots=slots, sorted=srt)  # fmt: skip
             run.add(provider, shape, k, fn, checked(fn, slots))
+    if T38 in chosen and replayer is not None:
+        split = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
+                                  out_slots=slots, sorted=False)  # fmt: skip
+
+        def from_cubins() -> None:
+            with replayer:  # the top-k kernel's launches from its Triton 3.8 cubin (graph capture records them)
+                split()
+
+        run.add(T38, shape, k, from_cubins, checked(from_cubins, slots))
     if "torch_topk" in chosen:
         fn = functools.partial(torch.topk, logits[:, :length], min(k, length), dim=1, sorted=False)
         run.add("torch_topk", shape, k, fn, checked(fn))
@@ -490,7 +510,35 @@ def time_sglang(run: PathRun, shapes: list[Shape], wanted: list[str], src: Path,
         progress.advance(task)
 
 
-def run_path(path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Path, out: Path) -> None:
+def build_cubins_for(cfg: dict, out_dir: Path) -> int:
+    """No GPU: compile the launches ``sparsemla_split`` makes at every (B, length, k) of ``cfg`` with this machine's
+    Triton (3.8 in production's environment) for sm_90 into ``out_dir`` (benchmarks/prod_cubins.py). The launcher's
+    choices come from shapes and the H200's facts only, so the GPU run makes the same launches. Returns how many
+    cubins were added."""
+    import torch
+
+    from benchmarks import prod_cubins
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
+    from sparsemla.kernels.layouts import IDX_PAGE
+
+    def workload() -> None:
+        for batch in cfg["B"]:
+            for length in cfg["lengths"]:
+                cap = max(length, CAP_MIN)
+                logits = torch.empty(batch, cap)
+                lens = torch.full((batch,), length, dtype=torch.int32)
+                table = torch.zeros(batch, cap // IDX_PAGE, dtype=torch.int32)
+                for k in cfg["k"]:
+                    pos = torch.empty(batch, k, dtype=torch.int32)
+                    indexer_topk_fwd(logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
+                                     out_slots=torch.empty_like(pos), sorted=False)  # fmt: skip
+
+    return len(prod_cubins.build(workload, out_dir))
+
+
+def run_path(
+    path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Path, out: Path, cubins: Path | None = None
+) -> None:
     import torch
     from rich.progress import Progress
 
@@ -499,8 +547,13 @@ def run_path(path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Pat
     from sparsemla.kernels.layouts import IDX_PAGE
 
     device = torch.device("cuda")
-    if path != "native":
-        chosen = [p for p in chosen if p not in PATH_INDEPENDENT]
+    if path != "native":  # the cubins are the native (sm_90) code
+        chosen = [p for p in chosen if p not in PATH_INDEPENDENT and p != T38]
+    replayer = None
+    if T38 in chosen and cubins is not None:
+        from benchmarks import prod_cubins
+
+        replayer = prod_cubins.Replayer(cubins, T38_KERNELS)
     sgl_wanted = [p for p in chosen if p in SGLANG_PROVIDERS]
     build_proc, build_out = None, out.with_suffix(".sglang.json")
     if sgl_wanted:  # builds while our providers are timed (its own process: no CUDA calls beside a graph capture)
@@ -524,7 +577,7 @@ def run_path(path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Pat
                     progress.update(task, description=f"[{path}] B={batch} length={length} k={k}")
                     shape = make_shape(case, logits, k)
                     shapes.append(shape)
-                    time_ours(run, shape, chosen)
+                    time_ours(run, shape, chosen, replayer)
                     progress.advance(task)
                     run.save()
                 if length == FUSED_LENGTH and "sparsemla_logits" in chosen:
@@ -538,6 +591,14 @@ def run_path(path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Pat
                 run.meta["sglang_jit"] = {"v1": {"error": _err(exc)}, "v2": {"error": _err(exc)}}
             run.save()
             time_sglang(run, shapes, sgl_wanted, sglang_src, run.meta["sglang_jit"], progress, task)
+    if replayer is not None:
+        entries = replayer.manifest.values()
+        run.meta["triton38_cubins"] = {
+            "dir": str(cubins),
+            "replayed_launches": replayer.counts,
+            "triton": sorted({e["triton"] for e in entries}),
+            "targets": sorted({e["target"] for e in entries}),
+        }
     run.save()
 
 
@@ -555,6 +616,7 @@ def merge_results(files: list[Path], out_dir: Path) -> Path:
     merged["shapes"] = {p: r["shapes"] for r in runs for p in r["code_paths"]}
     merged["merged_from"] = [f.name for f in files]
     merged["sglang_jit"] = next((r["sglang_jit"] for r in runs if "v1" in r["sglang_jit"]), runs[0]["sglang_jit"])
+    merged["triton38_cubins"] = next((r["triton38_cubins"] for r in runs if r.get("triton38_cubins")), None)
     merged["rows"] = [row for r in runs for row in r["rows"]]
     merged["target_results"] = evaluate_targets(merged["rows"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -618,6 +680,7 @@ def _write(out_dir: Path, rows: list[dict], metas: list[dict], git_sha: str, pat
         "methods": METHODS,
         "providers": PROVIDERS,
         "sglang_jit": sgl or {"status": "not requested"},
+        "triton38_cubins": next((m["triton38_cubins"] for m in metas if "triton38_cubins" in m), None),
         "sglang_published": SGLANG_PUBLISHED,
         "targets": TARGETS,
         "target_results": evaluate_targets(rows),
@@ -634,7 +697,7 @@ def _write(out_dir: Path, rows: list[dict], metas: list[dict], git_sha: str, pat
 @app.command()
 def main(
     out_dir: Path = typer.Option(Path("results/bench"), help="Folder for topk-<gpu>-<date>.json."),
-    providers: str = typer.Option(",".join(PROVIDERS), help="Comma-separated providers."),
+    providers: str = typer.Option(",".join(DEFAULT_PROVIDERS), help="Comma-separated providers."),
     batches: str = typer.Option(",".join(map(str, BATCHES)), help="Comma-separated batch sizes."),
     lengths: str = typer.Option(",".join(map(str, LENGTHS)), help="Comma-separated real lengths (compressed tokens)."),
     ks: str = typer.Option(",".join(map(str, KS)), help="Comma-separated k (512, 1024, 2048)."),
@@ -647,6 +710,10 @@ def main(
     child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
     build_sglang_only: Path = typer.Option(None, hidden=True, help="(internal) build sglang's JIT top-k, report here."),
     merge: list[Path] = typer.Option(None, help="Join these per-path result JSONs into one (no GPU needed)."),
+    build_cubins: Path = typer.Option(
+        None, help="No GPU: compile sparsemla_split's launches of these shapes with this Triton for sm_90 into DIR."
+    ),
+    cubins: Path = typer.Option(None, help="GPU: also time sparsemla_split_t38 from DIR (made by --build-cubins)."),
 ) -> None:
     """Time every top-k provider in each code path on the current CUDA GPU and write one JSON with target verdicts."""
     from sparsemla.console import fail
@@ -666,6 +733,18 @@ def main(
     if build_sglang_only is not None:
         build_sglang(sglang_src, build_sglang_only)
         return
+    if build_cubins is not None:
+        import triton
+
+        added = build_cubins_for(cfg, build_cubins)
+        print(f"{added} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
+        return
+    if cubins is not None:
+        if not (cubins / "manifest.json").is_file():
+            fail(f"--cubins {cubins}: no manifest.json there", "make it with --build-cubins DIR on the build machine")
+        chosen = chosen if T38 in chosen else [*chosen, T38]
+    elif T38 in chosen:
+        fail(f"{T38} needs --cubins DIR", "build them first: python -m benchmarks.topk --build-cubins DIR (no GPU)")
     if merge:
         try:
             written = merge_results(merge, out_dir)
@@ -681,7 +760,7 @@ def main(
     if not torch.cuda.is_available():
         fail("the top-k benchmark needs a CUDA GPU", "run it on the device machine (make bench-topk)")
     if child_out is not None:
-        run_path(path_list[0], chosen, cfg, seed, sglang_src, child_out)
+        run_path(path_list[0], chosen, cfg, seed, sglang_src, child_out, cubins)
         return
     rows, metas = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -99,6 +99,30 @@ def test_cli_parses_and_lists_its_options():
     assert topk.parse_providers(" torch_topk,sglang_jit_v2 ,torch_topk") == ["torch_topk", "sglang_jit_v2"]
 
 
+def test_triton38_provider_needs_cubins_and_is_not_in_the_default_list(tmp_path):
+    assert topk.T38 in topk.PROVIDERS and topk.T38 not in topk.DEFAULT_PROVIDERS
+    alone = CliRunner().invoke(topk.app, ["--providers", topk.T38])
+    assert alone.exit_code == 2 and "--cubins" in alone.output and "--build-cubins" in alone.output
+    empty = CliRunner().invoke(topk.app, ["--cubins", str(tmp_path)])
+    assert empty.exit_code == 2 and "manifest.json" in empty.output
+
+
+def test_targets_take_the_best_of_the_jit_and_the_triton38_rows():
+    rows = [
+        _row("sparsemla_split", 64, 4096, 512, 12.0),
+        _row(topk.T38, 64, 4096, 512, 9.0),
+        _row("torch_topk", 64, 4096, 512, 30.0),
+        _row(topk.T38, 64, 16384, 512, 5.0, exact=False),  # fastest but wrong: the target fails, loudly
+        _row("sparsemla_split", 64, 16384, 512, 19.0),
+        _row("torch_topk", 64, 16384, 512, 60.0),
+    ]
+    verdicts = topk.evaluate_targets(rows)
+    v4k = _verdict(verdicts, "k512_B64_4k")
+    assert v4k["pass"] is True and v4k["provider"] == topk.T38 and v4k["measured_us"] == 9.0
+    v16k = _verdict(verdicts, "k512_B64_16k")
+    assert v16k["pass"] is False and v16k["provider"] == topk.T38 and v16k["exact"] is False
+
+
 def test_child_argv_replaces_the_parents_path_options():
     argv = topk._child_argv(["--paths", "native,sm89", "--ks=512", "--child-out=/x"], "sm89", Path("/tmp/o.json"))
     assert argv[1:] == ["-m", "benchmarks.topk", "--ks=512", "--paths", "sm89", "--child-out", "/tmp/o.json"]
@@ -127,6 +151,16 @@ def test_section_renders_a_synthetic_json():
     assert "Logits + top-k at length 4k" in md and "7.0 / 3.5" in md
     for name in topk.METHODS:
         assert f"- `{name}`:" in md
+
+
+def test_section_names_the_triton38_column_and_where_its_code_came_from():
+    data = _synthetic_json()
+    assert "Triton 3.8" not in report_topk.topk_section(data)  # no such rows: no column, no note
+    data["rows"] = [*SYNTHETIC, _row(topk.T38, 64, 4096, 512, 6.0)]
+    data["triton38_cubins"] = {"dir": ".gpu-cubins/topk", "triton": ["3.8.0"], "targets": ["cuda:90"]}
+    md = report_topk.topk_section(data)
+    assert "ours split, Triton 3.8 (native)" in md and "| 64 | 4096 | 8.0 / 4.0 | 9.0 / 12.0 | 6.0 / 3.0 |" in md
+    assert "compiled by Triton 3.8.0 (production's) for cuda:90" in md and "every other column is Triton 3.6.0" in md
 
 
 def test_report_renders_the_newest_json(tmp_path):
