@@ -62,9 +62,15 @@ class Shape:
         return (self.H, self.swa_topk, self.extra_topk) == tuple(TARGET.values())
 
 
-def random_v4_cache_gpu(num_pages: int, page_size: int, gen: torch.Generator, device: str) -> torch.Tensor:
-    """A random V4 ``k_cache`` view built on the GPU (the CPU builder in layouts.py is too slow for GBs)."""
+def random_v4_cache_gpu(
+    num_pages: int, page_size: int, gen: torch.Generator, device: str, fill: bool = True
+) -> torch.Tensor:
+    """A random V4 ``k_cache`` view built on the GPU (the CPU builder in layouts.py is too slow for GBs);
+    ``fill=False``: the same view of an unfilled buffer (compiling launches ahead of time needs only the layout)."""
     page_bytes = v4_page_bytes(page_size)
+    if not fill:
+        buf = torch.empty((num_pages, page_bytes), dtype=torch.uint8, device=device)
+        return buf[:, : page_size * 584].view(num_pages, page_size, 1, 584)
     buf = torch.randint(0, 256, (num_pages, page_bytes), dtype=torch.uint8, device=device, generator=gen)
     tokens = num_pages * page_size
     nope = (torch.randn(tokens, V4_NOPE_DIM, device=device, generator=gen) * 2.0).to(torch.float8_e4m3fn)
@@ -77,23 +83,32 @@ def random_v4_cache_gpu(num_pages: int, page_size: int, gen: torch.Generator, de
     return buf[:, : page_size * 584].view(num_pages, page_size, 1, 584)
 
 
-def make_inputs(shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
-    """sglang-contract kwargs for one shape (full lengths, sink on, softmax scale 512^-0.5)."""
+def make_inputs(shape: Shape, seed: int, device: str = "cuda", fill: bool = True) -> dict[str, Any]:
+    """sglang-contract kwargs for one shape (full lengths, sink on, softmax scale 512^-0.5); ``fill=False``: tensors
+    of the same shapes, dtypes and strides left unfilled (``--build-cubins``: the launches compile from those)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     B, H = shape.B, shape.H
-    k_cache = random_v4_cache_gpu(B, SWA_PAGE, gen, device)
-    own = torch.stack([torch.randperm(SWA_PAGE, device=device, generator=gen)[: shape.swa_topk] for _ in range(B)])
-    indices = (own + torch.arange(B, device=device)[:, None] * SWA_PAGE).to(torch.int32).view(B, 1, -1)
     x_pages = -(-2 * B * shape.extra_topk // EXTRA_PAGE)
-    extra = random_v4_cache_gpu(x_pages, EXTRA_PAGE, gen, device)
-    perm = torch.randperm(x_pages * EXTRA_PAGE, device=device, generator=gen)[: B * shape.extra_topk]
-    extra_idx = perm.to(torch.int32).view(B, 1, shape.extra_topk)
+    k_cache = random_v4_cache_gpu(B, SWA_PAGE, gen, device, fill)
+    if not fill:
+        extra = random_v4_cache_gpu(x_pages, EXTRA_PAGE, gen, device, fill)
+        indices = torch.empty((B, 1, shape.swa_topk), dtype=torch.int32, device=device)
+        extra_idx = torch.empty((B, 1, shape.extra_topk), dtype=torch.int32, device=device)
+        q, sink = torch.empty((B, 1, H, 512), dtype=torch.bfloat16, device=device), torch.empty(H, device=device)
+    else:  # the generator's draws in the order of every earlier run (the same inputs per seed)
+        own = torch.stack([torch.randperm(SWA_PAGE, device=device, generator=gen)[: shape.swa_topk] for _ in range(B)])
+        indices = (own + torch.arange(B, device=device)[:, None] * SWA_PAGE).to(torch.int32).view(B, 1, -1)
+        extra = random_v4_cache_gpu(x_pages, EXTRA_PAGE, gen, device)
+        perm = torch.randperm(x_pages * EXTRA_PAGE, device=device, generator=gen)[: B * shape.extra_topk]
+        extra_idx = perm.to(torch.int32).view(B, 1, shape.extra_topk)
+        q = torch.randn(B, 1, H, 512, device=device, generator=gen).to(torch.bfloat16)
+        sink = torch.randn(H, device=device, generator=gen)
     return dict(
-        q=torch.randn(B, 1, H, 512, device=device, generator=gen).to(torch.bfloat16),
+        q=q,
         k_cache=k_cache,
         indices=indices,
         topk_length=torch.full((B,), shape.swa_topk, dtype=torch.int32, device=device),
-        attn_sink=torch.randn(H, device=device, generator=gen),
+        attn_sink=sink,
         head_dim_v=512,
         softmax_scale=512**-0.5,
         extra_k_cache=extra,
@@ -248,8 +263,11 @@ def bench_shape(
     flash_mla,
     splits: int | str,
     code_path: str = "native",
+    replayer: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output."""
+    """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output.
+    ``replayer`` (a :class:`benchmarks.prod_cubins.Replayer`): also ``sparsemla_t38`` / ``sparsemla_t38_graph``, the
+    same calls launched from Triton 3.8 cubins."""
     from triton.testing import do_bench
 
     from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
@@ -259,6 +277,13 @@ def bench_shape(
     fns: dict[str, list] = {}
     if "sparsemla" in providers:
         fns["sparsemla"] = [lambda kw=kw: sparse_decode_fwd(**kw, num_splits=splits) for kw in sets]
+    if replayer is not None:
+
+        def from_cubins(kw: dict) -> Any:
+            with replayer:  # every decode kernel from its Triton 3.8 cubin (graph capture records the launches)
+                return sparse_decode_fwd(**kw, num_splits=splits)
+
+        fns["sparsemla_t38"] = [lambda kw=kw: from_cubins(kw) for kw in sets]
     if "sglang_triton" in providers and sglang_fn is not None and shape.is_target and shape.B <= 128:
         fns["sglang_triton"] = [
             lambda kw=kw: sglang_fn(
@@ -281,14 +306,15 @@ def bench_shape(
     if "reference" in providers and shape.is_target and shape.B <= 128:
         fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
 
-    if "sparsemla" in fns:
-        fns["sparsemla_graph"] = fns["sparsemla"]  # same calls, one CUDA-graph replay per repetition
+    for name in ("sparsemla", "sparsemla_t38"):
+        if name in fns:
+            fns[f"{name}_graph"] = fns[name]  # same calls, one CUDA-graph replay per repetition
     errs: dict[str, float] = {}
     ours = fns["sparsemla"][0]()[0] if "sparsemla" in fns else None
     rows = []
     for name, calls in fns.items():
         out = calls[0]()[0][:, :, : shape.H]
-        if ours is not None and name != "sparsemla_graph":
+        if ours is not None and not name.endswith("_graph"):
             errs[name] = rel_err(out, ours)
         runs = [graphed(c) for c in calls] if name.endswith("_graph") else calls
         state = {"i": 0}
@@ -299,7 +325,7 @@ def bench_shape(
 
         us = do_bench(step, warmup=10, rep=60, return_mode="median") * 1e3
         row = {**shape.__dict__, "provider": code_paths.provider(name, code_path), "us": round(us, 3)}
-        if name.startswith("sparsemla"):
+        if name.startswith("sparsemla") and "_t38" not in name:  # SHARED: the launches of this Triton
             row["shared_bytes"] = SHARED.get("_sparse_decode_kernel")
         rows.append(row)
     if ceilings:  # a code-path child has none: its parent adds the floors
@@ -325,6 +351,17 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     Console(width=160).print(table)
 
 
+def shape_grid(batches: str, heads: str, extra_topks: str, prefill_rows: str, swa_topk: int) -> list[Shape]:
+    """The run's shapes: every extra top-k x heads x batch, then the prefill-sized calls (H=64, extra 512)."""
+    shapes = [
+        Shape(int(b), int(h), swa_topk, int(x))
+        for x in extra_topks.split(",")
+        for h in heads.split(",")
+        for b in batches.split(",")
+    ]
+    return shapes + [Shape(int(b), 64, swa_topk, 512) for b in prefill_rows.split(",") if b.strip()]
+
+
 SHARED: dict[str, int] = {}  # kernel name -> metadata.shared of its last launch (recorded next to the timings)
 
 
@@ -348,12 +385,35 @@ def main(
     ),
     splits: str = typer.Option("auto", help="Split count for sparsemla (auto or an int)."),
     git_sha: str = typer.Option("", help="Commit the numbers belong to (default: `git rev-parse HEAD` here)."),
+    build_cubins: Path = typer.Option(
+        None, help="No GPU: compile sparsemla's launches of the grid with this Triton (3.8) for sm_90 into DIR."
+    ),
+    cubins: Path = typer.Option(
+        None, help="GPU: also time sparsemla_t38[_graph] from DIR's Triton 3.8 cubins (native path)."
+    ),
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
     import sys
 
     from sparsemla.console import fail
 
+    split_arg: int | str = "auto" if splits == "auto" else int(splits)
+    shapes = shape_grid(batches, heads, extra_topks, prefill_rows, swa_topk)
+    if build_cubins is not None:
+        import triton
+
+        from benchmarks import prod_cubins
+        from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
+
+        def workload() -> None:
+            for shape in shapes:
+                sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), num_splits=split_arg)
+
+        added = prod_cubins.build(workload, build_cubins)
+        print(f"{len(added)} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
+        return
+    if cubins is not None and not (cubins / "manifest.json").is_file():
+        fail(f"--cubins {cubins}: no manifest.json there", "make it with --build-cubins DIR on the build machine")
     if not torch.cuda.is_available():
         fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
     try:
@@ -383,18 +443,15 @@ def main(
         provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
     flash_mla, _ = load_flash_mla(torch.device("cuda"))
-    split_arg: int | str = "auto" if splits == "auto" else int(splits)
-    shapes = [
-        Shape(int(b), int(h), swa_topk, int(x))
-        for x in extra_topks.split(",")
-        for h in heads.split(",")
-        for b in batches.split(",")
-    ]
-    shapes += [Shape(int(b), 64, swa_topk, 512) for b in prefill_rows.split(",") if b.strip()]
+    replayer = None
+    if cubins is not None and code_path == "native":  # the cubins are the native (sm_90) code
+        from benchmarks import prod_cubins
+
+        replayer = prod_cubins.Replayer(cubins)
     rows, checks = [], []
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
         for shape in shapes:
-            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path)
+            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path, replayer)
             rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
             checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
             print(json.dumps(r), flush=True)
@@ -415,6 +472,11 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, check
         "sets (the method of notes/h200-baselines.md); `*_graph` = one CUDA-graph replay per rep; each code path "
         "in its own process; `shared_bytes` = metadata.shared of the decode kernel as launched"
     )
+    if any(r["provider"].startswith("sparsemla_t38") for r in rows):
+        method += (
+            "; `sparsemla_t38*` = the same calls with every decode kernel compiled by Triton 3.8 (production's) for "
+            "sm_90 on the build machine (`--build-cubins`) and launched from those cubins (benchmarks/prod_cubins.py)"
+        )
     write_doc(path, "decode", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
 
 

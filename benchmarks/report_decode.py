@@ -19,8 +19,8 @@ TARGET_SHAPE = (64, 128, 512)
 BEFORE_WGMMA: dict[int, float] = {1: 14.5, 8: 26.2, 32: 41.4, 64: 46.1, 128: 73.6}
 SM89_LIMITS: dict[int, float] = {1: 18.0, 64: 55.0}
 SM89_RATIO = 1.3
-COLUMNS = ("floor", "sparsemla", "sparsemla_graph", "sparsemla_sm89path_graph", "flashmla", "sglang_triton",
-           "reference")  # fmt: skip
+COLUMNS = ("floor", "sparsemla", "sparsemla_graph", "sparsemla_t38_graph", "sparsemla_sm89path_graph", "flashmla",
+           "sglang_triton", "reference")  # fmt: skip
 # Projection targets: (name, target key in sparsemla.kernels.device.TARGETS, SMs, DRAM bytes/s)
 PROJECTED = (
     ("RTX PRO 6000 Blackwell", "sm_120", 188, 1.79e12),

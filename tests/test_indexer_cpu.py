@@ -93,21 +93,23 @@ def test_topk_exact_with_ties(tri):
 
 
 def _digit_cases() -> list:
-    """(digit width, pass) pairs: every pass of both widths the launcher may choose (topk.radix_bits)."""
+    """(where, digit width, pass): every pass of every width the kernels accept (topk.RADIX_BITS_CHOICES), in the
+    in-register search (one-program rows, ``bits``) and in the streaming passes (``stream_bits``)."""
     cases = []
-    for bits in (topk.RADIX_BITS, topk.RADIX_BITS_WIDE_K):
-        for p in range(1, -(-32 // bits) + 1):
-            cases.append(pytest.param(bits, p, id=f"{bits}bit-exit-after-pass{p}"))
+    for where in ("registers", "streaming"):
+        for bits in topk.RADIX_BITS_CHOICES:
+            for p in range(1, -(-32 // bits) + 1):
+                cases.append(pytest.param(where, bits, p, id=f"{where}-{bits}bit-exit-after-pass{p}"))
     return cases
 
 
-@pytest.mark.parametrize("bits, passes", _digit_cases())
-def test_topk_radix_digit_edges(tri, monkeypatch, bits, passes):
-    """Rows built bit by bit so the in-register search (``bits``-wide digits from the top, the last one narrower)
-    ends after each of its passes: 500 keys win outright, the threshold bin holds the 12 keys still needed, and
-    losers whose keys differ from those only in the digit's lowest bit sit at smaller positions -- a pass that ended
-    one bit short, or a wrong digit boundary, takes them instead."""
-    monkeypatch.setattr(topk, "RADIX_BITS", bits)  # the launcher's width for k = 512 (interpreter: no filter)
+@pytest.mark.parametrize("where, bits, passes", _digit_cases())
+def test_topk_radix_digit_edges(tri, where, bits, passes):
+    """Rows built bit by bit so the radix search (``bits``-wide digits from the top, the last one narrower) ends
+    after each of its passes: 500 keys win outright, the threshold bin holds the 12 keys still needed, and losers
+    whose keys differ from those only in the digit's lowest bit sit at smaller positions -- a pass that ended one bit
+    short, or a wrong digit boundary, takes them instead. ``streaming``: a 1024-key register tile, so the 2048-key
+    row streams (the interpreter runs one program per row: no split, no filter)."""
     n, k, take = 2048, 512, 12
     top = 32 - bits * (passes - 1)  # the deciding digit is bits [shift, top) of the sign-flipped key
     shift = max(top - bits, 0)
@@ -129,7 +131,8 @@ def test_topk_radix_digit_edges(tri, monkeypatch, bits, passes):
     logits = bits_row.to(torch.int32).view(torch.float32).view(1, n)
     assert torch.isfinite(logits).all() and (logits > 0).all()
     out = torch.full((1, k), -7, dtype=torch.int32)
-    topk.indexer_topk_fwd(logits, torch.tensor([n], dtype=torch.int32), k, out=out, sorted=False)
+    kw = dict(bits=bits) if where == "registers" else dict(row_tiles=(1024, 1024), stream_bits=bits)
+    topk.indexer_topk_fwd(logits, torch.tensor([n], dtype=torch.int32), k, out=out, sorted=False, **kw)
     assert torch.equal(out[0], torch.cat([torch.arange(500), win]).to(torch.int32))
 
 
@@ -215,6 +218,22 @@ def test_topk_every_path_at_tile_edges(tri):
     out = torch.full((len(lengths), k), -7, dtype=torch.int32)
     topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 2048))
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
+
+
+@pytest.mark.parametrize("width", [4, 11, 12], ids=lambda w: f"{w}bit")
+def test_topk_digit_widths_on_hard_rows(tri, width):
+    """Every digit width agrees with the reference on the rows built to break the search (ties, +-0.0, +-inf, all
+    equal, exactly k copies of the largest) in both one-program paths: registers (``bits``) and streaming
+    (``stream_bits``, rows past a register tile of 2k), at lengths around k and the tile."""
+    k = 512
+    lengths = [k - 1, k + 1, 2 * k, 2 * k + 1, 3 * k + 5, 2600]
+    cols = max(lengths)
+    logits = _hard_rows(lengths, cols, k, seed=width + k)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    ref = indexer_topk_reference(logits, lens, k)
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32)
+    topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(2 * k, 2 * k), bits=width, stream_bits=width)
+    assert torch.equal(out, ref)
 
 
 @pytest.mark.parametrize(
@@ -378,9 +397,12 @@ def test_bad_inputs(tri):
         tri.indexer_logits_fwd(q, kv, w, seq_lens, pt.long())
     with pytest.raises(ValueError, match="logits"):
         topk.indexer_topk_fwd(torch.zeros(1, 64, dtype=torch.float64), seq_lens, 512)
-    for bad in (dict(reg_span=3000), dict(reg_span=65536), dict(reg_bits=7)):
+    for bad in (dict(reg_span=3000), dict(reg_span=65536)):
         with pytest.raises(ValueError, match="reg_span must be"):
             topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **bad)
+    for name, width in (("reg_bits", 7), ("bits", 9), ("stream_bits", 16)):
+        with pytest.raises(ValueError, match=f"{name} must be one of .*got {width}"):
+            topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **{name: width})
 
 
 def test_report_section_renders_committed_json():

@@ -275,7 +275,10 @@ def test_tiny_run_writes_the_schema(tmp_path: Path) -> None:
     assert doc["marginal_us"]["sparsemla"]["512"] == pytest.approx(cell[("sparsemla", 2)] - cell[("sparsemla", 1)])
     checks = doc["checks"]
     assert checks["B"] == 2 and checks["indexer_topk_agreement"] == 1.0
-    assert checks["decode_rel_err_sparsemla"] < 1e-6 and checks["decode_rel_err_flashmla"] < 1e-6
+    # bf16 outputs of the same fp32 function: the padded (64-head) call and the 4-head reference reduce in another
+    # order on some CPUs' BLAS, so an element may round to the neighbouring bf16 value; a wrong decode is O(1) off
+    bf16_half_ulp = 2.0**-9
+    assert checks["decode_rel_err_sparsemla"] < bf16_half_ulp and checks["decode_rel_err_flashmla"] < bf16_half_ulp
     assert doc["model"]["layer_types"] == {"dense": 1, "moe": 3} and doc["model"]["indexer_layers"] == 4
     assert doc["model"]["decode_heads"] == {"real": 4, "passed_to_decode": 64}
     states = doc["states"]

@@ -27,7 +27,7 @@ from sparsemla.kernels.indexer import topk as new  # noqa: E402
 from sparsemla.kernels.indexer import triton as tri  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--old", required=True)
+p.add_argument("--old", default="", help="a copy of kernels/indexer/topk.py from before (the 'old' variant)")
 p.add_argument("--path", default="native", help="native or sm89 (set TRITON_OVERRIDE_ARCH to match)")
 p.add_argument("--out", default="")
 p.add_argument(
@@ -39,9 +39,12 @@ p.add_argument("--ks", default="512,2048")
 p.add_argument("--code", default="", help="what the package's code is (the GPU copy has no .git)")
 p.add_argument("--variants", default="old,stream,regs5,regs8,regs5_8k,regs5_8k_nofilter")
 args = p.parse_args()
-spec = importlib.util.spec_from_file_location("topk_old", args.old)
-old = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(old)
+if args.old:
+    spec = importlib.util.spec_from_file_location("topk_old", args.old)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+else:  # no older copy: the 'old' variant is the package's own code with its defaults
+    old = new
 
 VARIANTS = {
     "old": (old, {}),
@@ -77,6 +80,19 @@ VARIANTS = {
     "regs5_8k_r255": (new, dict(reg_span=8192, reg_bits=5, filter_tiles=(0, 0), _maxnreg=255)),
     "span2k_tile": (new, dict(reg_span=2048, reg_bits=5, span=2048, split_row=2048)),
     "span1k_tile": (new, dict(reg_span=1024, reg_bits=5, span=1024, split_row=1024)),
+    # digit widths (fifteenth session; for Triton 3.8, whose tl.histogram is one shared atomic per key whatever the
+    # bins, so wider digits mean fewer passes and barriers): the one-program register search (`bits`, also the
+    # filter's selections), the split span tile (`reg_bits`), the streaming passes (`stream_bits`), and all three
+    "bits8": (new, dict(bits=8)),
+    "bits11": (new, dict(bits=11)),
+    "reg8": (new, dict(reg_bits=8)),
+    "reg11": (new, dict(reg_bits=11)),
+    "stream11": (new, dict(stream_bits=11)),
+    "stream12": (new, dict(stream_bits=12)),
+    "wide8": (new, dict(bits=8, reg_bits=8, stream_bits=8)),
+    "wide11": (new, dict(bits=11, reg_bits=11, stream_bits=11)),
+    "wide11_nofilter": (new, dict(bits=11, reg_bits=11, stream_bits=11, filter_tiles=(0, 0))),
+    "wide11_splits16": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=16)),
 }
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant

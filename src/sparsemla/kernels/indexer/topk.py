@@ -97,15 +97,18 @@ FILTER_TILES = {512: (2048, 1024), 1024: (0, 0), 2048: (4096, 4096)}
 FILTER_MIN_SPAN = {512: 8192, 1024: 1 << 30, 2048: 32768}
 FILTER_MIN_PROGRAMS_PER_SM = 2
 FILTER_UNROLL = 4
-_BINS, _PASSES = 256, 4  # radix digit bins and passes of the 32-bit keys
 _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split workspace always has room for
-HIST_BINS = tl.constexpr(_BINS)
-HIST_PASSES = tl.constexpr(_PASSES)
 # Digit widths of the in-register radix search (_threshold_prefix), chosen per launch by radix_bits. The streaming
-# passes (_span_histogram, also of split spans) keep 8-bit digits: each of their passes streams the row (narrower
-# digits were not measured there).
+# passes (_select_streaming, _select_split: each pass streams the row or span) take STREAM_BITS-bit digits (narrower
+# ones were not measured there). Every search takes ceil(32 / bits) passes at most, the last digit narrower, and
+# stops early once a threshold bin holds exactly the keys still needed. Widths are a compiler question as much as a
+# GPU one: Triton 3.6 lowers a 2 ** bits-bin tl.histogram to `bits` warp votes plus a popcount per bin (cost grows
+# with the bins), Triton 3.8 to one shared-memory atomic per key (results/bench/explore/README.md); the values here
+# were timed with 3.6. RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
 RADIX_BITS = 5
 RADIX_BITS_WIDE_K = 8
+STREAM_BITS = 8
+RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream 8-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -158,32 +161,30 @@ def _pick_bin(hist, k_rem, BIG: tl.constexpr):
 
 
 @triton.jit
-def _span_histogram(src_ptr, lo, hi, prefix, P: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr):
-    """256-bin histogram of radix pass ``P`` (bits ``31 - 8P .. 24 - 8P`` of the keys, the top digit offset so signed
-    order is bin order) over ``src_ptr[lo:hi]``, counting only keys whose higher digits equal ``prefix``'s."""
+def _span_digit_histogram(
+    src_ptr,
+    lo,
+    hi,
+    prefix,
+    TOP: tl.constexpr,
+    SHIFT: tl.constexpr,
+    NB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FROM_L2: tl.constexpr,
+):
+    """[NB] histogram of the digit ``bits [SHIFT, TOP)`` of the sign-flipped order keys of ``src_ptr[lo:hi]``
+    (streamed in ``BLOCK`` pieces), counting only keys whose bits at and above ``TOP`` equal ``prefix``'s (all keys
+    when ``TOP`` is 32). The streaming counterpart of one pass of :func:`_radix_threshold`."""
     o_b = tl.arange(0, BLOCK)
-    hist = tl.zeros([256], dtype=tl.int32)
+    hist = tl.zeros([NB], dtype=tl.int32)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
-        key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
-        if P == 0:
-            digit = ((key >> 24) + 128) & 255
-        else:
-            m = m & ((key >> (32 - 8 * P)) == (prefix >> (32 - 8 * P)))
-            digit = (key >> (24 - 8 * P)) & 255
-        hist += tl.histogram(digit, 256, mask=m)
+        ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ (-2147483647 - 1)  # [BLOCK]
+        if TOP < 32:
+            m = m & ((ukey >> TOP) == (prefix >> TOP))
+        hist += tl.histogram((ukey >> SHIFT) & (NB - 1), NB, mask=m)
     return hist
-
-
-@triton.jit
-def _with_digit(prefix, d, P: tl.constexpr):
-    """The threshold prefix with pass ``P``'s digit ``d`` set (the top digit undoes its +128 offset)."""
-    if P == 0:
-        out = (d - 128) << 24
-    else:
-        out = prefix | (d << (24 - 8 * P))
-    return out
 
 
 @triton.jit
@@ -209,6 +210,11 @@ def _radix_threshold(
     n_part,
     phase0,
     MERGE: tl.constexpr,
+    src_ptr,
+    lo,
+    hi,
+    BLOCK: tl.constexpr,
+    FROM_L2: tl.constexpr,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
     them) for the ``K``-th largest: returns ``(prefix, low, k_rem, phase)``, the threshold's flipped bits above
@@ -220,6 +226,9 @@ def _radix_threshold(
     ``MERGE`` (split rows): each pass's histogram is merged with the other participants' through ``hist_ptr``
     [passes, 2 ** BITS] and a barrier at ``bar_ptr`` (phases from ``phase0``, ``n_part`` arrivals each), so every
     participant takes the same decisions; otherwise those arguments are unused.
+
+    ``BLOCK > 0`` (streaming): the keys are not in registers (``ukey`` and ``valid`` unused); each pass streams
+    ``src_ptr[lo:hi]`` in ``BLOCK`` pieces (:func:`_span_digit_histogram`).
 
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
@@ -234,14 +243,17 @@ def _radix_threshold(
         top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
         if more != 0:
-            if p == 0:
-                m = valid
-            else:
-                m = valid & ((ukey >> top) == (prefix >> top))
             # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
             # below sets them again
-            digit = (ukey >> shift) & (NB - 1)
-            hist = tl.histogram(digit, NB, mask=m)  # [NB]
+            if BLOCK > 0:
+                hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2)  # [NB]
+            else:
+                if p == 0:
+                    m = valid
+                else:
+                    m = valid & ((ukey >> top) == (prefix >> top))
+                digit = (ukey >> shift) & (NB - 1)
+                hist = tl.histogram(digit, NB, mask=m)  # [NB]
             if MERGE:
                 phase += 1
                 hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
@@ -258,7 +270,8 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     """Radix search of :func:`_radix_threshold` over order keys ``key`` [ROW] (``valid`` of them, more than ``K``)
     in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
     ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
-    prefix, low, k_rem, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False)
+    prefix, low, k_rem, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False, zero,
+                                             zero, zero, 0, False)  # fmt: skip
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
@@ -374,29 +387,26 @@ def _select_filtered(
 
 
 @triton.jit
-def _select_streaming(src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr):
-    """Same contract as :func:`_select_in_registers` for rows of any length: four 8-bit radix passes and a compaction
-    pass, each streaming the row in ``BLOCK`` pieces."""
+def _select_streaming(
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
+):
+    """Same contract as :func:`_select_in_registers` for rows of any length: the radix search of
+    :func:`_radix_threshold` with ``BITS``-bit digits (early stop), each pass streaming the row in ``BLOCK`` pieces,
+    then one compaction pass."""
+    zero = length * 0
+    prefix, low, k_rem, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
+                                             src_ptr, zero, length, BLOCK, FROM_L2)  # fmt: skip
+    # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
+    thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
-    o_bin = tl.arange(0, 256)
-    prefix = length * 0  # int32 scalar: the threshold key, built 8 bits at a time from the top
-    k_rem = length * 0 + K
-    for p in tl.static_range(4):
-        hist = _span_histogram(src_ptr, 0, length, prefix, p, BLOCK, FROM_L2)  # [256]
-        # bins with at least k_rem keys at or above them form [0, d]; d is the k-th key's digit
-        ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # [256]
-        d = tl.sum((ge >= k_rem).to(tl.int32), axis=0) - 1
-        k_rem -= tl.sum(tl.where(o_bin > d, hist, 0), axis=0)
-        prefix = _with_digit(prefix, d, p)
-    # keys > prefix all win; k_rem of the keys == prefix win, smallest positions first
-    n_sel = length * 0
-    n_eq = length * 0
+    n_sel = zero
+    n_eq = zero
     for start in range(0, length, BLOCK):
         offs = start + o_b
         m = offs < length
-        key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
-        gt = (m & (key > prefix)).to(tl.int32)
-        eq = (m & (key == prefix)).to(tl.int32)
+        hk = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) >> low  # [BLOCK]
+        gt = (m & (hk > thr)).to(tl.int32)
+        eq = (m & (hk == thr)).to(tl.int32)
         eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
         take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
         slot = n_sel + tl.cumsum(take, axis=0) - take
@@ -466,13 +476,15 @@ def _topk_row(
     CANDS: tl.constexpr,
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
+    STREAM_BITS: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
     The selection path is chosen per row on the device: ``length <= K`` needs none, ``length <= ROW_SMALL`` and
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
-    (``cand_ptr`` [CANDS] int32 scratch) and stream when it is 0 or the candidates overflow it. ``idx_out_ptr`` [K]
+    (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
+    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
     int32 receives positions (it is also the
     selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
@@ -490,7 +502,7 @@ def _topk_row(
                         src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
                     )
                 if done == 0:
-                    _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2)
+                    _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS)
         tl.debug_barrier()
     _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
                 FROM_L2)  # fmt: skip
@@ -536,33 +548,24 @@ def _select_split(
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLITS: tl.constexpr,
+    BITS: tl.constexpr,
+    HIST_REGION: tl.constexpr,
     phase0,
 ):
     """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
-    passes of :func:`_select_streaming` over its span with the row's histogram merged through ``hist_ptr``
-    [HIST_PASSES, 256] int32 and ``bar_ptr``; then its span's winners go to their position-order slots of
-    ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]). Returns the barrier phases used,
-    ``phase0`` (those already used at the row's counter) included."""
+    search of :func:`_radix_threshold` (``BITS``-bit digits, early stop), each pass streaming its span, with the row's
+    histogram merged through ``hist_ptr`` [passes, 2 ** BITS] int32 and ``bar_ptr``; then its span's winners go to
+    their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]).
+    Returns the barrier phases used, ``phase0`` (those already used at the row's counter) included."""
+    tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) <= HIST_REGION, "a row's histogram region")
+    zero = lo * 0
+    prefix, low, k_rem, phase = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr, n_part,
+                                                 phase0, True, src_ptr, lo, hi, BLOCK, False)  # fmt: skip
+    # span counts of keys above / equal to the threshold's settled bits, exchanged so each span knows its slots
+    thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
-    prefix = lo * 0  # the threshold key, 8 bits at a time from the top (the same on every participant)
-    k_rem = lo * 0 + K
-    low = lo * 0 + 32
-    more = lo * 0 + 1
-    phase = lo * 0 + phase0
-    for p in tl.static_range(HIST_PASSES):
-        if more != 0:
-            hist = _span_histogram(src_ptr, lo, hi, prefix, p, BLOCK, False)  # [256] this span's
-            phase += 1
-            merged = _merge_histogram(hist, hist_ptr + p * HIST_BINS, bar_ptr, phase * n_part, HIST_BINS)  # [256]
-            d, above, in_bin = _pick_bin(merged, k_rem, 2147483647)
-            k_rem -= above
-            prefix = _with_digit(prefix, d, p)
-            low = lo * 0 + (24 - 8 * p)
-            more = (in_bin != k_rem).to(tl.int32)
-    # span counts of keys above / equal to the threshold prefix, exchanged so each span knows its slots
-    thr = prefix >> low
-    n_gt = lo * 0
-    n_eq = lo * 0
+    n_gt = zero
+    n_eq = zero
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
@@ -601,6 +604,7 @@ def _select_split_registers(
     TILE: tl.constexpr,
     SPLITS: tl.constexpr,
     BITS: tl.constexpr,
+    HIST_REGION: tl.constexpr,
     phase0,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
@@ -608,7 +612,7 @@ def _select_split_registers(
     span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
     (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_PASSES * HIST_BINS, "a row's histogram region")
+    tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_REGION, "a row's histogram region")
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
     offs = lo + tl.arange(0, TILE)
     valid = offs < hi
@@ -616,7 +620,7 @@ def _select_split_registers(
     ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _radix_threshold)
     zero = lo * 0
     prefix, low, k_rem, phase = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr, n_part,
-                                                 phase0, True)  # fmt: skip
+                                                 phase0, True, zero, zero, zero, 0, False)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
     thr = prefix >> low
     hk = key >> low
@@ -703,7 +707,7 @@ def _indexer_topk_kernel(
     pt_ptr,  # int32 [rows, max_pages] (WRITE_SLOTS only)
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
-    ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x 1024 hist | rows x 3 SPLITS counts | rows x GROUPS]
+    ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x HIST_REGION | rows x 3 SPLITS | rows x GROUPS]
     cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs)
     stride_cand,
     stride_l,
@@ -730,6 +734,8 @@ def _indexer_topk_kernel(
     REG_SPAN: tl.constexpr,
     REG_BITS: tl.constexpr,
     SPLIT_ROW: tl.constexpr,
+    STREAM_BITS: tl.constexpr,
+    HIST_REGION: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -759,16 +765,16 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
-        p_hist = ws_ptr + 1 + rows64 + i_r * (HIST_PASSES * HIST_BINS)
-        p_cnt = ws_ptr + 1 + rows64 * (1 + HIST_PASSES * HIST_BINS) + i_r * (SPLITS * 3)
-        p_gmax = ws_ptr + 1 + rows64 * (1 + HIST_PASSES * HIST_BINS + SPLITS * 3) + i_r * GROUPS
+        p_hist = ws_ptr + 1 + rows64 + i_r * HIST_REGION
+        p_cnt = ws_ptr + 1 + rows64 * (1 + HIST_REGION) + i_r * (SPLITS * 3)
+        p_gmax = ws_ptr + 1 + rows64 * (1 + HIST_REGION + SPLITS * 3) + i_r * GROUPS
         span = tl.cdiv(n, n_part)
         lo = part * span
         hi = tl.minimum(lo + span, n)
@@ -785,17 +791,18 @@ def _indexer_topk_kernel(
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, phase)  # fmt: skip
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
-                phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS, phase)
+                phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
+                                      STREAM_BITS, HIST_REGION, phase)  # fmt: skip
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
             tl.debug_barrier()
             # the last participant: every other one is past its last read of the row's workspace
             # zero all of it: a later launch with another row count lays the workspace out differently
-            o_h = tl.arange(0, HIST_PASSES * HIST_BINS)
-            tl.store(p_hist + o_h, tl.zeros([HIST_PASSES * HIST_BINS], dtype=tl.int32), cache_modifier=".cg")
+            o_h = tl.arange(0, HIST_REGION)
+            tl.store(p_hist + o_h, tl.zeros([HIST_REGION], dtype=tl.int32), cache_modifier=".cg")
             o_c = tl.arange(0, 4 * SPLITS)  # the 3 SPLITS counts (a power-of-two range, masked)
             tl.store(p_cnt + o_c, tl.zeros([4 * SPLITS], dtype=tl.int32), mask=o_c < 3 * SPLITS, cache_modifier=".cg")
             if GROUPS > 0:
@@ -877,6 +884,18 @@ def radix_bits(k: int, groups: int) -> int:
     return RADIX_BITS_WIDE_K if k >= 2048 and groups > 0 else RADIX_BITS
 
 
+def hist_region(*bits: int) -> int:
+    """Workspace ints a split row's merged histograms take: every pass of the widest search among ``bits`` (passes
+    x 2 ** bits), rounded up to a power of two (the last participant zeroes it with one block store)."""
+    return triton.next_power_of_2(max(-(-32 // b) << b for b in bits))
+
+
+def _check_bits(**widths: int) -> None:
+    for name, bits in widths.items():
+        if bits not in RADIX_BITS_CHOICES:
+            raise ValueError(f"{name} must be one of {RADIX_BITS_CHOICES}, got {bits}")
+
+
 def _check_k(k: int) -> None:
     if k not in TOPK_SIZES:
         raise ValueError(f"k must be one of {TOPK_SIZES}, got {k}")
@@ -926,11 +945,11 @@ class _SplitWorkspace:
         self.retired: list[torch.Tensor] = []  # outgrown buffers: a captured CUDA graph may still point at one
 
     @staticmethod
-    def ints(rows: int, splits: int, groups: int) -> int:
-        return 1 + rows * (1 + _PASSES * _BINS + 3 * splits + groups)
+    def ints(rows: int, splits: int, groups: int, region: int) -> int:
+        return 1 + rows * (1 + region + 3 * splits + groups)
 
-    def get(self, device: torch.device, rows: int, splits: int, groups: int) -> torch.Tensor:
-        need = self.ints(rows, splits, max(groups, _WS_GROUPS))  # one size for every k: fewer regrowths
+    def get(self, device: torch.device, rows: int, splits: int, groups: int, region: int) -> torch.Tensor:
+        need = self.ints(rows, splits, max(groups, _WS_GROUPS), region)  # one size for every k: fewer regrowths
         buf = self.bufs.get(device)
         if buf is None or buf.numel() < need:
             if buf is not None:
@@ -960,6 +979,8 @@ def indexer_topk_fwd(
     reg_span: int | None = None,
     reg_bits: int | None = None,
     split_row: int | None = None,
+    bits: int | None = None,
+    stream_bits: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -969,9 +990,10 @@ def indexer_topk_fwd(
     ``row_tiles`` overrides the register tiles of :func:`_topk_row_tiles`, ``splits`` the programs per row of
     :func:`topk_splits`, ``span`` the shortest participant span of :func:`topk_span` and ``filter_tiles``
     :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream), ``reg_span`` / ``reg_bits``
-    the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream)
-    and ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`); tests and
-    sweeps use these to reach every path."""
+    the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
+    ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
+    digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
+    (:data:`STREAM_BITS`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1006,14 +1028,17 @@ def indexer_topk_fwd(
         raise ValueError(f"span must be >= 1, got {span}")
     reg_span = _reg_tile(k, span) if reg_span is None else reg_span
     reg_bits = SPLIT_REG_BITS if reg_bits is None else reg_bits
-    if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768 or reg_bits not in (4, 5, 6, 8):
-        raise ValueError(f"reg_span must be 0 or a power of two <= 32768 and reg_bits 4, 5, 6 or 8, got {reg_span}, "
-                         f"{reg_bits}")  # fmt: skip
+    stream_bits = STREAM_BITS if stream_bits is None else stream_bits
+    if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
+        raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
     tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
                                              filter_tiles)  # fmt: skip
-    ws = _SPLIT_WS.get(logits.device, rows, n_split, groups) if n_split > 1 else lengths
+    bits = radix_bits(k, groups) if bits is None else bits
+    _check_bits(bits=bits, reg_bits=reg_bits, stream_bits=stream_bits)
+    region = hist_region(reg_bits, stream_bits)
+    ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
     cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
     grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
@@ -1046,10 +1071,12 @@ def indexer_topk_fwd(
         GROUPS=groups,
         CANDS=cands,
         UNROLL=FILTER_UNROLL,
-        RADIX=radix_bits(k, groups),
+        RADIX=bits,
         REG_SPAN=reg_span if n_split > 1 else 0,
         REG_BITS=reg_bits,
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
+        STREAM_BITS=stream_bits,
+        HIST_REGION=region,
         num_warps=TOPK_WARPS,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
@@ -1059,7 +1086,9 @@ def indexer_topk_fwd(
 __all__ = [
     "FILTER_TILES",
     "FUSED_ROW_TILES",
+    "RADIX_BITS_CHOICES",
     "SPLIT_REG_TILE",
+    "STREAM_BITS",
     "TOPK_MAXNREG",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",

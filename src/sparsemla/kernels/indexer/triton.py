@@ -29,6 +29,7 @@ from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import e4m3_bits_to_bf16_value
 from sparsemla.kernels.indexer.topk import (
     FUSED_ROW_TILES,
+    STREAM_BITS,
     _check_k,
     _topk_block,
     _topk_paths,
@@ -86,6 +87,7 @@ def _indexer_logits_kernel(
     TOPK_ROW_MAX: tl.constexpr,
     TOPK_STREAM: tl.constexpr,
     TOPK_RADIX: tl.constexpr,
+    TOPK_STREAM_BITS: tl.constexpr,
     SORT: tl.constexpr,
 ):
     i_b = tl.program_id(0)
@@ -184,6 +186,7 @@ def _indexer_logits_kernel(
                     1,
                     1,
                     TOPK_RADIX,
+                    TOPK_STREAM_BITS,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
@@ -365,6 +368,7 @@ def _launch_logits(
         TOPK_ROW_MAX=row_max,
         TOPK_STREAM=stream,
         TOPK_RADIX=radix_bits(k, 0),
+        TOPK_STREAM_BITS=STREAM_BITS,
         SORT=sorted,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
