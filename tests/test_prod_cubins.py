@@ -85,3 +85,33 @@ def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_l
     assert got["packed"] == ["c_ulong", "c_ulong", "c_int", "c_int", "c_float", "c_ulong", "c_ulong"]
     assert got["packed_ptr"] is True
     assert "no Triton 3.8 cubin" in got["missing"]
+
+
+def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
+    """benchmarks/decode.py --build-cubins compiles from ``make_inputs(fill=False)``: every tensor must have the shape,
+    dtype and strides (what a launch's key and integer arguments come from) of the filled inputs timed on the GPU."""
+    import torch
+
+    from benchmarks import decode
+
+    for shape in (decode.Shape(2, 8, 128, 512), decode.Shape(3, 64, 128, 2048)):
+        filled = decode.make_inputs(shape, seed=1, device="cpu")
+        empty = decode.make_inputs(shape, seed=1, device="cpu", fill=False)
+        assert filled.keys() == empty.keys()
+        for name, value in filled.items():
+            if isinstance(value, torch.Tensor):
+                other = empty[name]
+                assert (value.shape, value.dtype, value.stride()) == (other.shape, other.dtype, other.stride()), name
+                assert value.storage_offset() == other.storage_offset(), name
+            else:
+                assert value == empty[name], name
+
+
+def test_benchmarks_refuse_a_cubin_folder_without_a_manifest(tmp_path):
+    from typer.testing import CliRunner
+
+    from benchmarks import decode, topk
+
+    for app in (decode.app, topk.app):
+        result = CliRunner().invoke(app, ["--cubins", str(tmp_path)])
+        assert result.exit_code == 2 and "no manifest.json" in result.output and "--build-cubins" in result.output

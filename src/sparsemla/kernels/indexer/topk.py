@@ -64,11 +64,12 @@ FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
 # ``.maxnreg`` of split launches whose participants hold spans in a register tile (SPLIT_REG_TILE). Left to itself,
 # ptxas allocates split k = 512 launches 64 registers a thread on sm_90 and spills 8-24 B (the limit is 255; it
-# chooses 64); under a cap of 128 it allocates 96 there (114-124 on sm_89/100/120) and spills nothing, which is what
-# lets k = 512 keep the tile's gains. k = 2048 allocates 128 on sm_90 either way (H200: same times); ahead of time
-# the cap removes its 8 B spill on sm_86/89 and adds 8-24 B on sm_100 (docs/portability.md; only sm_90 was timed).
-# One-program launches and streaming spans keep ptxas's own allocation; explicit tiles past SPLIT_SPAN need a higher
-# cap (an 8192-key tile takes ~225 registers under 255). None: never capped.
+# chooses 64); under a cap of 128 it allocated 96 there when timed (112 since the streaming passes share
+# _radix_threshold; 114-124 on sm_86/89/100/120) and spills nothing, which is what lets k = 512 keep the tile's gains.
+# k = 2048 allocates 126-128 on sm_90 either way (H200: same times); ahead of time the cap removes its 8 B spill on
+# sm_86/89 and adds 8-24 B on sm_100 (docs/portability.md; only sm_90 was timed). One-program launches and streaming
+# spans keep ptxas's own allocation; explicit tiles past SPLIT_SPAN need a higher cap (an 8192-key tile takes ~225
+# registers under 255). None: never capped.
 TOPK_MAXNREG: int | None = 128
 # Split rows: a participant's span is at least SPLIT_SPAN positions, or SPLIT_SPAN_FEW where the whole grid holds at
 # most SPLIT_FEW_PROGRAMS_PER_SM programs per SM (few rows: more participants per row pay, the SMs are otherwise

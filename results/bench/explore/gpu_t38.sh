@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Triton 3.8 (production) timings on the GPU machine, from cubins compiled here (benchmarks/prod_cubins.py).
+#
+#   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~6 min: .gpu-cubins/{ab,decode,topk}
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
+#
+# `run` (one device call, ~8 min): first the replayed top-k's outputs against torch.topk (every row's `exact` must be
+# true before any time means anything), then the top-k digit-width A/B from 3.8 cubins (wide digits pay on 3.8, whose
+# tl.histogram is one shared atomic per key, see README.md), then the same A/B's default and wide variants with the
+# GPU machine's Triton 3.6, then the V4 decode's target shapes from 3.8 cubins next to 3.6 (3.8 spills 88 B per thread
+# at B = 64 on sm_90 ahead of time, 3.6 8 B). JSON under $OUT; the formal top-k run then takes
+# `--cubins .gpu-cubins/topk` (benchmarks/topk.py: provider sparsemla_split_t38).
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+AB_VARIANTS=default,bits8,bits11,reg8,reg11,stream11,wide8,wide11,wide11_nofilter
+AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x16384,1x65536,8x16384
+DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows "")
+TOPK=(--batches 1,64 --lengths 4096,16384,65536,262144 --ks 512,2048)
+
+case "${1:-}" in
+build)
+    export PYTHONPATH=src:.
+    py=.venv/bin/python
+    $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/ab --ks 512,2048 \
+        --variants "$AB_VARIANTS" --shapes "$AB_SHAPES"
+    $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}"
+    $py -m benchmarks.topk --build-cubins .gpu-cubins/topk "${TOPK[@]}"
+    du -sh .gpu-cubins
+    ;;
+run)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    ab=results/bench/explore/topk_split_regs_ab.py
+    timeout 200 python3 $ab --cubins .gpu-cubins/ab --ks 512,2048 --variants "$AB_VARIANTS" --shapes "$AB_SHAPES" \
+        --code "$SHA" --out "$OUT/topk_t38_ab-native-h200.json" | cut -c1-200
+    timeout 170 python3 $ab --ks 512,2048 --variants default,wide8,wide11 --shapes 64x16384,64x65536,1x4096 \
+        --code "$SHA" --out "$OUT/topk_t36_ab-native-h200.json" | cut -c1-200
+    timeout 150 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native \
+        --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
+    ;;
+*)
+    echo "usage: $0 build|run" >&2
+    exit 2
+    ;;
+esac
