@@ -136,6 +136,45 @@ def test_topk_radix_digit_edges(tri, where, bits, passes):
     assert torch.equal(out[0], torch.cat([torch.arange(500), win]).to(torch.int32))
 
 
+@pytest.mark.parametrize("bits", [5, 8, 11], ids=lambda b: f"{b}bit")
+@pytest.mark.parametrize("where", ["registers", "streaming"])
+def test_radix_search_counts_its_own_keys_above_and_at_the_threshold(tri, where, bits):
+    """What a split participant places its winners by, read off the search's own histograms (``COUNTS``): how many
+    keys lie above the threshold's settled bits and how many share them, against a count over the keys themselves,
+    on random, tied and all-equal rows (early stops after every pass), in registers and streaming."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit  # defined here: the fixture has made triton.jit interpret
+    def _probe_kernel(x_ptr, n, out_ptr, K: tl.constexpr, BITS: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+        o = tl.arange(0, ROW)
+        valid = o < n
+        key = topk._order_key(tl.load(x_ptr + o, mask=valid, other=0.0))  # [ROW]
+        zero = n * 0
+        prefix, low, k_rem, _, n_above, n_in = topk._radix_threshold(
+            key ^ (-2147483647 - 1), valid, zero, K, BITS, 2147483647, zero, zero, zero, 0, False, x_ptr, zero, n,
+            BLOCK, False, True)  # fmt: skip
+        tl.store(out_ptr + 0, prefix ^ (-2147483647 - 1))
+        tl.store(out_ptr + 1, low)
+        tl.store(out_ptr + 2, k_rem)
+        tl.store(out_ptr + 3, n_above)
+        tl.store(out_ptr + 4, n_in)
+
+    g = torch.Generator().manual_seed(bits)
+    k, n = 100, 1500
+    rows = [torch.randn(n, generator=g), torch.round(torch.randn(n, generator=g) * 2) / 2, torch.full((n,), 0.75),
+            torch.randn(n, generator=g) * 1e-30]  # fmt: skip
+    for x in rows:
+        out = torch.zeros(5, dtype=torch.int32)
+        _probe_kernel[(1,)](x, n, out, K=k, BITS=bits, ROW=2048, BLOCK=256 if where == "streaming" else 0)
+        prefix, low, k_rem, n_above, n_in = out.tolist()
+        raw = (x + 0.0).view(torch.int32).long()  # + 0.0: -0.0 becomes +0.0, as in the kernel
+        hk = (raw ^ ((raw >> 31) & 0x7FFFFFFF)) >> low  # order keys
+        thr = prefix >> low
+        assert n_above == int((hk > thr).sum()) == k - k_rem
+        assert n_in == int((hk == thr).sum()) and 1 <= k_rem <= n_in
+
+
 def test_topk_page_transform(tri):
     """With a page table the kernel also writes page_table[pos // 64] * 64 + pos % 64 (-1 padded)."""
     g = torch.Generator().manual_seed(4)

@@ -12,8 +12,8 @@
 # `--cubins .gpu-cubins/topk` (benchmarks/topk.py: provider sparsemla_split_t38).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-AB_VARIANTS=default,bits8,bits11,reg8,reg11,stream11,wide8,wide11,wide11_nofilter
-AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x16384,1x65536,8x16384
+AB_VARIANTS=default,bits11,reg11,stream11,wide8,wide11,wide11_nofilter,splits2,wide11_splits2,wide11_splits4,wide11_splits16
+AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
 DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows "")
 TOPK=(--batches 1,64 --lengths 4096,16384,65536,262144 --ks 512,2048)
 
@@ -32,11 +32,11 @@ run)
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     ab=results/bench/explore/topk_split_regs_ab.py
-    timeout 200 python3 $ab --cubins .gpu-cubins/ab --ks 512,2048 --variants "$AB_VARIANTS" --shapes "$AB_SHAPES" \
+    timeout 260 python3 $ab --cubins .gpu-cubins/ab --ks 512,2048 --variants "$AB_VARIANTS" --shapes "$AB_SHAPES" \
         --code "$SHA" --out "$OUT/topk_t38_ab-native-h200.json" | cut -c1-200
-    timeout 170 python3 $ab --ks 512,2048 --variants default,wide8,wide11 --shapes 64x16384,64x65536,1x4096 \
+    timeout 150 python3 $ab --ks 512,2048 --variants default,wide11 --shapes 64x16384,64x65536,1x4096 \
         --code "$SHA" --out "$OUT/topk_t36_ab-native-h200.json" | cut -c1-200
-    timeout 150 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native \
+    timeout 130 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native \
         --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
     ;;
 *)

@@ -93,6 +93,9 @@ VARIANTS = {
     "wide11": (new, dict(bits=11, reg_bits=11, stream_bits=11)),
     "wide11_nofilter": (new, dict(bits=11, reg_bits=11, stream_bits=11, filter_tiles=(0, 0))),
     "wide11_splits16": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=16)),
+    # fewer, longer participants (B = 64: 2 or 4 per row, one wave of programs instead of several spinning ones)
+    "wide11_splits4": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=4)),
+    "wide11_splits2": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=2)),
 }
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
@@ -142,6 +145,17 @@ if args.cubins:
     from benchmarks import prod_cubins
 
     replaying = prod_cubins.replay(Path(args.cubins), {"_indexer_topk_kernel"})
+
+
+def save(rows: list, replayed: dict) -> None:
+    gpu = torch.cuda.get_device_name()
+    kernels = f"Triton 3.8 cubins from {args.cubins} ({replayed})" if args.cubins else f"Triton {triton.__version__}"
+    meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, path=args.path, cap=CAP,
+                old=args.old, variants={k: str(v[1]) for k, v in VARIANTS.items()},
+                code=args.code, topk_kernel=kernels)  # fmt: skip
+    Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+
+
 gen = torch.Generator(device=DEV).manual_seed(0)
 kv = gpu_indexer_cache(64 * CAP // 64 + 64, DEV, gen)
 rows = []
@@ -174,10 +188,6 @@ for b, ctx in SHAPES:
                        span=kw.get("span", new.topk_span(b, splits, info)), error=err)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
+            save(rows, replayed)  # after every row: a run cut by its timeout keeps what it measured
 replaying.__exit__(None, None, None)
-gpu = torch.cuda.get_device_name()
-kernels = f"Triton 3.8 cubins from {args.cubins} ({replayed})" if args.cubins else f"Triton {triton.__version__}"
-meta = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, path=args.path, cap=CAP,
-            old=args.old, variants={k: str(v[1]) for k, v in VARIANTS.items()},
-            code=args.code, topk_kernel=kernels)  # fmt: skip
-Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+save(rows, replayed)

@@ -64,8 +64,8 @@ FUSED_ROW_TILES = (4096, 4096)
 TOPK_WARPS = 8
 # ``.maxnreg`` of split launches whose participants hold spans in a register tile (SPLIT_REG_TILE). Left to itself,
 # ptxas allocates split k = 512 launches 64 registers a thread on sm_90 and spills 8-24 B (the limit is 255; it
-# chooses 64); under a cap of 128 it allocated 96 there when timed (112 since the streaming passes share
-# _radix_threshold; 114-124 on sm_86/89/100/120) and spills nothing, which is what lets k = 512 keep the tile's gains.
+# chooses 64); under a cap of 128 it allocates 96 there (114-128 on sm_86/89/100/120) and spills nothing, which is
+# what lets k = 512 keep the tile's gains.
 # k = 2048 allocates 126-128 on sm_90 either way (H200: same times); ahead of time the cap removes its 8 B spill on
 # sm_86/89 and adds 8-24 B on sm_100 (docs/portability.md; only sm_90 was timed). One-program launches and streaming
 # spans keep ptxas's own allocation; explicit tiles past SPLIT_SPAN need a higher cap (an 8192-key tile takes ~225
@@ -216,6 +216,7 @@ def _radix_threshold(
     hi,
     BLOCK: tl.constexpr,
     FROM_L2: tl.constexpr,
+    COUNTS: tl.constexpr,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
     them) for the ``K``-th largest: returns ``(prefix, low, k_rem, phase)``, the threshold's flipped bits above
@@ -231,6 +232,11 @@ def _radix_threshold(
     ``BLOCK > 0`` (streaming): the keys are not in registers (``ukey`` and ``valid`` unused); each pass streams
     ``src_ptr[lo:hi]`` in ``BLOCK`` pieces (:func:`_span_digit_histogram`).
 
+    ``COUNTS``: also returns ``(n_above, n_in)``, how many of *these* keys (this participant's, before any merge)
+    lie above the threshold's settled bits and how many share them, read off each pass's own histogram (a key above
+    the threshold is counted in the pass where its digit first exceeds the chosen one) -- what a split participant
+    needs to place its winners, without another pass over its keys. Else both are 0.
+
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
     ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
@@ -240,6 +246,8 @@ def _radix_threshold(
     low = zero + 32  # low bits of the threshold not determined yet
     more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin (all of them win)
     phase = zero + phase0
+    n_above = zero
+    n_in = zero
     for p in tl.static_range((32 + BITS - 1) // BITS):
         top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
@@ -255,15 +263,20 @@ def _radix_threshold(
                     m = valid & ((ukey >> top) == (prefix >> top))
                 digit = (ukey >> shift) & (NB - 1)
                 hist = tl.histogram(digit, NB, mask=m)  # [NB]
+            own = hist  # [NB] these keys' own counts
             if MERGE:
                 phase += 1
                 hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
             d, above, in_bin = _pick_bin(hist, k_rem, BIG)
+            if COUNTS:
+                o_bin = tl.arange(0, NB)
+                n_above += tl.sum(tl.where(o_bin > d, own, 0), axis=0)
+                n_in = tl.sum(tl.where(o_bin == d, own, 0), axis=0)
             k_rem -= above
             prefix = prefix | (d << shift)
             low = zero + shift
             more = (in_bin != k_rem).to(tl.int32)
-    return prefix, low, k_rem, phase
+    return prefix, low, k_rem, phase, n_above, n_in
 
 
 @triton.jit
@@ -271,8 +284,8 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     """Radix search of :func:`_radix_threshold` over order keys ``key`` [ROW] (``valid`` of them, more than ``K``)
     in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
     ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
-    prefix, low, k_rem, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False, zero,
-                                             zero, zero, 0, False)  # fmt: skip
+    prefix, low, k_rem, _, _, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False,
+                                                   zero, zero, zero, 0, False, False)  # fmt: skip
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
@@ -395,8 +408,8 @@ def _select_streaming(
     :func:`_radix_threshold` with ``BITS``-bit digits (early stop), each pass streaming the row in ``BLOCK`` pieces,
     then one compaction pass."""
     zero = length * 0
-    prefix, low, k_rem, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
-                                             src_ptr, zero, length, BLOCK, FROM_L2)  # fmt: skip
+    prefix, low, k_rem, _, _, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
+                                                   src_ptr, zero, length, BLOCK, FROM_L2, False)  # fmt: skip
     # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
@@ -560,19 +573,13 @@ def _select_split(
     Returns the barrier phases used, ``phase0`` (those already used at the row's counter) included."""
     tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) <= HIST_REGION, "a row's histogram region")
     zero = lo * 0
-    prefix, low, k_rem, phase = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr, n_part,
-                                                 phase0, True, src_ptr, lo, hi, BLOCK, False)  # fmt: skip
-    # span counts of keys above / equal to the threshold's settled bits, exchanged so each span knows its slots
+    prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
+                                                             n_part, phase0, True, src_ptr, lo, hi, BLOCK, False,
+                                                             True)  # fmt: skip
+    # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
+    # so each span knows where its winners go
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
-    n_gt = zero
-    n_eq = zero
-    for start in range(lo, hi, BLOCK):
-        offs = start + o_b
-        m = offs < hi
-        hk = _order_key(_load_row(src_ptr + offs, m, False)) >> low  # [BLOCK]
-        n_gt += tl.sum((m & (hk > thr)).to(tl.int32), axis=0)
-        n_eq += tl.sum((m & (hk == thr)).to(tl.int32), axis=0)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     for start in range(lo, hi, BLOCK):
@@ -620,13 +627,10 @@ def _select_split_registers(
     key = _order_key(_load_row(src_ptr + offs, valid, False))  # [TILE]
     ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _radix_threshold)
     zero = lo * 0
-    prefix, low, k_rem, phase = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr, n_part,
-                                                 phase0, True, zero, zero, zero, 0, False)  # fmt: skip
+    prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
+                                                             n_part, phase0, True, zero, zero, zero, 0, False,
+                                                             True)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
-    thr = prefix >> low
-    hk = key >> low
-    n_gt = tl.sum((valid & (hk > thr)).to(tl.int32), axis=0)
-    n_eq = tl.sum((valid & (hk == thr)).to(tl.int32), axis=0)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
