@@ -5,31 +5,32 @@ Semantics are those of :func:`sparsemla.kernels.indexer.reference.indexer_topk_r
 it).
 
 Top-k (exact, deterministic): one program per row finds the k-th largest key by radix passes (``tl.histogram``: 5-bit
-digits in registers, see :func:`radix_bits`; 8-bit ones when streaming; a compare-count 4-bit variant measured 2-3x
-slower on the H200) over an order-preserving int32 image of the fp32 logits, compacts the winners (ties at the threshold
-go to the smaller positions), then sorts the k winners by (value desc, position asc) with one bitonic sort of a packed
-int64. Each row takes one of three paths, chosen on the device from its length: ``length <= k`` needs no selection; a
-row that fits a register tile (``TOPK_ROW_TILES`` / ``FUSED_ROW_TILES``: a small and a large tile, so a short row does
-not pay for the large one) is loaded once, its keys stay in registers for every radix pass and the compaction scan, and
-the search stops after the first pass whose threshold bin holds exactly the keys still needed (at most seven 5-bit or
-four 8-bit passes); a longer row streams from memory once per pass (four passes plus the compaction). The tile sizes
-come from shapes only (``k``, the row capacity and, for the top-k kernel, the row count), so a captured CUDA graph
-replays for any lengths.
+digits in registers, see :func:`radix_bits`; STREAM_BITS-bit ones when streaming; a compare-count 4-bit variant measured
+2-3x slower on the H200) over an order-preserving int32 image of the fp32 logits, compacts the winners (ties at the
+threshold go to the smaller positions), then sorts the k winners by (value desc, position asc) with one bitonic sort of
+a packed int64. Each row takes one of three paths, chosen on the device from its length: ``length <= k`` needs no
+selection; a row that fits a register tile (``TOPK_ROW_TILES`` / ``FUSED_ROW_TILES``: a small and a large tile, so a
+short row does not pay for the large one) is loaded once, its keys stay in registers for every radix pass and the
+compaction scan, and the search stops after the first pass whose threshold bin holds exactly the keys still needed (at
+most seven 5-bit or four 8-bit passes); a longer row streams from memory once per pass (the same early-stopping search:
+at most four 8-bit passes, then the compaction). The tile sizes come from shapes only (``k``, the row capacity and, for
+the top-k kernel, the row count), so a captured CUDA graph replays for any lengths.
 
 Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by up
 to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
-a contiguous span, adds its span's histogram of a radix pass (256 bins streaming; 2 ** SPLIT_REG_BITS bins where the
-span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics: exact,
-order-free), and waits at a per-row arrival counter until every participant has added its own; all
-participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the last
-pass each participant publishes its span's winner counts, and writes its winners at their position-order slots (so the
-set and its order are deterministic). The last participant to arrive sorts (when asked), writes the page slots, and
-zeroes the row's workspace for the next launch. A split launch has one solo program per row besides the participants
-(the grid's first ``rows`` programs): it selects the rows that get a single participant (by default those of at most
-``SPLIT_SPAN`` positions), which then never share an SM with one another while the rows are fewer than the SMs.
-Participants take their (row, part) from a start ticket, so every program a participant waits for has started before it:
-no deadlock while the SMs hold at least ``splits`` programs at once. The interpreter runs programs one after another, so
-it always uses one program per row.
+a contiguous span, adds its span's histogram of a radix pass (2 ** STREAM_BITS bins streaming; 2 ** SPLIT_REG_BITS bins
+where the span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics: exact,
+order-free), and waits at a per-row arrival counter until every participant has added its own; all participants then
+read the same merged histogram and take the same decisions (threshold bin, early stop). After the last pass each
+participant publishes its span's winner counts (read off its own histograms), and writes its winners at their
+position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when asked),
+writes the page slots, and zeroes the row's workspace for the next launch. A split launch has one solo program per row
+besides the participants (the grid's first ``rows`` programs): it selects the rows that get a single participant (by
+default those of at most ``SPLIT_SPAN`` positions), which then never share an SM with one another while the rows are
+fewer than the SMs. Participants take their (row, part) from a start ticket, so every program a participant waits for
+has started before it: no deadlock while the SMs hold at least ``splits`` programs at once. The interpreter runs
+programs one after another, so it always uses one program per row (tests/test_topk_split_threads.py runs split launches
+there with one thread per program).
 
 Two-pass filter (long rows): instead of four radix passes over the whole row, one pass keeps the maximum of each of
 ``GROUPS`` strided groups (position mod GROUPS); the radix prefix ``t`` of the k-th largest maximum bounds the
@@ -112,7 +113,7 @@ STREAM_BITS = 8
 RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
-# longer spans stream 8-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
+# longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
 # (results/bench/explore/topk_split_regs_ab2-native-h200-2026-12-03.json, _gate-*): k = 2048 gains wherever the
 # tile is full (B = 64 8k 38 -> 28 us, 16k 39 -> 31, 32k 74 -> 58; B = 128 16k 71 -> 53; B = 8 16k 26 -> 17; the
 # sm_89 path B = 64 16k 38 -> 31) and is even where spans outgrow it (B = 1 and 8 at 64k, B = 64 at 64k). k = 512
