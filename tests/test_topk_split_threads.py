@@ -13,6 +13,7 @@ import importlib
 import inspect
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -23,9 +24,14 @@ from sparsemla.kernels.indexer.reference import indexer_topk_reference
 pytestmark = pytest.mark.slow
 
 
+DEADLINE_S = 240  # one launch; a participant still spinning then waits for one that failed or never arrives
+_ABORT = threading.Event()  # set when a program fails or the deadline passes: every other program's next atomic raises
+
+
 def _threaded_call(self, *args_dev, **kwargs):  # noqa: ANN001, ANN202 - GridExecutor.__call__'s own signature
     """GridExecutor.__call__ with one thread per program (same steps otherwise: arguments to the host, the language
-    patched to its interpreted form, the programs, the arguments back)."""
+    patched to its interpreted form, the programs, the arguments back). A failing program aborts the others (they
+    would wait at its row's barrier forever) and its error is raised here."""
     import triton.runtime.interpreter as interp
 
     names = inspect.getfullargspec(self.fn).args
@@ -40,6 +46,7 @@ def _threaded_call(self, *args_dev, **kwargs):  # noqa: ANN001, ANN202 - GridExe
         assert grid[1] == grid[2] == 1, "one grid axis (the top-k kernel's)"
         interp.interpreter_builder.set_grid_dim(*grid)
         errors: list[BaseException] = []
+        _ABORT.clear()
 
         def program(x: int) -> None:
             try:
@@ -47,19 +54,40 @@ def _threaded_call(self, *args_dev, **kwargs):  # noqa: ANN001, ANN202 - GridExe
                 self.fn(**args)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the launching thread
                 errors.append(exc)
+                _ABORT.set()
 
         threads = [threading.Thread(target=program, args=(x,), daemon=True) for x in range(grid[0])]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + DEADLINE_S
         for t in threads:
-            t.join(timeout=300)
-        if any(t.is_alive() for t in threads):
-            raise TimeoutError("a split participant never got past its barrier")
-        if errors:
-            raise errors[0]
+            t.join(timeout=max(deadline - time.monotonic(), 0))
+        stuck = sum(t.is_alive() for t in threads)
+        if stuck:
+            _ABORT.set()
+            for t in threads:
+                t.join(timeout=30)
+        real = [e for e in errors if not _aborted(e)]
+        if real:
+            raise real[0]
+        if stuck:
+            raise TimeoutError(f"{stuck} programs still waiting after {DEADLINE_S} s (a barrier never filled)")
     finally:
         scope.restore()
     self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
+
+
+class _Aborted(RuntimeError):
+    pass
+
+
+def _aborted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is an abort (the interpreter wraps it once per device-function level)."""
+    while exc is not None:
+        if isinstance(exc, _Aborted):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +107,19 @@ def threaded():
     for name in ("create_atomic_rmw", "create_atomic_cas"):  # read-modify-write as one step, as on the GPU
 
         def locked(self, *a, _orig=getattr(interp.InterpreterBuilder, name)):  # noqa: ANN001, ANN202
+            if _ABORT.is_set():
+                raise _Aborted("another program of this launch failed or the launch ran out of time")
             with lock:
                 return _orig(self, *a)
 
         mp.setattr(interp.InterpreterBuilder, name, locked)
     mp.setattr(interp.GridExecutor, "__call__", _threaded_call)
     module = importlib.reload(topk)
+    # Rewrite every device function for the interpreter now, in this thread: the first call of one rewrites its
+    # source and adds names to the module's globals, which other threads iterate at every device call.
+    for value in list(vars(module).values()):
+        if isinstance(value, interp.InterpretedFunction):
+            value.rewrite()
     # the launcher refuses splits under the interpreter (programs one at a time); these programs run at once
     threads_info = dataclasses.replace(dev.INTERPRETER, name="interpreter, one thread per program")
     mp.setattr(module.dev, "launch_info", lambda device: threads_info)
