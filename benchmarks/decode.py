@@ -412,8 +412,11 @@ def main(
         added = prod_cubins.build(workload, build_cubins)
         print(f"{len(added)} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
         return
-    if cubins is not None and not (cubins / "manifest.json").is_file():
-        fail(f"--cubins {cubins}: no manifest.json there", "make it with --build-cubins DIR on the build machine")
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        if why := prod_cubins.missing(cubins):
+            fail(why, "make it with --build-cubins DIR on the build machine")
     if not torch.cuda.is_available():
         fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
     try:

@@ -93,6 +93,13 @@ def _entry(kernel: object, key: str) -> dict:
     }  # fmt: skip
 
 
+def missing(cubin_dir: Path) -> str | None:
+    """Why ``cubin_dir`` cannot be replayed (no manifest), or None: what a benchmark's ``--cubins`` checks first."""
+    if (cubin_dir / MANIFEST).is_file():
+        return None
+    return f"--cubins {cubin_dir}: no {MANIFEST} there"
+
+
 def build(workload: Callable[[], object], out_dir: Path, arch: str = "sm_90") -> list[dict]:
     """Compile every launch ``workload()`` makes for ``arch`` (here, no GPU) and add its cubin to ``out_dir``'s
     manifest. Returns the entries added by this call (a launch already in the manifest is kept once)."""
@@ -241,4 +248,4 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[st
         yield counts
 
 
-__all__ = ["Replayer", "build", "launch_key", "pack_params", "replay"]
+__all__ = ["Replayer", "build", "launch_key", "missing", "pack_params", "replay"]

@@ -740,8 +740,10 @@ def main(
         print(f"{added} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
         return
     if cubins is not None:
-        if not (cubins / "manifest.json").is_file():
-            fail(f"--cubins {cubins}: no manifest.json there", "make it with --build-cubins DIR on the build machine")
+        from benchmarks import prod_cubins
+
+        if why := prod_cubins.missing(cubins):
+            fail(why, "make it with --build-cubins DIR on the build machine")
         chosen = chosen if T38 in chosen else [*chosen, T38]
     elif T38 in chosen:
         fail(f"{T38} needs --cubins DIR", "build them first: python -m benchmarks.topk --build-cubins DIR (no GPU)")
