@@ -32,10 +32,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+import triton
 
 from sparsemla import flags
 
 MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands: Ampere and newer
+# (major, minor) of the Triton that compiles the kernels: some configurations are a compiler question as much as a GPU
+# one (production runs Triton 3.8, the GPU machine 3.6; see the top-k's digit widths).
+TRITON_VERSION: tuple[int, int] = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

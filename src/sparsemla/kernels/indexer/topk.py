@@ -101,13 +101,19 @@ FILTER_MIN_PROGRAMS_PER_SM = 2
 FILTER_UNROLL = 4
 _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split workspace always has room for
 # Digit widths of the in-register radix search (_threshold_prefix), chosen per launch by radix_bits. The streaming
-# passes (_select_streaming, _select_split: each pass streams the row or span) take STREAM_BITS-bit digits (narrower
-# ones were not measured there). Every search takes ceil(32 / bits) passes at most, the last digit narrower, and
-# stops early once a threshold bin holds exactly the keys still needed. Widths are a compiler question as much as a
-# GPU one: Triton 3.6 lowers a 2 ** bits-bin tl.histogram to `bits` warp votes plus a popcount per bin (cost grows
-# with the bins), Triton 3.8 to one shared-memory atomic per key (results/bench/explore/README.md); the values here
-# were timed with 3.6. RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
-RADIX_BITS = 5
+# passes (_select_streaming, _select_split: each pass streams the row or span) take STREAM_BITS-bit digits. Every
+# search takes ceil(32 / bits) passes at most, the last digit narrower, and stops early once a threshold bin holds
+# exactly the keys still needed. Widths are a compiler question as much as a GPU one: Triton 3.6 lowers a 2 ** bits-bin
+# tl.histogram to `bits` warp votes plus a popcount per bin (cost grows with the bins: 5-bit digits won there),
+# Triton 3.8 to one shared-memory atomic per key (fewer, wider passes win). HISTOGRAM_PER_KEY picks by the compiler:
+# on Triton >= 3.8 (production) 8-bit digits everywhere. H200, Triton 3.8 cubins replayed (prod_cubins), CUDA-graph
+# replay of 20 calls, real logits (results/bench/explore/topk_t38_ab-native-h200-2026-12-03.json, 12 shapes): 8-bit
+# against the 3.6 choice (5-bit register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us,
+# B = 8 16k k = 512 13.9 -> 11.5), even within 0.3 us at 2 and slower at 2 (B = 8 16k k = 2048 12.7 -> 13.3, B = 64
+# 64k k = 2048 58.2 -> 59.5); 11-bit digits lost at 8 of 12. Only the wgmma path was replayed (3.8's sm_89 code
+# cannot run on the H200). RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
+HISTOGRAM_PER_KEY = dev.TRITON_VERSION >= (3, 8)
+RADIX_BITS = 8 if HISTOGRAM_PER_KEY else 5
 RADIX_BITS_WIDE_K = 8
 STREAM_BITS = 8
 RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
@@ -123,7 +129,7 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spilled and slowed the streaming passes next to it (B = 64 16k 44 -> 63). k = 1024 is not measured: it streams.
 # SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
-SPLIT_REG_BITS = 5
+SPLIT_REG_BITS = 8 if HISTOGRAM_PER_KEY else 5  # timed with Triton 3.6; 3.8: see RADIX_BITS
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -886,7 +892,8 @@ def radix_bits(k: int, groups: int) -> int:
     :data:`RADIX_BITS_WIDE_K` for k = 2048 launches that compile the filter (``groups > 0``). H200, CUDA-graph
     replay, B = 64 (results/bench/explore/topk_radix_bits_ab-*, README): 5-bit digits took a 4k row's top-512 from 21.4
     to 18.6 us and the fused B = 1 4k top-512 from 16.4 to 15.0 us (20 calls per graph), but made the k = 2048 split
-    launches with the filter compiled in slower (64 x 16k: 47 -> 64 us, 64 x 64k: 138 -> 193), where 8-bit stays."""
+    launches with the filter compiled in slower (64 x 16k: 47 -> 64 us, 64 x 64k: 138 -> 193), where 8-bit stays.
+    Those are Triton 3.6 times; on Triton >= 3.8 both constants are 8 (see :data:`RADIX_BITS`)."""
     return RADIX_BITS_WIDE_K if k >= 2048 and groups > 0 else RADIX_BITS
 
 

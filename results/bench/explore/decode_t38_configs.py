@@ -1,0 +1,109 @@
+"""Exploratory A/B (not a benchmark claim): V4 decode launch configurations compiled by Triton 3.8 (production) for
+sm_90, timed on the H200 from their cubins (benchmarks/prod_cubins.py) next to the same configurations compiled by the
+GPU machine's Triton 3.6. Why: 3.8's wgmma kernel at the 64-head x 64-token tile spills 88 B per thread ahead of time
+(3.6: 8 B) and its graph replay took 68 us at B = 64, H = 64 against 3.6's 46 (decode_t38-native-h200-2026-12-03.json).
+
+    # here (Triton 3.8, no GPU): cubins of every (shape, config) launch, and each config's registers / spills
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfg
+    # GPU machine: carry .gpu-cubins
+    PYTHONPATH=/tmp/site:. python results/bench/explore/decode_t38_configs.py --cubins .gpu-cubins/dcfg --out F.json
+
+Configs are ``block_h:block_n:warps:stages:dv_split`` (bf16 partials and the integer dequant on) or ``auto`` (the
+launcher's own choice). Every row: CUDA-graph replay median (2 input sets rotated, L2 flushed) for Triton 3.8 cubins
+and Triton 3.6, and the relative error of the 3.8 output against the fp32 reference.
+"""
+
+import argparse
+import contextlib
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+from benchmarks.decode import Shape, graphed, make_inputs
+from sparsemla.kernels.sparse_decode import triton as T
+
+p = argparse.ArgumentParser()
+p.add_argument("--build-cubins", default="", help="no GPU: compile every launch with this Triton (3.8) into DIR")
+p.add_argument("--cubins", default="", help="GPU: time each config from DIR's Triton 3.8 cubins and with Triton 3.6")
+p.add_argument("--out", default="")
+p.add_argument("--code", default="", help="what the package's code is (the GPU copy has no .git)")
+p.add_argument("--configs", default="auto,64:64:8:1:1,64:32:8:1:1,64:64:8:1:2,64:32:8:2:1,64:32:4:1:2,64:16:4:2:2")
+p.add_argument("--shapes", default="8x64,32x64,64x64,128x64,8x128,32x128,64x128,128x128", help="BxH,...")
+p.add_argument("--extra", type=int, default=512)
+args = p.parse_args()
+
+SHAPES = [Shape(*(int(x) for x in s.split("x")), 128, args.extra) for s in args.shapes.split(",")]
+CONFIGS = args.configs.split(",")
+
+
+def config(spec: str) -> T.DecodeConfig | None:
+    if spec == "auto":
+        return None
+    bh, bn, w, st, dv = (int(x) for x in spec.split(":"))
+    return T.DecodeConfig(bh, bn, w, st, dv_split=dv, partial_bf16=True, int_dequant=True)
+
+
+if args.build_cubins:
+    from benchmarks import prod_cubins
+    from sparsemla.kernels import aot
+
+    out_dir = Path(args.build_cubins)
+    for spec in CONFIGS:
+
+        def workload(spec: str = spec) -> None:
+            for shape in SHAPES:
+                T.sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), config=config(spec))
+
+        added = prod_cubins.build(workload, out_dir)
+        for entry in added:
+            if entry["name"].startswith("_sparse_decode_kernel"):
+                regs, spill = aot.cubin_resources(gzip.decompress((out_dir / entry["cubin"]).read_bytes()))
+                print(f"{spec:>14}: {entry['name']} shared {entry['shared']} B, {regs} regs, spill {spill} B")
+    print(f"Triton {triton.__version__}: {out_dir}")
+    sys.exit(0)
+if not (args.cubins and args.out):
+    sys.exit("--cubins DIR and --out F are required on the GPU (or --build-cubins DIR here)")
+
+from triton.testing import do_bench  # noqa: E402
+
+from benchmarks import prod_cubins  # noqa: E402
+from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference  # noqa: E402
+
+replayer = prod_cubins.Replayer(Path(args.cubins))
+rows: list[dict] = []
+for shape in SHAPES:
+    sets = [make_inputs(shape, seed=100 * shape.B + i) for i in range(2)]
+    ref = sparse_decode_reference(**sets[0])[0].float()
+    for spec in CONFIGS:
+        cfg = config(spec)
+        row: dict = dict(B=shape.B, H=shape.H, extra=shape.extra_topk, cfg=spec)
+        for name, ctx in (("t38", lambda: replayer), ("t36", contextlib.nullcontext)):
+            try:
+
+                def call(kw: dict, ctx=ctx, cfg=cfg) -> torch.Tensor:
+                    with ctx():
+                        return T.sparse_decode_fwd(**kw, config=cfg)[0]
+
+                out = call(sets[0]).float()
+                row[f"err_{name}"] = float((out - ref).norm() / ref.norm())
+                runs = [graphed(lambda kw=kw, call=call: call(kw)) for kw in sets]
+                state = {"i": 0}
+
+                def step(runs=runs, state=state) -> None:
+                    state["i"] += 1
+                    runs[state["i"] % 2]()
+
+                row[f"us_{name}"] = round(do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3, 2)
+            except Exception as exc:  # noqa: BLE001 - a config that fails is a row, not the end of the run
+                row[f"error_{name}"] = (str(exc).splitlines() or [repr(exc)])[-1][:200]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    code=args.code, cubins=args.cubins, replayed=replayer.counts)  # fmt: skip
+        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+    del sets
+    torch.cuda.empty_cache()
