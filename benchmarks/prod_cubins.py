@@ -25,11 +25,14 @@ import ctypes
 import gzip
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import triton
+
+from sparsemla.kernels import device as dev
 
 MANIFEST = "manifest.json"
 _OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")  # launch options that select a compile
@@ -104,7 +107,6 @@ def build(workload: Callable[[], object], out_dir: Path, arch: str = "sm_90") ->
     """Compile every launch ``workload()`` makes for ``arch`` (here, no GPU) and add its cubin to ``out_dir``'s
     manifest. Returns the entries added by this call (a launch already in the manifest is kept once)."""
     from sparsemla.kernels import aot
-    from sparsemla.kernels import device as dev
 
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_file = out_dir / MANIFEST
@@ -181,15 +183,27 @@ def pack_params(entry: dict, bound: dict[str, object], scratch: list[int]) -> li
     return out + [ctypes.c_uint64(p) for p in scratch]
 
 
+def compiler_version(manifest: dict) -> tuple[int, int]:
+    """(major, minor) of the Triton that compiled a manifest's cubins (one version per folder); an empty manifest
+    counts as the running one."""
+    versions = {tuple(int(x) for x in re.findall(r"\d+", e["triton"])[:2]) for e in manifest.values()}
+    if len(versions) > 1:
+        raise ValueError(f"cubins of several Triton versions in one folder: {sorted(versions)}")
+    return versions.pop() if versions else dev.TRITON_VERSION
+
+
 class Replayer:
     """Launches of ``kernels`` (kernel function names; None: all) from ``cubin_dir``'s cubins while entered (see the
     module docstring), other kernels as usual. Reusable: modules stay loaded and scratch buffers stay alive between
     entries (a captured CUDA graph may still use them), so a benchmark can enter it around every call it times.
-    ``counts`` counts the replayed launches per kernel name. A replayed launch whose key has no cubin raises."""
+    ``counts`` counts the replayed launches per kernel name. A replayed launch whose key has no cubin raises. While
+    entered, ``device.TRITON_VERSION`` is the cubins' compiler's, so launchers whose choices depend on the compiler
+    (the top-k's digit widths) make the launches that compiler was given."""
 
     def __init__(self, cubin_dir: Path, kernels: set[str] | None = None) -> None:
         self.cubin_dir, self.kernels = cubin_dir, kernels
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
+        self.compiler = compiler_version(self.manifest)
         self.driver: _Driver | None = None  # created at the first launch (libcuda exists only on the GPU machine)
         self.counts: dict[str, int] = {}
         self.scratch_bufs: list[torch.Tensor] = []
@@ -232,12 +246,14 @@ class Replayer:
                 return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
             return replayer._run(self, real_run, args, grid, warmup, kwargs)
 
-        self._saved.append(real_run)
+        self._saved.append((real_run, dev.TRITON_VERSION))
         triton.JITFunction.run = run
+        # launchers whose choices depend on the compiler (the top-k's digit widths) make the launches it was given
+        dev.TRITON_VERSION = self.compiler
         return self.counts
 
     def __exit__(self, *exc: object) -> None:
-        triton.JITFunction.run = self._saved.pop()
+        triton.JITFunction.run, dev.TRITON_VERSION = self._saved.pop()
 
 
 @contextlib.contextmanager
@@ -248,4 +264,4 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[st
         yield counts
 
 
-__all__ = ["Replayer", "build", "launch_key", "missing", "pack_params", "replay"]
+__all__ = ["Replayer", "build", "compiler_version", "launch_key", "missing", "pack_params", "replay"]

@@ -115,3 +115,29 @@ def test_benchmarks_refuse_a_cubin_folder_without_a_manifest(tmp_path):
     for app in (decode.app, topk.app):
         result = CliRunner().invoke(app, ["--cubins", str(tmp_path)])
         assert result.exit_code == 2 and "no manifest.json" in result.output and "--build-cubins" in result.output
+
+
+def test_replay_makes_launchers_choose_for_the_cubins_compiler(tmp_path, monkeypatch):
+    """Launch choices that depend on the compiler (the top-k's digit widths) follow the cubins' Triton while a
+    Replayer is entered, so the GPU machine's Triton 3.6 makes the launches that Triton 3.8 compiled (the keys match);
+    outside it they are the running Triton's again. Cubins of two versions in one folder are refused."""
+    import pytest
+
+    from benchmarks import prod_cubins as pc
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.indexer import topk
+
+    monkeypatch.setattr(dev, "TRITON_VERSION", (3, 6))
+    (tmp_path / pc.MANIFEST).write_text(json.dumps({"a": {"triton": "3.8.0"}, "b": {"triton": "3.8.1"}}))
+    three_six = (topk.radix_bits(512, 0), topk.radix_bits(2048, 4096), topk.split_reg_bits())
+    assert three_six == (topk.RADIX_BITS, topk.RADIX_BITS_WIDE_K, topk.SPLIT_REG_BITS) == (5, 8, 5)
+    replayer = pc.Replayer(tmp_path)
+    for _ in range(2):  # reusable: every entry switches, every exit restores
+        with replayer:
+            assert dev.TRITON_VERSION == (3, 8)
+            assert (topk.radix_bits(512, 0), topk.radix_bits(2048, 4096), topk.split_reg_bits()) == (8, 8, 8)
+        assert dev.TRITON_VERSION == (3, 6)
+        assert (topk.radix_bits(512, 0), topk.radix_bits(2048, 4096), topk.split_reg_bits()) == three_six
+    (tmp_path / pc.MANIFEST).write_text(json.dumps({"a": {"triton": "3.8.0"}, "b": {"triton": "3.6.0"}}))
+    with pytest.raises(ValueError, match="several Triton versions"):
+        pc.Replayer(tmp_path)

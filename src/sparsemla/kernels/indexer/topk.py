@@ -105,16 +105,17 @@ _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split 
 # search takes ceil(32 / bits) passes at most, the last digit narrower, and stops early once a threshold bin holds
 # exactly the keys still needed. Widths are a compiler question as much as a GPU one: Triton 3.6 lowers a 2 ** bits-bin
 # tl.histogram to `bits` warp votes plus a popcount per bin (cost grows with the bins: 5-bit digits won there),
-# Triton 3.8 to one shared-memory atomic per key (fewer, wider passes win). HISTOGRAM_PER_KEY picks by the compiler:
-# on Triton >= 3.8 (production) 8-bit digits everywhere. H200, Triton 3.8 cubins replayed (prod_cubins), CUDA-graph
-# replay of 20 calls, real logits (results/bench/explore/topk_t38_ab-native-h200-2026-12-03.json, 12 shapes): 8-bit
-# against the 3.6 choice (5-bit register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us,
-# B = 8 16k k = 512 13.9 -> 11.5), even within 0.3 us at 2 and slower at 2 (B = 8 16k k = 2048 12.7 -> 13.3, B = 64
-# 64k k = 2048 58.2 -> 59.5); 11-bit digits lost at 8 of 12. Only the wgmma path was replayed (3.8's sm_89 code
-# cannot run on the H200). RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
-HISTOGRAM_PER_KEY = dev.TRITON_VERSION >= (3, 8)
-RADIX_BITS = 8 if HISTOGRAM_PER_KEY else 5
+# Triton 3.8 to one shared-memory atomic per key (fewer, wider passes win). histogram_per_key picks by the compiler:
+# on Triton >= 3.8 (production) WIDE_DIGIT_BITS-bit digits in every register search (radix_bits, split_reg_bits).
+# H200, Triton 3.8 cubins replayed (prod_cubins), CUDA-graph replay of 20 calls, real logits
+# (results/bench/explore/topk_t38_ab-native-h200-2026-12-03.json, 12 shapes): 8-bit against the 3.6 choice (5-bit
+# register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us, B = 8 16k k = 512 13.9 -> 11.5), even
+# within 0.3 us at 2 and slower at 2 (B = 8 16k k = 2048 12.7 -> 13.3, B = 64 64k k = 2048 58.2 -> 59.5); 11-bit
+# digits lost at 8 of 12. Only the wgmma path was replayed (3.8's sm_89 code cannot run on the H200).
+# RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
+RADIX_BITS = 5
 RADIX_BITS_WIDE_K = 8
+WIDE_DIGIT_BITS = 8
 STREAM_BITS = 8
 RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
@@ -129,7 +130,7 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spilled and slowed the streaming passes next to it (B = 64 16k 44 -> 63). k = 1024 is not measured: it streams.
 # SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
-SPLIT_REG_BITS = 8 if HISTOGRAM_PER_KEY else 5  # timed with Triton 3.6; 3.8: see RADIX_BITS
+SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -887,13 +888,30 @@ def _filter_choice(
     return 0, 1, 0
 
 
+def histogram_per_key() -> bool:
+    """Whether the Triton compiling the launches lowers ``tl.histogram`` to one shared-memory atomic per key (3.8 and
+    newer), which makes wide digits pay (:data:`WIDE_DIGIT_BITS`). Read at every launch from
+    ``device.TRITON_VERSION``: a replay of another Triton's cubins (benchmarks/prod_cubins.py) sets it to that
+    compiler's, so the launches it makes are the ones that compiler was given."""
+    return dev.TRITON_VERSION >= (3, 8)
+
+
+def split_reg_bits() -> int:
+    """Digit width of the split participants' span-tile radix search: :data:`SPLIT_REG_BITS` (Triton < 3.8),
+    :data:`WIDE_DIGIT_BITS` where :func:`histogram_per_key`."""
+    return WIDE_DIGIT_BITS if histogram_per_key() else SPLIT_REG_BITS
+
+
 def radix_bits(k: int, groups: int) -> int:
     """Digit width of the in-register radix search of a top-k launch: :data:`RADIX_BITS`, except
     :data:`RADIX_BITS_WIDE_K` for k = 2048 launches that compile the filter (``groups > 0``). H200, CUDA-graph
     replay, B = 64 (results/bench/explore/topk_radix_bits_ab-*, README): 5-bit digits took a 4k row's top-512 from 21.4
     to 18.6 us and the fused B = 1 4k top-512 from 16.4 to 15.0 us (20 calls per graph), but made the k = 2048 split
     launches with the filter compiled in slower (64 x 16k: 47 -> 64 us, 64 x 64k: 138 -> 193), where 8-bit stays.
-    Those are Triton 3.6 times; on Triton >= 3.8 both constants are 8 (see :data:`RADIX_BITS`)."""
+    Those are Triton 3.6 times; where :func:`histogram_per_key` (Triton >= 3.8) every launch takes
+    :data:`WIDE_DIGIT_BITS`."""
+    if histogram_per_key():
+        return WIDE_DIGIT_BITS
     return RADIX_BITS_WIDE_K if k >= 2048 and groups > 0 else RADIX_BITS
 
 
@@ -1040,7 +1058,7 @@ def indexer_topk_fwd(
     if span < 1:
         raise ValueError(f"span must be >= 1, got {span}")
     reg_span = _reg_tile(k, span) if reg_span is None else reg_span
-    reg_bits = SPLIT_REG_BITS if reg_bits is None else reg_bits
+    reg_bits = split_reg_bits() if reg_bits is None else reg_bits
     stream_bits = STREAM_BITS if stream_bits is None else stream_bits
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
