@@ -8,8 +8,9 @@ GPU machine's Triton 3.6. Why: 3.8's wgmma kernel at the 64-head x 64-token tile
     # GPU machine: carry .gpu-cubins
     PYTHONPATH=/tmp/site:. python results/bench/explore/decode_t38_configs.py --cubins .gpu-cubins/dcfg --out F.json
 
-Configs are ``block_h:block_n:warps:stages:dv_split`` (bf16 partials and the integer dequant on) or ``auto`` (the
-launcher's own choice). Every row: CUDA-graph replay median (2 input sets rotated, L2 flushed) for Triton 3.8 cubins
+Configs are ``block_h:block_n:warps:stages:dv_split`` (bf16 partials and the integer dequant on; a trailing ``c``
+builds the gathered tile chunks-first, DecodeConfig.chunks_first) or ``auto`` (the launcher's own choice). Every
+row: CUDA-graph replay median (2 input sets rotated, L2 flushed) for Triton 3.8 cubins
 and Triton 3.6, and the relative error of the 3.8 output against the fp32 reference.
 """
 
@@ -43,8 +44,9 @@ CONFIGS = args.configs.split(",")
 def config(spec: str) -> T.DecodeConfig | None:
     if spec == "auto":
         return None
-    bh, bn, w, st, dv = (int(x) for x in spec.split(":"))
-    return T.DecodeConfig(bh, bn, w, st, dv_split=dv, partial_bf16=True, int_dequant=True)
+    bh, bn, w, st, dv = (int(x) for x in spec.rstrip("c").split(":"))
+    return T.DecodeConfig(bh, bn, w, st, dv_split=dv, partial_bf16=True, int_dequant=True,
+                          chunks_first=spec.endswith("c"))  # fmt: skip
 
 
 if args.build_cubins:

@@ -28,7 +28,7 @@ The Triton path never imports the fp32 reference; semantics are those documented
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -57,7 +57,8 @@ class DecodeConfig:
     accumulator, both halves recompute the scores); partial_bf16: split partials stored as bf16 instead of fp32 (half
     the partial traffic; relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference, where the bf16
     output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (bit-identical, and the only path on
-    targets without an e4m3 type) instead of the fp8 -> f16 -> bf16 conversion instructions."""
+    targets without an e4m3 type) instead of the fp8 -> f16 -> bf16 conversion instructions; chunks_first: the
+    gathered tile's axis order, a compiler question (:func:`chunks_first`)."""
 
     block_h: int
     block_n: int
@@ -66,13 +67,27 @@ class DecodeConfig:
     dv_split: int = 1
     partial_bf16: bool = False
     int_dequant: bool = False
+    chunks_first: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
 
 
+def chunks_first() -> bool:
+    """Whether the gathered tile is built chunks-first ([NC, BLOCK_N, 64]) so that the compiling Triton lays its lanes
+    over tokens (``_load_kv_tile``): Triton >= 3.8. Read at every launch from ``device.TRITON_VERSION`` (a replay of
+    another Triton's cubins sets it to that compiler's)."""
+    return dev.TRITON_VERSION >= (3, 8)
+
+
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
+    """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info`` (tiles:
+    :func:`choose_tiles`; axis order for the compiling Triton: :func:`chunks_first`)."""
+    return replace(choose_tiles(info, num_heads, rows), chunks_first=chunks_first())
+
+
+def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info``.
 
     H <= 16 on every target: one 16-head program per row, mma.sync (wgmma needs 64 rows per warpgroup), 16-token
@@ -170,24 +185,61 @@ def _split_tiles(
 
 
 @triton.jit
+def _tok3(x, CHUNKS_FIRST: tl.constexpr):
+    """[BLOCK_N] per-token values as the token axis of the 3D tile (axis 1 when chunks come first, else axis 0)."""
+    if CHUNKS_FIRST:
+        return x[None, :, None]
+    else:
+        return x[:, None, None]
+
+
+@triton.jit
+def _chunk3(x, CHUNKS_FIRST: tl.constexpr):
+    """[NC] per-chunk values as the chunk axis of the 3D tile."""
+    if CHUNKS_FIRST:
+        return x[:, None, None]
+    else:
+        return x[None, :, None]
+
+
+@triton.jit
+def _grid2(tok, chunk, CHUNKS_FIRST: tl.constexpr):
+    """(tok, chunk) expanded to the tile's 2D (token, chunk) plane in its axis order."""
+    if CHUNKS_FIRST:
+        return tok[None, :], chunk[:, None]
+    else:
+        return tok[:, None], chunk[None, :]
+
+
+@triton.jit
 def _load_kv_tile(
     p_cache, o_tok, o_rope, o_scale, m_n,
     BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
-    INT_DEQUANT: tl.constexpr = False,
+    INT_DEQUANT: tl.constexpr = False, CHUNKS_FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """Chunks ``C0 .. C0+NC-1`` of the tile's token rows dequantized to [BLOCK_N, NC*64]: chunks 0..6 = fp8 NoPE *
-    2^(ue8m0 - 127) (exact in bf16), chunk 7 = bf16 RoPE. Built as [BLOCK_N, NC, 64] so the per-64 scale is a
-    [BLOCK_N, NC] tensor, then flattened. (C0, NC) = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves.
+    2^(ue8m0 - 127) (exact in bf16), chunk 7 = bf16 RoPE. Built as a 3D [BLOCK_N, NC, 64] tile (``CHUNKS_FIRST``:
+    [NC, BLOCK_N, 64], permuted at the end) so the per-64 scale is a 2D (token, chunk) tensor, then flattened. (C0, NC)
+    = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves.
+
+    Why the axis order is a knob: Triton lays the 3D load's 8 x 4 lanes of a warp over (64 columns, one of the other
+    two axes), and the two compilers break that tie oppositely -- 3.6 takes the first axis, 3.8 the middle one. The
+    lanes must go over tokens: over chunks, every thread holds eight tokens (eight row addresses, scale words and
+    masks) and the RoPE chunk's mask depends on the lane, so its load is issued for every chunk. Triton 3.8 with the
+    chunks on the middle axis: 24 instead of 9 128-bit loads and 1,819 instead of 1,376 instructions per tile loop,
+    88 B spilled (sm_90, B = 64, H = 64; sm_80/89/120: loops 17-25 % longer, more registers), and the wgmma kernel
+    ran 69 instead of 47 us at B = 64 on the H200 (results/bench/explore/decode_t38_configs-*). The launcher picks
+    the order for the compiling Triton (:func:`chunks_first`).
 
     ALIGNED: the 8 scale bytes of a token are read as ONE 8-byte word (a [BLOCK_N] int64 load, which Triton can
     software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
     o_c = C0 + tl.arange(0, NC)
     o_d = tl.arange(0, 64)
-    o_k = o_tok[:, None, None] + (o_c * 64)[None, :, None] + o_d[None, None, :]
+    o_k = _tok3(o_tok, CHUNKS_FIRST) + _chunk3(o_c * 64, CHUNKS_FIRST) + o_d[None, None, :]
     if C0 + NC == 8:
-        m_nope = m_n[:, None, None] & (o_c < 7)[None, :, None]
+        m_nope = _tok3(m_n, CHUNKS_FIRST) & _chunk3(o_c < 7, CHUNKS_FIRST)
     else:
-        m_nope = m_n[:, None, None] & (o_c >= 0)[None, :, None]
+        m_nope = _tok3(m_n, CHUNKS_FIRST) & _chunk3(o_c >= 0, CHUNKS_FIRST)
     if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 (which have none) compile this path
         b_k8 = tl.load(p_cache + o_k, mask=m_nope, other=0)  # [BLOCK_N, NC, 64] uint8 (e4m3 bits)
     else:
@@ -196,11 +248,14 @@ def _load_kv_tile(
     if ALIGNED:
         p_w = p_cache.to(tl.pointer_type(tl.int64), bitcast=True)
         b_w = tl.load(p_w + tl.multiple_of(o_scale, 8) // 8, mask=m_n, other=0)  # [BLOCK_N] 8 scale bytes, LE
-        b_e = ((b_w[:, None] >> (o_c * 8)[None, :].to(tl.int64)) & 255).to(tl.float32)  # [BLOCK_N, NC]
-        b_e = tl.where((o_c < 7)[None, :] & m_n[:, None], b_e, 127.0)
+        w2, sh2 = _grid2(b_w, (o_c * 8).to(tl.int64), CHUNKS_FIRST)
+        b_e = ((w2 >> sh2) & 255).to(tl.float32)  # [BLOCK_N, NC]
+        n2, c2 = _grid2(m_n, o_c < 7, CHUNKS_FIRST)
+        b_e = tl.where(c2 & n2, b_e, 127.0)
     else:
-        m_e = m_n[:, None] & (o_c < 7)[None, :]
-        b_e = tl.load(p_cache + o_scale[:, None] + o_c[None, :], mask=m_e, other=127).to(tl.float32)  # [BLOCK_N, NC]
+        n2, c2 = _grid2(m_n, o_c < 7, CHUNKS_FIRST)
+        s2, oc2 = _grid2(o_scale, o_c, CHUNKS_FIRST)
+        b_e = tl.load(p_cache + s2 + oc2, mask=n2 & c2, other=127).to(tl.float32)  # [BLOCK_N, NC]
     b_sc = tl.math.exp2(b_e - 127.0)
     tl.static_assert(not (DOT_F32 and INT_DEQUANT), "the interpreter runs fp32 dots from fp8 loads, not inline PTX")
     if DOT_F32:
@@ -213,13 +268,15 @@ def _load_kv_tile(
         b_k = b_k8.to(tl.bfloat16) * b_sc.to(tl.bfloat16)[:, :, None]
     if C0 + NC == 8:  # the RoPE chunk is in this range: bf16 at bytes 448..575 of the data row
         p_rope = (p_cache + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16), bitcast=True)
-        o_r = o_rope[:, None, None] + (o_c * 0)[None, :, None] + o_d[None, None, :]
-        m_rope = m_n[:, None, None] & (o_c == 7)[None, :, None]
+        o_r = _tok3(o_rope, CHUNKS_FIRST) + _chunk3(o_c * 0, CHUNKS_FIRST) + o_d[None, None, :]
+        m_rope = _tok3(m_n, CHUNKS_FIRST) & _chunk3(o_c == 7, CHUNKS_FIRST)
         b_r = tl.load(p_rope + o_r, mask=m_rope, other=0.0)  # [BLOCK_N, NC, 64] (chunk 7)
         if DOT_F32:
             b_k = b_k + b_r.to(tl.float32)
         else:
             b_k = b_k + b_r
+    if CHUNKS_FIRST:
+        b_k = tl.permute(b_k, (1, 0, 2))  # [NC, BLOCK_N, 64] -> [BLOCK_N, NC, 64]
     return tl.reshape(b_k, [BLOCK_N, NC * 64])
 
 
@@ -242,6 +299,7 @@ def _sparse_decode_kernel(
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+    CHUNKS_FIRST: tl.constexpr,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -306,11 +364,17 @@ def _sparse_decode_kernel(
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
         if DV_SPLIT == 1:
-            b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_k = _load_kv_tile(
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+            )
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         else:
-            b_ka = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT)
-            b_kb = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT)
+            b_ka = _load_kv_tile(
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+            )
+            b_kb = _load_kv_tile(
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+            )
             b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
             b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
             b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
@@ -521,7 +585,7 @@ def sparse_decode_fwd(
         INT_DEQUANT=cfg.int_dequant and not interpret,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
-        DOT_PREC="ieee" if interpret else "tf32",
+        DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=cfg.chunks_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
