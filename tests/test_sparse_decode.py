@@ -6,6 +6,8 @@ outputs are NaN-poisoned so an element the kernel never wrote fails the test.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -80,12 +82,17 @@ def test_matches_reference(nan_empty, batch, heads, topk, extra_topk, sink, inva
     check(kw, out, lse)
 
 
+ORDERS = [pytest.param(False, id="tokens-first"), pytest.param(True, id="chunks-first")]
+
+
+@pytest.mark.parametrize("chunks_first", ORDERS)
 @pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
-def test_column_halves_match_reference(nan_empty, splits):
+def test_column_halves_match_reference(nan_empty, splits, chunks_first):
     """dv_split=2: each program owns one 256-column half (V = that half of the row) and recomputes the scores; the
-    halves need no merge and only the first writes the LSE."""
+    halves need no merge and only the first writes the LSE. Both axis orders of the gathered tile."""
     kw = make_case(2, 63, 40, 20, invalid=0.1, lengths="short", seed=21)
-    cfg = sd_triton.DecodeConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, dv_split=2)
+    cfg = sd_triton.DecodeConfig(block_h=64, block_n=16, num_warps=4, num_stages=1, dv_split=2,
+                                 chunks_first=chunks_first)  # fmt: skip
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
 
@@ -182,14 +189,15 @@ def _pad_page_stride(k_cache: torch.Tensor, pad: int) -> torch.Tensor:
     return buf[:, : page_size * 584].view(pages, page_size, 1, 584)
 
 
+@pytest.mark.parametrize("chunks_first", ORDERS)
 @pytest.mark.parametrize("pad", [0, 2], ids=["aligned", "unaligned"])
-def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad):
+def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad, chunks_first):
     kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=21)
     if pad:
         kw["k_cache"] = _pad_page_stride(kw["k_cache"], pad)
         kw["extra_k_cache"] = _pad_page_stride(kw["extra_k_cache"], pad)
         assert kw["k_cache"].stride(0) % 16 != 0
-    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1)
+    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, chunks_first=chunks_first)
     for splits in (1, 3):
         out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
         check(kw, out, lse)
@@ -228,3 +236,15 @@ def test_padded_heads_compute_only_the_real_ones(nan_empty, heads, real):
     check(real_kw, out[:, :, :real], _lse_layout(lse[:, :real]))
     assert torch.equal(out[:, :, real:], torch.zeros_like(out[:, :, real:]))
     assert torch.isneginf(lse[:, real:]).all()
+
+
+def test_tile_axis_order_follows_the_compiling_triton(monkeypatch):
+    """The gathered tile is chunks-first exactly when Triton >= 3.8 compiles (3.6 and 3.8 lay a 3D load's lanes
+    over different axes); the tiles themselves do not depend on the compiler."""
+    for version, want in (((3, 6), False), ((3, 7), False), ((3, 8), True), ((4, 0), True)):
+        monkeypatch.setattr(dev, "TRITON_VERSION", version)
+        for info in dev.TARGETS.values():
+            for heads, rows in ((8, 1), (64, 64), (128, 8192)):
+                cfg = sd_triton.choose_config(info, heads, rows)
+                assert cfg.chunks_first is want, (version, info.name, heads, rows)
+                assert dataclasses.replace(cfg, chunks_first=False) == sd_triton.choose_tiles(info, heads, rows)
