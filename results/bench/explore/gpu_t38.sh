@@ -9,13 +9,16 @@
 # tl.histogram is one shared atomic per key, see README.md), then the same A/B's default and wide variants with the
 # GPU machine's Triton 3.6, then the V4 decode's target shapes from 3.8 cubins next to 3.6 (3.8 spills 88 B per thread
 # at B = 64 on sm_90 ahead of time, 3.6 8 B). JSON under $OUT; the formal top-k run then takes
-# `--cubins .gpu-cubins/topk` (benchmarks/topk.py: provider sparsemla_split_t38).
+# `--cubins .gpu-cubins/topk` (benchmarks/topk.py: provider sparsemla_split_t38):
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh formal native", carry=[".gpu-cubins", ".gpu"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh formal sm89", carry=[".gpu-cubins", ".gpu"])
+#   then here: python -m benchmarks.topk --merge A.json --merge B.json && python -m benchmarks.report
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 AB_VARIANTS=default,bits11,reg11,stream11,wide8,wide11,wide11_nofilter,splits2,wide11_splits2,wide11_splits4,wide11_splits16
 AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
 DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows "")
-TOPK=(--batches 1,64 --lengths 4096,16384,65536,262144 --ks 512,2048)
+TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every replayed launch has its cubin
 
 case "${1:-}" in
 build)
@@ -24,7 +27,7 @@ build)
     $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/ab --ks 512,2048 \
         --variants "$AB_VARIANTS" --shapes "$AB_SHAPES"
     $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}"
-    $py -m benchmarks.topk --build-cubins .gpu-cubins/topk "${TOPK[@]}"
+    $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
     du -sh .gpu-cubins
     ;;
 run)
@@ -39,8 +42,17 @@ run)
     timeout 130 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native \
         --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
     ;;
+formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    cubins=()
+    [ "$2" = native ] && cubins=(--cubins .gpu-cubins/topk)
+    timeout 570 python3 -m benchmarks.topk --paths "$2" ${cubins[@]+"${cubins[@]}"} --git-sha "$SHA" \
+        --out-dir "$OUT/topk-$2" | tail -40
+    ;;
 *)
-    echo "usage: $0 build|run" >&2
+    echo "usage: $0 build|run|formal native|sm89" >&2
     exit 2
     ;;
 esac
