@@ -132,10 +132,17 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True),
         sd_triton.DecodeConfig(16, 16, 4, 1, partial_bf16=True, int_dequant=True),
         sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True),
+        # the gathered tile chunks-first (what Triton >= 3.8 gets), on this machine's compiler
+        sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, chunks_first=True),
+        sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True, chunks_first=True),
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, chunks_first=True),
+        sd_triton.DecodeConfig(16, 16, 4, 1, partial_bf16=True, chunks_first=True),
     ],
     ids=lambda c: (
         f"{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
         + ("-bf16part" if c.partial_bf16 else "")
+        + ("-intdq" if c.int_dequant else "")
+        + ("-chunks" if c.chunks_first else "")
     ),
 )
 @pytest.mark.parametrize("splits", [1, 3])
