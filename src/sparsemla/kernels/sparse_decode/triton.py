@@ -115,7 +115,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         return DecodeConfig(32, 16 if busy <= 2 else 32, 4, 1, partial_bf16=True, int_dequant=True)
     busy = rows * triton.cdiv(num_heads, 64)
     if busy >= 8:
-        # sm_100 (tcgen05): the 64-token tile spills 304 B per thread there (ahead-of-time compile), 32 tokens 152 B
+        # sm_100 (tcgen05): the 64-token tile spilled 304 B per thread there (ahead of time), 32 tokens 160 B
         block_n = 32 if info.capability[0] == 10 else 64
         return DecodeConfig(
             block_h=64, block_n=block_n, num_warps=8, num_stages=1, partial_bf16=busy >= 16, int_dequant=True
