@@ -197,13 +197,16 @@ class Replayer:
     module docstring), other kernels as usual. Reusable: modules stay loaded and scratch buffers stay alive between
     entries (a captured CUDA graph may still use them), so a benchmark can enter it around every call it times.
     ``counts`` counts the replayed launches per kernel name. A replayed launch whose key has no cubin raises. While
-    entered, ``device.TRITON_VERSION`` is the cubins' compiler's, so launchers whose choices depend on the compiler
-    (the top-k's digit widths) make the launches that compiler was given."""
+    entered, ``device.TRITON_VERSION`` is the cubins' compiler's for every launcher (it is one global), so launchers
+    whose choices depend on the compiler (the top-k's digit widths, the decode tile's axis order) make the launches
+    that compiler was given -- also those of kernels outside ``kernels``, which then run on this machine's Triton with
+    the other compiler's choices: replay every kernel whose launcher reads the version."""
 
     def __init__(self, cubin_dir: Path, kernels: set[str] | None = None) -> None:
         self.cubin_dir, self.kernels = cubin_dir, kernels
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
         self.compiler = compiler_version(self.manifest)
+        self.manifest_triton = ".".join(map(str, self.compiler))
         self.driver: _Driver | None = None  # created at the first launch (libcuda exists only on the GPU machine)
         self.counts: dict[str, int] = {}
         self.scratch_bufs: list[torch.Tensor] = []
@@ -214,7 +217,10 @@ class Replayer:
         key = launch_key(fn, args, kwargs)
         entry = self.manifest.get(key)
         if entry is None:
-            raise KeyError(f"no Triton 3.8 cubin for this launch of {fn.fn.__name__} (key {key}): build it first")
+            raise KeyError(
+                f"no Triton {self.manifest_triton} cubin for this launch of {fn.fn.__name__} (key {key}): "
+                "build it first"
+            )
         bound = _bind(fn, args, kwargs)
         g = grid(bound) if callable(grid) else grid
         g = (tuple(g) + (1, 1))[:3]

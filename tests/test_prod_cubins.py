@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sparsemla import flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +86,7 @@ def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_l
     # parameters, then the global and profile scratch pointers Triton 3.8 kernels take
     assert got["packed"] == ["c_ulong", "c_ulong", "c_int", "c_int", "c_float", "c_ulong", "c_ulong"]
     assert got["packed_ptr"] is True
-    assert "no Triton 3.8 cubin" in got["missing"]
+    assert "no Triton 3.8 cubin" in got["missing"]  # the manifest's compiler, 3.8 here
 
 
 def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
@@ -121,8 +123,6 @@ def test_replay_makes_launchers_choose_for_the_cubins_compiler(tmp_path, monkeyp
     """Launch choices that depend on the compiler (the top-k's digit widths) follow the cubins' Triton while a
     Replayer is entered, so the GPU machine's Triton 3.6 makes the launches that Triton 3.8 compiled (the keys match);
     outside it they are the running Triton's again. Cubins of two versions in one folder are refused."""
-    import pytest
-
     from benchmarks import prod_cubins as pc
     from sparsemla.kernels import device as dev
     from sparsemla.kernels.indexer import topk

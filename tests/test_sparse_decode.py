@@ -189,15 +189,17 @@ def _pad_page_stride(k_cache: torch.Tensor, pad: int) -> torch.Tensor:
     return buf[:, : page_size * 584].view(pages, page_size, 1, 584)
 
 
+@pytest.mark.parametrize("dv_split", [1, 2], ids=["whole-row", "column-halves"])
 @pytest.mark.parametrize("chunks_first", ORDERS)
 @pytest.mark.parametrize("pad", [0, 2], ids=["aligned", "unaligned"])
-def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad, chunks_first):
+def test_aligned_and_byte_load_paths_match_reference(nan_empty, pad, chunks_first, dv_split):
     kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=21)
     if pad:
         kw["k_cache"] = _pad_page_stride(kw["k_cache"], pad)
         kw["extra_k_cache"] = _pad_page_stride(kw["extra_k_cache"], pad)
         assert kw["k_cache"].stride(0) % 16 != 0
-    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, chunks_first=chunks_first)
+    cfg = sd_triton.DecodeConfig(block_h=16 * dv_split**2, block_n=16, num_warps=4, num_stages=1, dv_split=dv_split,
+                                 chunks_first=chunks_first)  # fmt: skip
     for splits in (1, 3):
         out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
         check(kw, out, lse)
@@ -247,4 +249,41 @@ def test_tile_axis_order_follows_the_compiling_triton(monkeypatch):
             for heads, rows in ((8, 1), (64, 64), (128, 8192)):
                 cfg = sd_triton.choose_config(info, heads, rows)
                 assert cfg.chunks_first is want, (version, info.name, heads, rows)
-                assert dataclasses.replace(cfg, chunks_first=False) == sd_triton.choose_tiles(info, heads, rows)
+                assert dataclasses.replace(cfg, chunks_first=None) == sd_triton.choose_tiles(info, heads, rows)
+
+
+class _LaunchRecorder:
+    """Stands in for the decode kernel: records each launch's CHUNKS_FIRST and runs the real kernel."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def call(*args, **kwargs):
+            self.seen.append(kwargs["CHUNKS_FIRST"])
+            return launch(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize(
+    "version,given,want",
+    [((3, 6), None, False), ((3, 8), None, True), ((3, 8), False, False), ((3, 6), True, True)],
+    ids=["3.6-follow", "3.8-follow", "3.8-tokens-first", "3.6-chunks-first"],
+)
+def test_the_launch_gets_the_configured_or_the_compilers_axis_order(nan_empty, monkeypatch, version, given, want):
+    """A configuration's chunks_first reaches the kernel; None (every hand-built configuration's default) follows the
+    compiling Triton, like the launcher's own choice."""
+    monkeypatch.setattr(dev, "TRITON_VERSION", version)
+    recorder = _LaunchRecorder(sd_triton._sparse_decode_kernel)
+    monkeypatch.setattr(sd_triton, "_sparse_decode_kernel", recorder)
+    monkeypatch.setattr(sd_triton, "_is_interpreted", lambda: True)  # (this module runs only when it is)
+    kw = make_case(1, 8, 24, 16, invalid=0.1, seed=5)
+    cfg = sd_triton.DecodeConfig(16, 16, 4, 1, chunks_first=given)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=2, config=cfg)
+    check(kw, out, lse)
+    auto_out, _ = sd_triton.sparse_decode_fwd(**kw, num_splits=2)
+    assert recorder.seen == [want, version >= (3, 8)]
+    assert torch.equal(auto_out, out) or (auto_out.float() - out.float()).abs().max() < 1e-2

@@ -38,8 +38,15 @@ from sparsemla import flags
 
 MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands: Ampere and newer
 # (major, minor) of the Triton that compiles the kernels: some configurations are a compiler question as much as a GPU
-# one (production runs Triton 3.8, the GPU machine 3.6; see the top-k's digit widths).
-TRITON_VERSION: tuple[int, int] = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2])  # type: ignore[assignment]
+# one (production runs Triton 3.8, the GPU machine 3.6: the top-k's digit widths, the decode tile's axis order). Read
+# through triton_at_least at every launch; benchmarks/prod_cubins.py sets it while replaying another Triton's cubins.
+_MAJOR, _MINOR = (int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
+TRITON_VERSION: tuple[int, int] = (_MAJOR, _MINOR)
+
+
+def triton_at_least(major: int, minor: int) -> bool:
+    """Whether the Triton compiling the launches (:data:`TRITON_VERSION`) is ``major.minor`` or newer."""
+    return TRITON_VERSION >= (major, minor)
 
 
 @dataclass(frozen=True)

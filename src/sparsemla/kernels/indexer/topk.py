@@ -18,10 +18,11 @@ the top-k kernel, the row count), so a captured CUDA graph replays for any lengt
 
 Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than its span (``topk_span``) is shared by up
 to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
-a contiguous span, adds its span's histogram of a radix pass (2 ** STREAM_BITS bins streaming; 2 ** SPLIT_REG_BITS bins
-where the span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics: exact,
-order-free), and waits at a per-row arrival counter until every participant has added its own; all participants then
-read the same merged histogram and take the same decisions (threshold bin, early stop). After the last pass each
+a contiguous span, adds its span's histogram of a radix pass (2 ** STREAM_BITS bins streaming; 2 ** split_reg_bits()
+bins where the span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics:
+exact, order-free), and waits at a per-row arrival counter until every participant has added its own; all
+participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the
+last pass each
 participant publishes its span's winner counts (read off its own histograms), and writes its winners at their
 position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when asked),
 writes the page slots, and zeroes the row's workspace for the next launch. A split launch has one solo program per row
@@ -109,7 +110,7 @@ _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split 
 # on Triton >= 3.8 (production) WIDE_DIGIT_BITS-bit digits in every register search (radix_bits, split_reg_bits).
 # H200, Triton 3.8 cubins replayed (prod_cubins), CUDA-graph replay of 20 calls, real logits
 # (results/bench/explore/topk_t38_ab-native-h200-2026-12-03.json, 12 shapes): 8-bit against the 3.6 choice (5-bit
-# register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us, B = 8 16k k = 512 13.9 -> 11.5), even
+# register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us, B = 8 16k k = 512 13.9 -> 11.5),
 # within 0.3 us at 2 and slower at 2 (B = 8 16k k = 2048 12.7 -> 13.3, B = 64 64k k = 2048 58.2 -> 59.5); 11-bit
 # digits lost at 8 of 12. Only the wgmma path was replayed (3.8's sm_89 code cannot run on the H200).
 # RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
@@ -893,7 +894,7 @@ def histogram_per_key() -> bool:
     newer), which makes wide digits pay (:data:`WIDE_DIGIT_BITS`). Read at every launch from
     ``device.TRITON_VERSION``: a replay of another Triton's cubins (benchmarks/prod_cubins.py) sets it to that
     compiler's, so the launches it makes are the ones that compiler was given."""
-    return dev.TRITON_VERSION >= (3, 8)
+    return dev.triton_at_least(3, 8)
 
 
 def split_reg_bits() -> int:

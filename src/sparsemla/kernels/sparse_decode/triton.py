@@ -58,7 +58,8 @@ class DecodeConfig:
     the partial traffic; relative error of out 2.7e-3 instead of 1.6e-3 against the fp32 reference, where the bf16
     output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (bit-identical, and the only path on
     targets without an e4m3 type) instead of the fp8 -> f16 -> bf16 conversion instructions; chunks_first: the
-    gathered tile's axis order, a compiler question (:func:`chunks_first`)."""
+    gathered tile's axis order, a compiler question (None, the default: the compiling Triton's order,
+    :func:`tile_chunks_first`, resolved at launch, so a hand-built configuration gets it too)."""
 
     block_h: int
     block_n: int
@@ -67,24 +68,25 @@ class DecodeConfig:
     dv_split: int = 1
     partial_bf16: bool = False
     int_dequant: bool = False
-    chunks_first: bool = False
+    chunks_first: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
 
 
-def chunks_first() -> bool:
+def tile_chunks_first() -> bool:
     """Whether the gathered tile is built chunks-first ([NC, BLOCK_N, 64]) so that the compiling Triton lays its lanes
     over tokens (``_load_kv_tile``): Triton >= 3.8. Read at every launch from ``device.TRITON_VERSION`` (a replay of
     another Triton's cubins sets it to that compiler's)."""
-    return dev.TRITON_VERSION >= (3, 8)
+    return dev.triton_at_least(3, 8)
 
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info`` (tiles:
-    :func:`choose_tiles`; axis order for the compiling Triton: :func:`chunks_first`)."""
-    return replace(choose_tiles(info, num_heads, rows), chunks_first=chunks_first())
+
+    :func:`choose_tiles`; axis order for the compiling Triton: :func:`tile_chunks_first`)."""
+    return replace(choose_tiles(info, num_heads, rows), chunks_first=tile_chunks_first())
 
 
 def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
@@ -229,7 +231,7 @@ def _load_kv_tile(
     chunks on the middle axis: 24 instead of 9 128-bit loads and 1,819 instead of 1,376 instructions per tile loop,
     88 B spilled (sm_90, B = 64, H = 64; sm_80/89/120: loops 17-25 % longer, more registers), and the wgmma kernel
     ran 69 instead of 47 us at B = 64 on the H200 (results/bench/explore/decode_t38_configs-*). The launcher picks
-    the order for the compiling Triton (:func:`chunks_first`).
+    the order for the compiling Triton (:func:`tile_chunks_first`).
 
     ALIGNED: the 8 scale bytes of a token are read as ONE 8-byte word (a [BLOCK_N] int64 load, which Triton can
     software-pipeline with cp.async like the row itself) and split with shifts; else byte loads."""
@@ -572,6 +574,7 @@ def sparse_decode_fwd(
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
     grid = (rows, head_blocks * cfg.dv_split, splits)
     # the interpreter cannot run the integer dequant's inline PTX
+    chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
     _sparse_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
@@ -585,7 +588,7 @@ def sparse_decode_fwd(
         INT_DEQUANT=cfg.int_dequant and not interpret,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
-        DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=cfg.chunks_first,
+        DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
