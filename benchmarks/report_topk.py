@@ -24,7 +24,7 @@ COLUMNS = (
     ("sglang_jit_v1", "native", "sglang JIT v1"),
     ("sglang_jit_v2", "native", "sglang JIT v2"),
 )
-LOGITS_COLUMNS = ("sparsemla_fused", "sparsemla_logits_topk", "sparsemla_logits")
+LOGITS_COLUMNS = ("sparsemla_fused", "sparsemla_fused_t38", "sparsemla_logits_topk", "sparsemla_logits")
 MARK = {True: "pass", False: "**fail**", None: "n/a"}
 
 
@@ -85,14 +85,12 @@ def topk_section(data: dict) -> str:
     if logits:
         out += ["**Logits + top-k at length 4k** (`graph / graph20` µs; the logits alone beside them):", ""]
         paths = list(dict.fromkeys(r["path"] for r in logits))
-        heads = [f"{p} ({path})" for path in paths for p in LOGITS_COLUMNS]
+        present = {(r["provider"], r["path"]) for r in logits}
+        cols = [(p, path) for path in paths for p in LOGITS_COLUMNS if (p, path) in present]
+        heads = [f"{p} ({path})" for p, path in cols]
         out += ["| B | k | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
         for b, k in sorted({(r["B"], r["k"]) for r in logits if r.get("k")}):
-            cells = []
-            for path in paths:
-                for p in LOGITS_COLUMNS:
-                    kk = None if p == "sparsemla_logits" else k
-                    cells.append(_cell(index.get((p, path, b, 4096, kk))))
+            cells = [_cell(index.get((p, path, b, 4096, None if p == "sparsemla_logits" else k))) for p, path in cols]
             out.append(f"| {b} | {k} | " + " | ".join(cells) + " |")
         out.append("")
     out += ["**Targets** (issue #15 item 4; evaluated from the rows above per code path and method):", ""]

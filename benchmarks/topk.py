@@ -13,7 +13,8 @@ width ``cap = max(length, 64k)``, every row of a batch at the real ``length``) i
 * ``sparsemla_split_t38`` (with ``--cubins DIR``, native path only): ``sparsemla_split`` with its top-k kernel
   compiled by Triton 3.8 -- what production runs (sglang 0.5.23's torch 2.14.1 installs it; the GPU machine has 3.6,
   which lowers ``tl.histogram`` to other code) -- on the build machine for sm_90 (``--build-cubins DIR``, no GPU,
-  the same shapes) and launched here from its cubins (``benchmarks/prod_cubins.py``).
+  the same shapes) and launched here from its cubins (``benchmarks/prod_cubins.py``). ``sparsemla_fused_t38``: the
+  same for ``sparsemla_fused`` (its logits kernel and any top-k launch it makes).
 * ``torch_topk``: ``torch.topk(logits[:, :length], min(k, length), sorted=False)``, positions only.
 * ``sglang_jit_v1`` / ``sglang_jit_v2``: sglang 0.5.23's ``topk_transform_paged`` (``deepseek_v4/topk_v1.cuh``,
   k <= 1024) and ``topk_transform_paged_v2`` with its ``plan_topk_v2`` plan (``topk_v2.cuh``, sglang's default),
@@ -68,6 +69,8 @@ PROVIDERS: dict[str, str] = {
     "torch 2.14.1) for sm_90 on the build machine (--build-cubins) and launched from those cubins on the GPU "
     "(benchmarks/prod_cubins.py; native path only)",
     "sparsemla_fused": "indexer_logits_topk_fwd(fuse=True, sorted=False): logits + top-k in one launch (length 4k)",
+    "sparsemla_fused_t38": "sparsemla_fused with its kernels compiled by Triton 3.8 for sm_90 here and launched from "
+    "those cubins (as sparsemla_split_t38; native path only)",
     "sparsemla_logits_topk": "indexer_logits_topk_fwd with the launcher's choice (fuse=None; at cap >= 64k the logits "
     "launch then the split top-k), sorted=False (length 4k)",
     "sparsemla_logits": "indexer_logits_fwd alone, the logits the two rows above include (length 4k)",
@@ -78,8 +81,11 @@ PROVIDERS: dict[str, str] = {
     "with its plan_topk_v2 plan built once outside the timed call, page-table slots written",
 }
 T38 = "sparsemla_split_t38"
-T38_KERNELS = {"_indexer_topk_kernel"}  # replayed from Triton 3.8 cubins; the logits kernel runs as usual
-DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p != T38)  # T38 joins with --cubins
+FUSED_T38 = "sparsemla_fused_t38"
+# Kernels each Triton 3.8 provider launches from cubins: the split top-k alone (its logits come from the logits launch
+# before the timing), and the fused launch's logits kernel with the top-k it may start.
+T38_KERNELS = {T38: {"_indexer_topk_kernel"}, FUSED_T38: {"_indexer_logits_kernel", "_indexer_topk_kernel"}}
+DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p not in T38_KERNELS)  # the 3.8 providers join with --cubins
 LOGITS_PROVIDERS = ("sparsemla_fused", "sparsemla_logits_topk", "sparsemla_logits")  # at FUSED_LENGTH only
 SGLANG_PROVIDERS = ("sglang_jit_v1", "sglang_jit_v2")
 PATH_INDEPENDENT = ("torch_topk", *SGLANG_PROVIDERS)  # the same code in every path: timed in the native one only
@@ -116,7 +122,7 @@ TARGETS: dict[str, dict[str, Any]] = {
         for n, length, limit in (("4k", 4096, 13.0), ("16k", 16384, 16.0), ("64k", 65536, 38.0))
     },
     "fused_k512_B1_4k": {
-        "k": 512, "B": 1, "length": 4096, "providers": ("sparsemla_fused", "sparsemla_logits_topk"),
+        "k": 512, "B": 1, "length": 4096, "providers": ("sparsemla_fused", "sparsemla_logits_topk", FUSED_T38),
         "limit_us": 15.0, "mode": "all",
     },
 }  # fmt: skip
@@ -405,9 +411,9 @@ def make_shape(case, logits, k: int) -> Shape:
     return Shape(case, logits, k, ref_pos, ref_slots.sort(dim=1).values)
 
 
-def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayer=None) -> None:  # noqa: ANN001
-    """Our top-k (split, both orders; with ``replayer``, a prod_cubins.Replayer, also from Triton 3.8 cubins),
-    torch.topk, and at FUSED_LENGTH the logits + top-k calls, on one shape."""
+def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | None = None) -> None:
+    """Our top-k (split, both orders; with ``replayers``, a prod_cubins.Replayer per Triton 3.8 provider, also from
+    Triton 3.8 cubins), torch.topk, and at FUSED_LENGTH the logits + top-k calls, on one shape."""
     import torch
 
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
@@ -436,15 +442,21 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayer=None) -> N
             fn = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
                                    out_slots=slots, sorted=srt)  # fmt: skip
             run.add(provider, shape, k, fn, checked(fn, slots))
-    if T38 in chosen and replayer is not None:
+    replayers = replayers or {}
+
+    def from_cubins(provider: str, fn):  # noqa: ANN001, ANN202
+        def call() -> None:
+            with replayers[
+                provider
+            ]:  # the provider's kernels from their Triton 3.8 cubins (graph capture records them)
+                fn()
+
+        return call
+
+    if T38 in chosen and T38 in replayers:
         split = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
                                   out_slots=slots, sorted=False)  # fmt: skip
-
-        def from_cubins() -> None:
-            with replayer:  # the top-k kernel's launches from its Triton 3.8 cubin (graph capture records them)
-                split()
-
-        run.add(T38, shape, k, from_cubins, checked(from_cubins, slots))
+        run.add(T38, shape, k, from_cubins(T38, split), checked(from_cubins(T38, split), slots))
     if "torch_topk" in chosen:
         fn = functools.partial(torch.topk, logits[:, :length], min(k, length), dim=1, sorted=False)
         run.add("torch_topk", shape, k, fn, checked(fn))
@@ -454,6 +466,9 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayer=None) -> N
             if provider in chosen:
                 fn = functools.partial(indexer_logits_topk_fwd, *args, out=pos, sorted=False, fuse=fuse)
                 run.add(provider, shape, k, fn, checked(fn))
+        if FUSED_T38 in chosen and FUSED_T38 in replayers:
+            fused = functools.partial(indexer_logits_topk_fwd, *args, out=pos, sorted=False, fuse=True)
+            run.add(FUSED_T38, shape, k, from_cubins(FUSED_T38, fused), checked(from_cubins(FUSED_T38, fused)))
 
 
 def time_sglang(run: PathRun, shapes: list[Shape], wanted: list[str], src: Path, build: dict, progress, task) -> None:
@@ -511,15 +526,18 @@ def time_sglang(run: PathRun, shapes: list[Shape], wanted: list[str], src: Path,
 
 
 def build_cubins_for(cfg: dict, out_dir: Path) -> int:
-    """No GPU: compile the launches ``sparsemla_split`` makes at every (B, length, k) of ``cfg`` with this machine's
-    Triton (3.8 in production's environment) for sm_90 into ``out_dir`` (benchmarks/prod_cubins.py). The launcher's
-    choices come from shapes and the H200's facts only, so the GPU run makes the same launches. Returns how many
-    cubins were added."""
+    """No GPU: compile the launches ``sparsemla_split`` makes at every (B, length, k) of ``cfg``, and
+    ``sparsemla_fused`` at FUSED_LENGTH, with this machine's Triton (3.8 in production's environment) for sm_90 into
+    ``out_dir`` (benchmarks/prod_cubins.py). The launchers' choices come from shapes and the H200's facts only, and the
+    inputs have the GPU run's shapes, dtypes and strides (an unfilled cache of as many pages), so the GPU run makes the
+    same launches. Returns how many cubins were added."""
     import torch
 
     from benchmarks import prod_cubins
+    from benchmarks.indexer import make_case
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
-    from sparsemla.kernels.layouts import IDX_PAGE
+    from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
+    from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_PAGE
 
     def workload() -> None:
         for batch in cfg["B"]:
@@ -532,6 +550,16 @@ def build_cubins_for(cfg: dict, out_dir: Path) -> int:
                     pos = torch.empty(batch, k, dtype=torch.int32)
                     indexer_topk_fwd(logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
                                      out_slots=torch.empty_like(pos), sorted=False)  # fmt: skip
+                if length == FUSED_LENGTH:
+                    case = make_case(batch, length, cap, kv, torch.Generator().manual_seed(0))
+                    for k in cfg["k"]:
+                        pos = torch.empty(batch, k, dtype=torch.int32)
+                        indexer_logits_topk_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, k,
+                                                case.cap, out=pos, sorted=False, fuse=True)  # fmt: skip
+
+    # the GPU run's cache: as many pages, never read here (torch.empty does not touch its memory)
+    kv = torch.empty(max(cfg["B"]) * -(-max(cfg["lengths"]) // IDX_PAGE), IDX_PAGE, 1, IDX_BYTES_PER_TOKEN,
+                     dtype=torch.uint8)  # fmt: skip
 
     return len(prod_cubins.build(workload, out_dir))
 
@@ -548,12 +576,12 @@ def run_path(
 
     device = torch.device("cuda")
     if path != "native":  # the cubins are the native (sm_90) code
-        chosen = [p for p in chosen if p not in PATH_INDEPENDENT and p != T38]
-    replayer = None
-    if T38 in chosen and cubins is not None:
+        chosen = [p for p in chosen if p not in PATH_INDEPENDENT and p not in T38_KERNELS]
+    replayers = {}
+    if cubins is not None:
         from benchmarks import prod_cubins
 
-        replayer = prod_cubins.Replayer(cubins, T38_KERNELS)
+        replayers = {p: prod_cubins.Replayer(cubins, T38_KERNELS[p]) for p in T38_KERNELS if p in chosen}
     sgl_wanted = [p for p in chosen if p in SGLANG_PROVIDERS]
     build_proc, build_out = None, out.with_suffix(".sglang.json")
     if sgl_wanted:  # builds while our providers are timed (its own process: no CUDA calls beside a graph capture)
@@ -577,7 +605,7 @@ def run_path(
                     progress.update(task, description=f"[{path}] B={batch} length={length} k={k}")
                     shape = make_shape(case, logits, k)
                     shapes.append(shape)
-                    time_ours(run, shape, chosen, replayer)
+                    time_ours(run, shape, chosen, replayers)
                     progress.advance(task)
                     run.save()
                 if length == FUSED_LENGTH and "sparsemla_logits" in chosen:
@@ -591,11 +619,11 @@ def run_path(
                 run.meta["sglang_jit"] = {"v1": {"error": _err(exc)}, "v2": {"error": _err(exc)}}
             run.save()
             time_sglang(run, shapes, sgl_wanted, sglang_src, run.meta["sglang_jit"], progress, task)
-    if replayer is not None:
-        entries = replayer.manifest.values()
+    if replayers:
+        entries = next(iter(replayers.values())).manifest.values()
         run.meta["triton38_cubins"] = {
             "dir": str(cubins),
-            "replayed_launches": replayer.counts,
+            "replayed_launches": {p: r.counts for p, r in replayers.items()},
             "triton": sorted({e["triton"] for e in entries}),
             "targets": sorted({e["target"] for e in entries}),
         }
@@ -744,9 +772,10 @@ def main(
 
         if why := prod_cubins.missing(cubins):
             fail(why, "make it with --build-cubins DIR on the build machine")
-        chosen = chosen if T38 in chosen else [*chosen, T38]
-    elif T38 in chosen:
-        fail(f"{T38} needs --cubins DIR", "build them first: python -m benchmarks.topk --build-cubins DIR (no GPU)")
+        chosen = [*chosen, *(p for p in T38_KERNELS if p not in chosen)]
+    elif wrong := [p for p in chosen if p in T38_KERNELS]:
+        fail(f"{', '.join(wrong)} needs --cubins DIR",
+             "build them first: python -m benchmarks.topk --build-cubins DIR (no GPU)")  # fmt: skip
     if merge:
         try:
             written = merge_results(merge, out_dir)

@@ -99,10 +99,12 @@ def test_cli_parses_and_lists_its_options():
     assert topk.parse_providers(" torch_topk,sglang_jit_v2 ,torch_topk") == ["torch_topk", "sglang_jit_v2"]
 
 
-def test_triton38_provider_needs_cubins_and_is_not_in_the_default_list(tmp_path):
-    assert topk.T38 in topk.PROVIDERS and topk.T38 not in topk.DEFAULT_PROVIDERS
-    alone = CliRunner().invoke(topk.app, ["--providers", topk.T38])
-    assert alone.exit_code == 2 and "--cubins" in alone.output and "--build-cubins" in alone.output
+@pytest.mark.parametrize("provider", [topk.T38, topk.FUSED_T38])
+def test_triton38_provider_needs_cubins_and_is_not_in_the_default_list(tmp_path, provider):
+    assert provider in topk.PROVIDERS and provider not in topk.DEFAULT_PROVIDERS
+    alone = CliRunner().invoke(topk.app, ["--providers", provider])
+    assert alone.exit_code == 2 and provider in alone.output
+    assert "--cubins" in alone.output and "--build-cubins" in alone.output
     empty = CliRunner().invoke(topk.app, ["--cubins", str(tmp_path)])
     assert empty.exit_code == 2 and "manifest.json" in empty.output
 
@@ -121,6 +123,45 @@ def test_targets_take_the_best_of_the_jit_and_the_triton38_rows():
     assert v4k["pass"] is True and v4k["provider"] == topk.T38 and v4k["measured_us"] == 9.0
     v16k = _verdict(verdicts, "k512_B64_16k")
     assert v16k["pass"] is False and v16k["provider"] == topk.T38 and v16k["exact"] is False
+
+
+def test_fused_target_takes_the_triton38_fused_row():
+    rows = [_row("sparsemla_fused", 1, 4096, 512, 30.0), _row(topk.FUSED_T38, 1, 4096, 512, 28.0)]
+    v = _verdict(topk.evaluate_targets(rows), "fused_k512_B1_4k")
+    assert v["pass"] is False and v["provider"] == topk.FUSED_T38 and v["measured_us"] == 28.0
+    v20 = _verdict(topk.evaluate_targets(rows), "fused_k512_B1_4k", method="graph20")
+    assert v20["pass"] is True and v20["provider"] == topk.FUSED_T38 and v20["measured_us"] == 14.0
+
+
+BUILD_CHILD = """
+import json, sys
+from pathlib import Path
+from benchmarks import topk
+out = Path(sys.argv[1])
+added = topk.build_cubins_for({"B": [1], "lengths": [4096], "k": [512]}, out)
+manifest = json.loads((out / "manifest.json").read_text())
+print(json.dumps(dict(added=added, kernels=sorted(e["name"] for e in manifest.values()))))
+"""
+
+
+def test_build_cubins_compiles_the_split_and_the_fused_launches(tmp_path):
+    """--build-cubins makes what both Triton 3.8 providers replay: the split top-k launch and, at the fused length,
+    the fused logits launch (Triton's compiler in a child process: this session's kernels are interpreted)."""
+    import subprocess
+    import sys
+
+    from sparsemla import flags
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "child.py").write_text(BUILD_CHILD)
+    env = flags.child_env({"TRITON_INTERPRET": None, "PYTHONPATH": f"{root}:{root / 'src'}",
+                           "TRITON_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
+    proc = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cubins")], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "_indexer_topk_kernel" in got["kernels"] and "_indexer_logits_kernel" in got["kernels"]
+    assert got["added"] == len(got["kernels"])
 
 
 def test_child_argv_replaces_the_parents_path_options():
