@@ -25,7 +25,6 @@ import ctypes
 import gzip
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -186,7 +185,7 @@ def pack_params(entry: dict, bound: dict[str, object], scratch: list[int]) -> li
 def compiler_version(manifest: dict) -> tuple[int, int]:
     """(major, minor) of the Triton that compiled a manifest's cubins (one version per folder); an empty manifest
     counts as the running one."""
-    versions = {tuple(int(x) for x in re.findall(r"\d+", e["triton"])[:2]) for e in manifest.values()}
+    versions = {dev.version_tuple(e["triton"]) for e in manifest.values()}
     if len(versions) > 1:
         raise ValueError(f"cubins of several Triton versions in one folder: {sorted(versions)}")
     return versions.pop() if versions else dev.TRITON_VERSION
@@ -206,7 +205,6 @@ class Replayer:
         self.cubin_dir, self.kernels = cubin_dir, kernels
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
         self.compiler = compiler_version(self.manifest)
-        self.manifest_triton = ".".join(map(str, self.compiler))
         self.driver: _Driver | None = None  # created at the first launch (libcuda exists only on the GPU machine)
         self.counts: dict[str, int] = {}
         self.scratch_bufs: list[torch.Tensor] = []
@@ -218,7 +216,7 @@ class Replayer:
         entry = self.manifest.get(key)
         if entry is None:
             raise KeyError(
-                f"no Triton {self.manifest_triton} cubin for this launch of {fn.fn.__name__} (key {key}): "
+                f"no Triton {'.'.join(map(str, self.compiler))} cubin for this launch of {fn.fn.__name__} (key {key}): "
                 "build it first"
             )
         bound = _bind(fn, args, kwargs)

@@ -446,9 +446,8 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | N
 
     def from_cubins(provider: str, fn):  # noqa: ANN001, ANN202
         def call() -> None:
-            with replayers[
-                provider
-            ]:  # the provider's kernels from their Triton 3.8 cubins (graph capture records them)
+            # the provider's kernels from their Triton 3.8 cubins (graph capture records the launches)
+            with replayers[provider]:
                 fn()
 
         return call

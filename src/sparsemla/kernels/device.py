@@ -37,11 +37,18 @@ import triton
 from sparsemla import flags
 
 MIN_CAPABILITY = (8, 0)  # mma.sync with bf16 operands: Ampere and newer
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """(major, minor) of a Triton version string ("3.8.0", "3.6.0+git1234")."""
+    major, minor = (int(x) for x in re.findall(r"\d+", version)[:2])
+    return major, minor
+
+
 # (major, minor) of the Triton that compiles the kernels: some configurations are a compiler question as much as a GPU
 # one (production runs Triton 3.8, the GPU machine 3.6: the top-k's digit widths, the decode tile's axis order). Read
 # through triton_at_least at every launch; benchmarks/prod_cubins.py sets it while replaying another Triton's cubins.
-_MAJOR, _MINOR = (int(x) for x in re.findall(r"\d+", triton.__version__)[:2])
-TRITON_VERSION: tuple[int, int] = (_MAJOR, _MINOR)
+TRITON_VERSION: tuple[int, int] = version_tuple(triton.__version__)
 
 
 def triton_at_least(major: int, minor: int) -> bool:

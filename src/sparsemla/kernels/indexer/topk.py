@@ -20,9 +20,8 @@ Split rows (top-k kernel): when the SMs outnumber the rows, a row longer than it
 to ``splits`` programs (a shape-only grid; how many take part is decided on the device from the row's length). Each owns
 a contiguous span, adds its span's histogram of a radix pass (2 ** STREAM_BITS bins streaming; 2 ** split_reg_bits()
 bins where the span is held in registers, see SPLIT_REG_TILE) into the row's histogram in a workspace (int32 atomics:
-exact, order-free), and waits at a per-row arrival counter until every participant has added its own; all
-participants then read the same merged histogram and take the same decisions (threshold bin, early stop). After the
-last pass each
+exact, order-free), and waits at a per-row arrival counter until every participant has added its own; all participants
+then read the same merged histogram and take the same decisions (threshold bin, early stop). After the last pass each
 participant publishes its span's winner counts (read off its own histograms), and writes its winners at their
 position-order slots (so the set and its order are deterministic). The last participant to arrive sorts (when asked),
 writes the page slots, and zeroes the row's workspace for the next launch. A split launch has one solo program per row

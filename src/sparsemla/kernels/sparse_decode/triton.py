@@ -84,7 +84,6 @@ def tile_chunks_first() -> bool:
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info`` (tiles:
-
     :func:`choose_tiles`; axis order for the compiling Triton: :func:`tile_chunks_first`)."""
     return replace(choose_tiles(info, num_heads, rows), chunks_first=tile_chunks_first())
 
