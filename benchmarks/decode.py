@@ -386,10 +386,12 @@ def main(
     splits: str = typer.Option("auto", help="Split count for sparsemla (auto or an int)."),
     git_sha: str = typer.Option("", help="Commit the numbers belong to (default: `git rev-parse HEAD` here)."),
     build_cubins: Path = typer.Option(
-        None, help="No GPU: compile sparsemla's launches of the grid with this Triton (3.8) for sm_90 into DIR."
+        None,
+        help="No GPU: compile sparsemla's launches of the grid with this Triton (3.8) in each of --paths, as the "
+        "GPU machine (sm_90) runs them, into DIR/<path>.",
     ),
     cubins: Path = typer.Option(
-        None, help="GPU: also time sparsemla_t38[_graph] from DIR's Triton 3.8 cubins (native path)."
+        None, help="GPU: also time sparsemla_t38[_graph] from DIR/<path>'s Triton 3.8 cubins in each code path."
     ),
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
@@ -399,6 +401,10 @@ def main(
 
     split_arg: int | str = "auto" if splits == "auto" else int(splits)
     shapes = shape_grid(batches, heads, extra_topks, prefill_rows, swa_topk)
+    try:
+        path_list = code_paths.parse(paths)
+    except ValueError as exc:
+        fail(str(exc), "e.g. --paths native,sm89")
     if build_cubins is not None:
         import triton
 
@@ -409,20 +415,19 @@ def main(
             for shape in shapes:
                 sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), num_splits=split_arg)
 
-        added = prod_cubins.build(workload, build_cubins)
-        print(f"{len(added)} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
+        for code_path in path_list:
+            where = prod_cubins.path_dir(build_cubins, code_path)
+            added = prod_cubins.build(workload, where, code_path)
+            print(f"{len(added)} cubins added to {where} (Triton {triton.__version__}, {code_path} path on sm_90)")
         return
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        if why := prod_cubins.missing(cubins):
-            fail(why, "make it with --build-cubins DIR on the build machine")
+        for code_path in path_list:
+            if why := prod_cubins.missing(prod_cubins.path_dir(cubins, code_path)):
+                fail(why, f"make it with --build-cubins DIR --paths {code_path} on the build machine")
     if not torch.cuda.is_available():
         fail("the decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode)")
-    try:
-        path_list = code_paths.parse(paths)
-    except ValueError as exc:
-        fail(str(exc), "e.g. --paths native,sm89")
     gpu = torch.cuda.get_device_name()
     ceilings = measure_ceilings() if child_out is None else {}
     if child_out is None:
@@ -447,10 +452,10 @@ def main(
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
     flash_mla, _ = load_flash_mla(torch.device("cuda"))
     replayer = None
-    if cubins is not None and code_path == "native":  # the cubins are the native (sm_90) code
+    if cubins is not None:
         from benchmarks import prod_cubins
 
-        replayer = prod_cubins.Replayer(cubins)
+        replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))  # this code path's cubins
     rows, checks = [], []
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
         for shape in shapes:
@@ -477,8 +482,9 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, check
     )
     if any(r["provider"].startswith("sparsemla_t38") for r in rows):
         method += (
-            "; `sparsemla_t38*` = the same calls with every decode kernel compiled by Triton 3.8 (production's) for "
-            "sm_90 on the build machine (`--build-cubins`) and launched from those cubins (benchmarks/prod_cubins.py)"
+            "; `sparsemla_t38*` / `sparsemla_sm89path_t38*` = the same calls with every decode kernel compiled by "
+            "Triton 3.8 (production's) on the build machine (`--build-cubins`), in that code path for this GPU, "
+            "and launched from those cubins (benchmarks/prod_cubins.py)"
         )
     write_doc(path, "decode", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
 

@@ -178,7 +178,24 @@ def gpu_slug(name: str) -> str:
     return (m.group(1) if m else name).lower().replace(" ", "")
 
 
-def run_case(case: Case, k: int, providers: list[str], bw: float) -> list[dict]:
+def graphed_calls(case: Case, k: int) -> dict[str, object]:
+    """The two launches the ``*_graph`` providers replay: the logits alone (``_launch_logits`` into a preallocated
+    output, what a captured decode step runs) and the fused logits + top-k (positions into a preallocated output).
+    ``--build-cubins`` compiles exactly these on the build machine."""
+    from sparsemla.kernels.indexer.triton import _launch_logits, indexer_logits_topk_fwd
+
+    args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table)
+    out = torch.empty(case.batch, case.cap, dtype=torch.float32, device=case.q.device)
+    idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
+    return {
+        "logits": lambda: _launch_logits(*args, out, case.cap),
+        "topk": lambda: indexer_logits_topk_fwd(*args, k, case.cap, out=idx),
+    }
+
+
+def run_case(case: Case, k: int, providers: list[str], bw: float, replayer: object = None) -> list[dict]:
+    """Rows (µs) of ``providers`` on one case; with ``replayer`` (a benchmarks.prod_cubins.Replayer) also
+    ``sparsemla_t38_graph`` / ``sparsemla_topk_t38_graph``: the graphed launches from Triton 3.8 cubins."""
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
     from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
 
@@ -188,21 +205,21 @@ def run_case(case: Case, k: int, providers: list[str], bw: float) -> list[dict]:
     def add(provider: str, us: float) -> None:
         rows.append({"B": case.batch, "ctx": case.ctx, "cap": case.cap, "provider": provider, "us": round(us, 2)})
 
+    calls = graphed_calls(case, k)
     if "sparsemla" in providers:
         add("sparsemla", _bench(lambda: indexer_logits_fwd(*args)))
     if "sparsemla_graph" in providers:
-        out = torch.empty(case.batch, case.cap, dtype=torch.float32, device=case.q.device)
-        from sparsemla.kernels.indexer.triton import _launch_logits
-
-        graph = _graph(lambda: _launch_logits(*args[:5], out, case.cap))
-        add("sparsemla_graph", _bench(graph.replay))
+        add("sparsemla_graph", _bench(_graph(calls["logits"]).replay))
     if "sparsemla_topk" in providers:
         idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
         add("sparsemla_topk", _bench(lambda: indexer_logits_topk_fwd(*args[:5], k, case.cap, out=idx)))
     if "sparsemla_topk_graph" in providers:
-        idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
-        graph = _graph(lambda: indexer_logits_topk_fwd(*args[:5], k, case.cap, out=idx))
-        add("sparsemla_topk_graph", _bench(graph.replay))
+        add("sparsemla_topk_graph", _bench(_graph(calls["topk"]).replay))
+    if replayer is not None:
+        for name, call in (("sparsemla_t38_graph", calls["logits"]), ("sparsemla_topk_t38_graph", calls["topk"])):
+            with replayer:  # every kernel of the call from its Triton 3.8 cubin (the capture records the launches)
+                graph = _graph(call)
+            add(name, _bench(graph.replay))
     if "sparsemla_topk_unfused" in providers:
         idx = torch.empty(case.batch, k, dtype=torch.int32, device=case.q.device)
         add(
@@ -288,6 +305,14 @@ def main(
         "native,sm89", help="Code paths (each in its own process): native and/or sm89 (TRITON_OVERRIDE_ARCH=sm89)."
     ),
     child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
+    build_cubins: Path = typer.Option(
+        None,
+        help="No GPU: compile the graphed logits and fused launches of the grid with this Triton (3.8) in each of "
+        "--paths, as the GPU machine (sm_90) runs them, into DIR/<path>.",
+    ),
+    cubins: Path = typer.Option(
+        None, help="GPU: also time sparsemla[_topk]_t38_graph from DIR/<path>'s Triton 3.8 cubins in each code path."
+    ),
 ) -> None:
     """Benchmark the indexer providers on the current CUDA GPU in each code path and write the JSON."""
     import sys
@@ -297,8 +322,6 @@ def main(
 
     from sparsemla.console import fail
 
-    if not torch.cuda.is_available():
-        fail("the indexer benchmark needs a CUDA GPU", "run it on the device machine (make bench-indexer)")
     try:
         path_list = code_paths.parse(paths)
     except ValueError as exc:
@@ -312,6 +335,19 @@ def main(
     cps = [int(x) for x in caps.split(",")]
     if any(c % IDX_PAGE for c in cps) or any(c > cap for c in cs for cap in cps):
         fail("every cap must be a multiple of 64 and >= every ctx", f"ctxs={cs} caps={cps}")
+    if build_cubins is not None:
+        for code_path in path_list:
+            added = build_cubins_for(bs, cs, cps, k, seed, build_cubins, code_path)
+            print(f"{added} cubins added to {build_cubins}/{code_path} (Triton {triton.__version__}, sm_90)")
+        return
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        for code_path in path_list:
+            if why := prod_cubins.missing(prod_cubins.path_dir(cubins, code_path)):
+                fail(why, f"make it with --build-cubins DIR --paths {code_path} on the build machine")
+    if not torch.cuda.is_available():
+        fail("the indexer benchmark needs a CUDA GPU", "run it on the device machine (make bench-indexer)")
     device = torch.device("cuda")
     if child_out is None and not tune:
         rows: list[dict] = []
@@ -332,18 +368,45 @@ def main(
     if tune:
         tune_logits(kv, gen)
         return
+    replayer = None
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))  # this code path's cubins
     rows = []
     for batch in bs:
         for ctx in cs:
             for cap in cps:
                 case = make_case(batch, ctx, cap, kv, gen)
-                for row in run_case(case, k, chosen, bw):
+                for row in run_case(case, k, chosen, bw, replayer):
                     if code_path != "native" and row["provider"] == "floor":
                         continue
                     rows.append({**row, "provider": code_paths.provider(row["provider"], code_path)})
                 del case
                 torch.cuda.empty_cache()
                 child_out.write_text(json.dumps({"rows": rows}))
+
+
+def build_cubins_for(
+    bs: list[int], cs: list[int], cps: list[int], k: int, seed: int, out_dir: Path, code_path: str
+) -> int:
+    """No GPU: compile the graphed launches (:func:`graphed_calls`) of every (B, ctx, cap) in ``code_path`` with this
+    machine's Triton into ``out_dir/<code_path>`` (benchmarks/prod_cubins.py). The inputs have the GPU run's shapes,
+    dtypes and strides (an unfilled cache of as many pages, never read here), so the GPU run makes the same launches.
+    Returns how many cubins were added."""
+    from benchmarks import prod_cubins
+
+    kv = torch.empty(max(bs) * -(-max(cs) // IDX_PAGE), IDX_PAGE, 1, IDX_BYTES_PER_TOKEN, dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(seed)
+
+    def workload() -> None:
+        for batch in bs:
+            for ctx in cs:
+                for cap in cps:
+                    for call in graphed_calls(make_case(batch, ctx, cap, kv, gen), k).values():
+                        call()
+
+    return len(prod_cubins.build(workload, prod_cubins.path_dir(out_dir, code_path), code_path))
 
 
 def _write(out_dir: Path, rows: list[dict], bw: float, k: int, git_sha: str, paths: list[str], triton_v: str) -> None:
@@ -373,6 +436,9 @@ def _write(out_dir: Path, rows: list[dict], bw: float, k: int, git_sha: str, pat
             "sparsemla_topk_unfused": f"Triton logits then Triton top-{k} (two launches)",
             "sparsemla_sm89path*": "the same sparsemla providers in the sm_89 code path (TRITON_OVERRIDE_ARCH=sm89: "
             "mma.sync, fp8 MMAs as on sm_89/sm_120)",
+            "sparsemla_t38_graph / sparsemla_topk_t38_graph": "the graphed logits / fused launches with every kernel "
+            "compiled by Triton 3.8 (production's) on the build machine, in the code path of the row, for this GPU, "
+            "and launched from those cubins (benchmarks/prod_cubins.py; --cubins)",
             "torch_fallback": "faithful re-implementation of sglang 0.5.23 fp8_paged_mqa_logits_torch_sm120 "
             "(sglang not importable on the GPU machine)",
             "torch_topk": f"faithful re-implementation of sglang 0.5.23 topk_transform_pytorch_vectorized, k={k}",

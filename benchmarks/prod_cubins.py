@@ -34,6 +34,7 @@ import triton
 from sparsemla.kernels import device as dev
 
 MANIFEST = "manifest.json"
+GPU_TARGET = "sm_90"  # the GPU machine's (an H200): every code path's cubins are for it
 _OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")  # launch options that select a compile
 _CTYPES = {
     "i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
@@ -95,18 +96,44 @@ def _entry(kernel: object, key: str) -> dict:
     }  # fmt: skip
 
 
+def path_dir(root: Path, code_path: str) -> Path:
+    """Where a benchmark's ``--build-cubins ROOT`` puts, and its ``--cubins ROOT`` finds, one code path's cubins."""
+    return root / code_path
+
+
 def missing(cubin_dir: Path) -> str | None:
     """Why ``cubin_dir`` cannot be replayed (no manifest), or None: what a benchmark's ``--cubins`` checks first."""
     if (cubin_dir / MANIFEST).is_file():
         return None
-    return f"--cubins {cubin_dir}: no {MANIFEST} there"
+    return f"--cubins: no {MANIFEST} in {cubin_dir}"
 
 
-def build(workload: Callable[[], object], out_dir: Path, arch: str = "sm_90") -> list[dict]:
-    """Compile every launch ``workload()`` makes for ``arch`` (here, no GPU) and add its cubin to ``out_dir``'s
-    manifest. Returns the entries added by this call (a launch already in the manifest is kept once)."""
+def path_info(code_path: str) -> tuple[dev.DeviceInfo, int]:
+    """What the GPU machine's launchers see in ``code_path`` (``native``, or ``sm89``: TRITON_OVERRIDE_ARCH there),
+    and the architecture its cubins are for: the GPU's own in every path (the override changes the code Triton emits,
+    not the GPU that runs it)."""
+    gpu = dev.target(GPU_TARGET)
+    if code_path == "native":
+        return gpu, gpu.arch
+    return dev.running_as(gpu, dev.target(code_path).capability), gpu.arch
+
+
+def _running_path() -> str:
+    """This process's code path as the benchmarks name it: ``native`` or the TRITON_OVERRIDE_ARCH value (``sm89``)."""
+    from sparsemla import flags
+
+    raw = (flags.TRITON_OVERRIDE_ARCH.get() or "").strip().lower()
+    return raw.replace("sm_", "sm") if raw else "native"
+
+
+def build(workload: Callable[[], object], out_dir: Path, code_path: str = "native") -> list[dict]:
+    """Compile every launch ``workload()`` makes on the GPU machine in ``code_path`` (here, no GPU; ``sm89``: the
+    mma.sync code Triton emits under TRITON_OVERRIDE_ARCH=sm89, as cubins for the GPU machine's sm_90) and add its
+    cubin to ``out_dir``'s manifest. Returns the entries added by this call (a launch already in the manifest is kept
+    once)."""
     from sparsemla.kernels import aot
 
+    info, arch = path_info(code_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_file = out_dir / MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else {}
@@ -118,19 +145,25 @@ def build(workload: Callable[[], object], out_dir: Path, arch: str = "sm_90") ->
         key = launch_key(self, args, kwargs)
         if key not in manifest:
             (out_dir / f"{key}.cubin.gz").write_bytes(gzip.compress(kernel.asm["cubin"], mtime=0))
-            manifest[key] = _entry(kernel, key)
+            manifest[key] = {**_entry(kernel, key), "code_path": code_path}
             added.append(manifest[key])
         return kernel
 
-    info = dev.target(arch)
     records: list = []
-    with aot.compile_only(arch, info, "prod-cubins", records):  # the fake target's driver; launches only compile
-        inner = triton.JITFunction.run  # compile_only's own patch, restored for its exit
-        triton.JITFunction.run = run
-        try:
-            workload()
-        finally:
-            triton.JITFunction.run = inner
+    runtime = triton.knobs.runtime
+    saved_override = runtime.override_arch
+    # the code path's instruction selection (Triton reads override_arch when it parses a compile's options)
+    runtime.override_arch = None if code_path == "native" else code_path
+    try:
+        with aot.compile_only(code_path, info, "prod-cubins", records, compile_arch=arch):  # launches only compile
+            inner = triton.JITFunction.run  # compile_only's own patch, restored for its exit
+            triton.JITFunction.run = run
+            try:
+                workload()
+            finally:
+                triton.JITFunction.run = inner
+    finally:
+        runtime.override_arch = saved_override
     manifest_file.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return added
 
@@ -191,6 +224,15 @@ def compiler_version(manifest: dict) -> tuple[int, int]:
     return versions.pop() if versions else dev.TRITON_VERSION
 
 
+def manifest_path(manifest: dict) -> str:
+    """The code path a manifest's cubins were built for (one per folder; entries from before paths were recorded are
+    native)."""
+    paths = {e.get("code_path", "native") for e in manifest.values()}
+    if len(paths) > 1:
+        raise ValueError(f"cubins of several code paths in one folder: {sorted(paths)}")
+    return paths.pop() if paths else _running_path()
+
+
 class Replayer:
     """Launches of ``kernels`` (kernel function names; None: all) from ``cubin_dir``'s cubins while entered (see the
     module docstring), other kernels as usual. Reusable: modules stay loaded and scratch buffers stay alive between
@@ -205,6 +247,12 @@ class Replayer:
         self.cubin_dir, self.kernels = cubin_dir, kernels
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
         self.compiler = compiler_version(self.manifest)
+        self.code_path = manifest_path(self.manifest)
+        if self.code_path != _running_path():
+            raise ValueError(
+                f"{cubin_dir} holds the {self.code_path} code path's cubins, this process runs {_running_path()}: "
+                "replay each path's cubins in that path's process"
+            )
         self.driver: _Driver | None = None  # created at the first launch (libcuda exists only on the GPU machine)
         self.counts: dict[str, int] = {}
         self.scratch_bufs: list[torch.Tensor] = []
@@ -268,4 +316,7 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[st
         yield counts
 
 
-__all__ = ["Replayer", "build", "compiler_version", "launch_key", "missing", "pack_params", "replay"]
+__all__ = [
+    "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "path_dir",
+    "path_info", "replay",
+]  # fmt: skip

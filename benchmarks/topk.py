@@ -580,7 +580,8 @@ def run_path(
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        replayers = {p: prod_cubins.Replayer(cubins, T38_KERNELS[p]) for p in T38_KERNELS if p in chosen}
+        native = prod_cubins.path_dir(cubins, "native")  # the 3.8 providers run in the native path only
+        replayers = {p: prod_cubins.Replayer(native, T38_KERNELS[p]) for p in T38_KERNELS if p in chosen}
     sgl_wanted = [p for p in chosen if p in SGLANG_PROVIDERS]
     build_proc, build_out = None, out.with_suffix(".sglang.json")
     if sgl_wanted:  # builds while our providers are timed (its own process: no CUDA calls beside a graph capture)
@@ -738,9 +739,12 @@ def main(
     build_sglang_only: Path = typer.Option(None, hidden=True, help="(internal) build sglang's JIT top-k, report here."),
     merge: list[Path] = typer.Option(None, help="Join these per-path result JSONs into one (no GPU needed)."),
     build_cubins: Path = typer.Option(
-        None, help="No GPU: compile sparsemla_split's launches of these shapes with this Triton for sm_90 into DIR."
+        None,
+        help="No GPU: compile the *_t38 providers' launches of these shapes with this Triton (sm_90) into DIR/native.",
     ),
-    cubins: Path = typer.Option(None, help="GPU: also time sparsemla_split_t38 from DIR (made by --build-cubins)."),
+    cubins: Path = typer.Option(
+        None, help="GPU: also time the *_t38 providers from DIR/native (made by --build-cubins; native path only)."
+    ),
 ) -> None:
     """Time every top-k provider in each code path on the current CUDA GPU and write one JSON with target verdicts."""
     from sparsemla.console import fail
@@ -763,13 +767,16 @@ def main(
     if build_cubins is not None:
         import triton
 
-        added = build_cubins_for(cfg, build_cubins)
-        print(f"{added} cubins added to {build_cubins} (Triton {triton.__version__}, sm_90)")
+        from benchmarks import prod_cubins
+
+        where = prod_cubins.path_dir(build_cubins, "native")
+        added = build_cubins_for(cfg, where)
+        print(f"{added} cubins added to {where} (Triton {triton.__version__}, sm_90)")
         return
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        if why := prod_cubins.missing(cubins):
+        if why := prod_cubins.missing(prod_cubins.path_dir(cubins, "native")):
             fail(why, "make it with --build-cubins DIR on the build machine")
         chosen = [*chosen, *(p for p in T38_KERNELS if p not in chosen)]
     elif wrong := [p for p in chosen if p in T38_KERNELS]:

@@ -112,9 +112,9 @@ def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones
 def test_benchmarks_refuse_a_cubin_folder_without_a_manifest(tmp_path):
     from typer.testing import CliRunner
 
-    from benchmarks import decode, topk
+    from benchmarks import decode, indexer, topk
 
-    for app in (decode.app, topk.app):
+    for app in (decode.app, indexer.app, topk.app):
         result = CliRunner().invoke(app, ["--cubins", str(tmp_path)])
         assert result.exit_code == 2 and "no manifest.json" in result.output and "--build-cubins" in result.output
 
@@ -141,3 +141,104 @@ def test_replay_makes_launchers_choose_for_the_cubins_compiler(tmp_path, monkeyp
     (tmp_path / pc.MANIFEST).write_text(json.dumps({"a": {"triton": "3.8.0"}, "b": {"triton": "3.6.0"}}))
     with pytest.raises(ValueError, match="several Triton versions"):
         pc.Replayer(tmp_path)
+
+
+DOT_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot_kernel(a, b, c, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    x = tl.load(a + o[:, None] * BLOCK + o[None, :])  # [BLOCK, BLOCK] bf16
+    y = tl.load(b + o[:, None] * BLOCK + o[None, :])  # [BLOCK, BLOCK] bf16
+    tl.store(c + o[:, None] * BLOCK + o[None, :], tl.dot(x, y))  # [BLOCK, BLOCK] fp32
+"""
+
+PATHS_CHILD = """
+import json, sys
+from pathlib import Path
+import torch
+import triton
+from benchmarks import prod_cubins as pc
+from sparsemla.kernels import aot, device as dev
+from dot import _dot_kernel
+
+root = Path(sys.argv[1])
+a, b, c = torch.randn(64, 64).bfloat16(), torch.randn(64, 64).bfloat16(), torch.empty(64, 64)
+seen = {}
+
+
+def work():
+    seen[triton.knobs.runtime.override_arch] = dev.device_info().smem_per_block
+    _dot_kernel[(1,)](a, b, c, BLOCK=64)
+
+
+out = {}
+for path in ("native", "sm89"):
+    (entry,) = pc.build(work, pc.path_dir(root, path), path)
+    sass = aot.cubin_sass(pc.gzip.decompress((pc.path_dir(root, path) / entry["cubin"]).read_bytes()))
+    out[path] = dict(entry=entry, hgmma="HGMMA" in sass, hmma="HMMA" in sass)
+out["seen"] = {str(k): v for k, v in seen.items()}
+out["override_after"] = triton.knobs.runtime.override_arch
+print(json.dumps(out))
+"""
+
+
+def test_build_compiles_each_code_path_for_the_gpu_machine(tmp_path):
+    """``build(..., code_path="sm89")`` makes what the GPU machine runs under TRITON_OVERRIDE_ARCH=sm89: mma.sync code
+    (no wgmma) in cubins for its sm_90, launchers configured for sm_89's 101,376 B budget; the native build is wgmma
+    for the H200's budget; the override is restored afterwards and each path gets a folder of its own."""
+    (tmp_path / "dot.py").write_text(DOT_KERNEL)
+    (tmp_path / "child.py").write_text(PATHS_CHILD)
+    path = os.pathsep.join([str(ROOT), str(tmp_path), str(ROOT / "src")])
+    env = flags.child_env({"TRITON_INTERPRET": None, "TRITON_OVERRIDE_ARCH": None, "PYTHONPATH": path,
+                           "TRITON_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
+    proc = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cubins")], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    native, sm89 = got["native"], got["sm89"]
+    assert native["hgmma"] and not native["hmma"]
+    assert sm89["hmma"] and not sm89["hgmma"]
+    assert native["entry"]["target"] == sm89["entry"]["target"] == "cuda:90"
+    assert (native["entry"]["code_path"], sm89["entry"]["code_path"]) == ("native", "sm89")
+    assert got["seen"] == {"None": 232_448, "sm89": 101_376}
+    assert got["override_after"] is None
+    assert (tmp_path / "cubins" / "native" / "manifest.json").is_file()
+    assert (tmp_path / "cubins" / "sm89" / "manifest.json").is_file()
+
+
+def test_replay_refuses_another_code_paths_cubins(tmp_path, monkeypatch):
+    """A folder of sm89-path cubins replays only in a process running that path (TRITON_OVERRIDE_ARCH=sm89), and
+    native cubins (also those of manifests from before paths were recorded) only in a native one."""
+    from benchmarks import prod_cubins as pc
+
+    sm89, native, old = tmp_path / "sm89", tmp_path / "native", tmp_path / "old"
+    for folder, entry in ((sm89, {"code_path": "sm89"}), (native, {"code_path": "native"}), (old, {})):
+        folder.mkdir()
+        (folder / pc.MANIFEST).write_text(json.dumps({"a": {"triton": "3.8.0", **entry}}))
+    monkeypatch.delenv("TRITON_OVERRIDE_ARCH", raising=False)
+    assert pc.Replayer(native).code_path == pc.Replayer(old).code_path == "native"
+    with pytest.raises(ValueError, match="sm89 code path's cubins, this process runs native"):
+        pc.Replayer(sm89)
+    monkeypatch.setenv("TRITON_OVERRIDE_ARCH", "sm89")
+    assert pc.Replayer(sm89).code_path == "sm89"
+    with pytest.raises(ValueError, match="native code path's cubins, this process runs sm89"):
+        pc.Replayer(native)
+    mixed = {"a": {"triton": "3.8.0", "code_path": "sm89"}, "b": {"triton": "3.8.0"}}
+    (sm89 / pc.MANIFEST).write_text(json.dumps(mixed))
+    with pytest.raises(ValueError, match="several code paths"):
+        pc.Replayer(sm89)
+
+
+def test_running_as_configures_another_targets_budget_on_this_gpus_sms():
+    from sparsemla.kernels import device as dev
+
+    h200 = dev.target("sm_90")
+    as89 = dev.running_as(h200, (8, 9))
+    assert (as89.capability, as89.smem_per_block, as89.num_sms, as89.smem_per_sm) == ((8, 9), 101_376, 132, 233_472)
+    assert as89.name == "H200 as sm_89" and not as89.has_wgmma
+    assert dev.running_as(h200, (8, 0)).smem_per_block == 166_912
+    assert dev.running_as(h200, (9, 0)) is h200

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Triton 3.8 (production) timings on the GPU machine, from cubins compiled here (benchmarks/prod_cubins.py).
 #
-#   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~6 min: .gpu-cubins/{ab,decode,topk}
+#   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~10 min: .gpu-cubins/{ab,decode,indexer,topk}
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins"])
+#
+# Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
+# TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
+# `paths` (one device call): the decode's target and prefill shapes and the indexer's logits / fused launches in both
+# code paths, each from 3.8 cubins next to the GPU machine's 3.6 (issue #13's sm_89-path rules on production's compiler).
 #
 # `run` (one device call, ~8 min): first the replayed top-k's outputs against torch.topk (every row's `exact` must be
 # true before any time means anything), then the top-k digit-width A/B from 3.8 cubins (wide digits pay on 3.8, whose
@@ -17,7 +23,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 AB_VARIANTS=default,bits11,reg11,stream11,wide8,wide11,wide11_nofilter,splits2,wide11_splits2,wide11_splits4,wide11_splits16
 AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
-DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows "")
+DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows 1024,8192)
+INDEXER=(--batches 1,64 --ctxs 4096,16384,65536 --caps 65536 --providers sparsemla_graph,sparsemla_topk_graph)
 TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every replayed launch has its cubin
 
 case "${1:-}" in
@@ -26,7 +33,8 @@ build)
     py=.venv/bin/python
     $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/ab --ks 512,2048 \
         --variants "$AB_VARIANTS" --shapes "$AB_SHAPES"
-    $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}"
+    $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}" --paths native,sm89
+    $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
     $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
     du -sh .gpu-cubins
     ;;
@@ -39,8 +47,17 @@ run)
         --code "$SHA" --out "$OUT/topk_t38_ab-native-h200.json" | cut -c1-200
     timeout 150 python3 $ab --ks 512,2048 --variants default,wide11 --shapes 64x16384,64x65536,1x4096 \
         --code "$SHA" --out "$OUT/topk_t36_ab-native-h200.json" | cut -c1-200
-    timeout 130 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native \
-        --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
+    timeout 130 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --prefill-rows "" \
+        --paths native --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
+    ;;
+paths)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 330 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native,sm89 \
+        --providers sparsemla,flashmla --git-sha "$SHA" --out-dir "$OUT/decode_paths" | tail -30
+    timeout 200 python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89 \
+        --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
@@ -52,7 +69,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|run|formal native|sm89" >&2
+    echo "usage: $0 build|run|paths|formal native|sm89" >&2
     exit 2
     ;;
 esac

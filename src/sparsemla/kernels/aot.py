@@ -78,10 +78,11 @@ class KernelResources:
 
 
 class _TargetDriver(DriverBase):
-    """A driver that reports ``arch`` as the current target and never launches."""
+    """A driver that reports ``arch`` as the current target and never launches. ``code_arch``: the architecture whose
+    code is emitted for it (another one under ``override_arch``; it keys a per-device cache of its own)."""
 
-    def __init__(self, arch: int) -> None:
-        self.arch = arch
+    def __init__(self, arch: int, code_arch: int | None = None) -> None:
+        self.arch, self.code_arch = arch, code_arch or arch
 
     @staticmethod
     def is_active() -> bool:
@@ -91,7 +92,7 @@ class _TargetDriver(DriverBase):
         return GPUTarget("cuda", self.arch, 32)
 
     def get_current_device(self) -> int:
-        return 1000 + self.arch  # a key of its own in each kernel's per-device cache
+        return 1000 * self.code_arch + self.arch  # a key of its own in each kernel's per-device cache
 
     def get_current_stream(self, device: int | None = None) -> int:
         return 0
@@ -166,11 +167,18 @@ def watch_launches(on_kernel: Callable[[str, object], None], compile_only: bool 
 
 @contextlib.contextmanager
 def compile_only(
-    name: str, info: dev.DeviceInfo, case: str, sink: list[KernelResources], sass_dir: Path | None = None
+    name: str,
+    info: dev.DeviceInfo,
+    case: str,
+    sink: list[KernelResources],
+    sass_dir: Path | None = None,
+    compile_arch: int | None = None,
 ) -> Iterator[None]:
     """Within the block, launches compile for ``info`` and append their resources to ``sink`` instead of running;
     with ``sass_dir`` each kernel's SASS goes there too (:func:`sass_file_name`; a kernel launched again in the same
-    case gets ``.2.sass``, ``.3.sass`` ...)."""
+    case gets ``.2.sass``, ``.3.sass`` ...). ``compile_arch`` (default ``info.arch``): the GPU the cubins are for, when
+    ``info`` describes another architecture's code running on it (``device.running_as``; the caller sets Triton's
+    ``override_arch``)."""
     seen: dict[str, int] = {}
 
     def record(kernel_name: str, kernel) -> None:  # noqa: ANN001 - a CompiledKernel
@@ -189,7 +197,7 @@ def compile_only(
 
     drivers = triton.runtime.driver
     previous = drivers._active  # None on a machine without a GPU: reset_active() would try to create one
-    drivers.set_active(_TargetDriver(info.arch))
+    drivers.set_active(_TargetDriver(compile_arch or info.arch, info.arch))
     try:
         with dev.assume(info), watch_launches(record, compile_only=True):
             yield

@@ -144,14 +144,19 @@ def _from_torch(index: int) -> DeviceInfo:
     per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or smem)
     info = DeviceInfo(capability, smem, props.multi_processor_count, per_sm, props.name)
     override = _override_arch()
-    if override is not None and override != capability:
-        # Configure as the target would be configured (its budget per block), on this GPU's SMs. Blocks per SM stay
-        # this GPU's: that is what runs here (an H200 fits two 98 KB blocks per SM where an sm_120 fits one).
-        as_target = _target_of(override)
-        budget = min(smem, as_target.smem_per_block) if as_target else smem
-        name = f"{props.name} as sm_{override[0]}{override[1]}"
-        info = replace(info, capability=override, smem_per_block=budget, name=name)
-    return info
+    return info if override is None else running_as(info, override)
+
+
+def running_as(info: DeviceInfo, capability: tuple[int, int]) -> DeviceInfo:
+    """``info``'s GPU running another architecture's code (``TRITON_OVERRIDE_ARCH``): configured as that target would
+    be (its budget per block, capped by this GPU's), on this GPU's SMs. Blocks per SM stay this GPU's: that is what
+    runs here (an H200 fits two 98 KB blocks per SM where an sm_120 fits one)."""
+    if capability == info.capability:
+        return info
+    as_target = _target_of(capability)
+    budget = min(info.smem_per_block, as_target.smem_per_block) if as_target else info.smem_per_block
+    name = f"{info.name} as sm_{capability[0]}{capability[1]}"
+    return replace(info, capability=capability, smem_per_block=budget, name=name)
 
 
 def device_info(device: torch.device | int | None = None) -> DeviceInfo:
