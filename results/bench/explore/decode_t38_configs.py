@@ -35,6 +35,12 @@ p.add_argument("--code", default="", help="what the package's code is (the GPU c
 p.add_argument("--configs", default="auto,64:64:8:1:1,64:32:8:1:1,64:64:8:1:2,64:32:8:2:1,64:32:4:1:2,64:16:4:2:2")
 p.add_argument("--shapes", default="8x64,32x64,64x64,128x64,8x128,32x128,64x128,128x128", help="BxH,...")
 p.add_argument("--extra", type=int, default=512)
+p.add_argument(
+    "--path",
+    default="native",
+    help="code path: native, or sm89 (build here; on the GPU run the script "
+    "under TRITON_OVERRIDE_ARCH=sm89, whose Triton 3.6 rows are then that path's too)",
+)
 args = p.parse_args()
 
 SHAPES = [Shape(*(int(x) for x in s.split("x")), 128, args.extra) for s in args.shapes.split(",")]
@@ -60,7 +66,7 @@ if args.build_cubins:
             for shape in SHAPES:
                 T.sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), config=config(spec))
 
-        added = prod_cubins.build(workload, out_dir)
+        added = prod_cubins.build(workload, out_dir, args.path)
         for entry in added:
             if entry["name"].startswith("_sparse_decode_kernel"):
                 regs, spill = aot.cubin_resources(gzip.decompress((out_dir / entry["cubin"]).read_bytes()))
@@ -105,7 +111,8 @@ for shape in SHAPES:
         print(json.dumps(row), flush=True)
         rows.append(row)
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                    code=args.code, cubins=args.cubins, replayed=replayer.counts)  # fmt: skip
+                    code=args.code, cubins=args.cubins, code_path=replayer.code_path,
+                    replayed=replayer.counts)  # fmt: skip
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     del sets
     torch.cuda.empty_cache()
