@@ -1,5 +1,4 @@
 """Exploratory sweep (not a benchmark claim): decode kernel variants and indexer logits launch params, graph replay."""
-
 import json, os, sys, time
 import torch
 from triton.testing import do_bench
@@ -8,18 +7,13 @@ from sparsemla.kernels.sparse_decode import triton as T
 
 OUT = os.environ.get("OUT", "/tmp")
 res = []
-
-
 def t_graph(calls):
     runs = [graphed(c) for c in calls]
     st = {"i": 0}
-
     def step():
         st["i"] += 1
         return runs[st["i"] % len(runs)]()
-
     return do_bench(step, warmup=10, rep=40, return_mode="median") * 1e3
-
 
 CFGS = {
     "c0 64:64:8:1": T.DecodeConfig(64, 64, 8, 1),
@@ -48,52 +42,36 @@ if "decode" in which:
                 try:
                     out = T.sparse_decode_fwd(**sets[0], num_splits=splits, config=cfg)[0].float()
                     err = float((out - ref).norm() / ref.norm())
-                    us = t_graph(
-                        [lambda kw=kw: T.sparse_decode_fwd(**kw, num_splits=splits, config=cfg) for kw in sets]
-                    )
+                    us = t_graph([lambda kw=kw: T.sparse_decode_fwd(**kw, num_splits=splits, config=cfg) for kw in sets])
                 except Exception as e:  # noqa
                     print(B, name, splits, "FAILED", type(e).__name__, str(e)[:200], flush=True)
                     continue
-                res.append(
-                    dict(op="decode", B=B, cfg=name, splits=splits, auto=splits == auto, us=round(us, 2), err=err)
-                )
-                print(
-                    f"B={B:4d} {name:22s} splits={splits:3d}{'*' if splits == auto else ' '} {us:8.2f} us err={err:.1e}",
-                    flush=True,
-                )
+                res.append(dict(op="decode", B=B, cfg=name, splits=splits, auto=splits == auto, us=round(us, 2), err=err))
+                print(f"B={B:4d} {name:22s} splits={splits:3d}{'*' if splits == auto else ' '} {us:8.2f} us err={err:.1e}", flush=True)
         del sets
         torch.cuda.empty_cache()
 if "indexer" in which:
     from sparsemla.kernels.bench.indexer import gpu_indexer_cache, make_case
     from sparsemla.kernels.indexer.triton import _launch_logits, num_splits_for
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     dev = torch.device("cuda")
     kv = gpu_indexer_cache(64 * 65536 // 64 + 64, dev, gen)
-    for B, ctx in ((1, 4096), (64, 4096), (64, 16384), (64, 65536)):
+    for (B, ctx) in ((1, 4096), (64, 4096), (64, 16384), (64, 65536)):
         case = make_case(B, ctx, 65536, kv, gen)
         out = torch.empty(B, case.cap, dtype=torch.float32, device=dev)
         args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, out, case.cap)
-        _launch_logits(*args)
-        ref = out[:, :ctx].clone()
+        _launch_logits(*args); ref = out[:, :ctx].clone()
         best = None
         for block_n in (64, 128):
             for stages in (2, 3, 4, 5, 6):
                 for warps in (4, 8):
                     for per_sm in (1, 2, 4, 8, 16):
-                        kw = dict(
-                            block_n=block_n,
-                            num_stages=stages,
-                            num_warps=warps,
-                            num_splits=num_splits_for(B, dev, programs_per_sm=per_sm),
-                        )
+                        kw = dict(block_n=block_n, num_stages=stages, num_warps=warps, num_splits=num_splits_for(B, dev, programs_per_sm=per_sm))
                         try:
-                            out.fill_(float("nan"))
-                            _launch_logits(*args, **kw)
+                            out.fill_(float("nan")); _launch_logits(*args, **kw)
                             ok = torch.allclose(out[:, :ctx], ref, rtol=1e-4, atol=1e-4)
                             g = torch.cuda.CUDAGraph()
-                            s = torch.cuda.Stream()
-                            s.wait_stream(torch.cuda.current_stream())
+                            s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
                             with torch.cuda.stream(s):
                                 _launch_logits(*args, **kw)
                             torch.cuda.current_stream().wait_stream(s)
@@ -106,24 +84,8 @@ if "indexer" in which:
                         res.append(dict(op="indexer", B=B, ctx=ctx, us=round(us, 2), ok=ok, **kw, per_sm=per_sm))
                         if best is None or us < best[0]:
                             best = (us, block_n, stages, warps, per_sm, ok)
-        default = [
-            r
-            for r in res
-            if r["op"] == "indexer"
-            and r["B"] == B
-            and r["ctx"] == ctx
-            and r["block_n"] == 128
-            and r["num_stages"] == 3
-            and r["num_warps"] == 4
-            and r["per_sm"] == 8
-        ]
-        print(
-            f"indexer B={B} ctx={ctx}: best {best}; default(128,3,4,8) {default[0]['us'] if default else None}",
-            flush=True,
-        )
-        top = sorted(
-            [r for r in res if r["op"] == "indexer" and r["B"] == B and r["ctx"] == ctx], key=lambda r: r["us"]
-        )[:6]
-        for r in top:
-            print("   ", r["us"], r["block_n"], r["num_stages"], r["num_warps"], r["per_sm"], r["ok"])
+        default = [r for r in res if r["op"] == "indexer" and r["B"] == B and r["ctx"] == ctx and r["block_n"] == 128 and r["num_stages"] == 3 and r["num_warps"] == 4 and r["per_sm"] == 8]
+        print(f"indexer B={B} ctx={ctx}: best {best}; default(128,3,4,8) {default[0]['us'] if default else None}", flush=True)
+        top = sorted([r for r in res if r["op"] == "indexer" and r["B"] == B and r["ctx"] == ctx], key=lambda r: r["us"])[:6]
+        for r in top: print("   ", r["us"], r["block_n"], r["num_stages"], r["num_warps"], r["per_sm"], r["ok"])
 json.dump(res, open(os.path.join(OUT, f"sweep-{which.replace(',', '_')}.json"), "w"), indent=1)

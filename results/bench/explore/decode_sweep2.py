@@ -1,5 +1,4 @@
 """Exploratory sweep 2 (not a benchmark claim): fused split merge / bf16 partials, kernel-time breakdown."""
-
 import json, os, dataclasses
 import torch
 from triton.testing import do_bench
@@ -8,22 +7,16 @@ from sparsemla.kernels.sparse_decode import triton as T
 
 OUT = os.environ.get("OUT", "/tmp")
 res = []
-
-
 def t_graph(calls):
     runs = [graphed(c) for c in calls]
     st = {"i": 0}
-
     def step():
         st["i"] += 1
         return runs[st["i"] % len(runs)]()
-
     return do_bench(step, warmup=10, rep=40, return_mode="median") * 1e3, runs
-
 
 def breakdown(run):
     from torch.profiler import profile, ProfilerActivity
-
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
@@ -33,11 +26,8 @@ def breakdown(run):
     out = {}
     for e in prof.key_averages():
         if "decode" in e.key or "combine" in e.key:
-            out[e.key[:40]] = round(
-                e.device_time / max(e.count, 1) if hasattr(e, "device_time") else e.cuda_time / max(e.count, 1), 2
-            )
+            out[e.key[:40]] = round(e.device_time / max(e.count, 1) if hasattr(e, "device_time") else e.cuda_time / max(e.count, 1), 2)
     return out
-
 
 D = dataclasses.replace
 for B in (1, 8, 32, 64, 128):
@@ -65,9 +55,7 @@ for B in (1, 8, 32, 64, 128):
         try:
             out = T.sparse_decode_fwd(**sets[0], num_splits=sp, config=cfg)[0].float()
             err = float((out - ref).norm() / ref.norm())
-            us, runs = t_graph(
-                [lambda kw=kw, cfg=cfg, sp=sp: T.sparse_decode_fwd(**kw, num_splits=sp, config=cfg) for kw in sets]
-            )
+            us, runs = t_graph([lambda kw=kw, cfg=cfg, sp=sp: T.sparse_decode_fwd(**kw, num_splits=sp, config=cfg) for kw in sets])
             bd = breakdown(runs[0]) if name in ("base", "fused") else {}
             out2 = T.sparse_decode_fwd(**sets[0], num_splits=sp, config=cfg)[0].float()
             det = bool(torch.equal(out, out2))

@@ -35,6 +35,7 @@ p.add_argument("--code", default="", help="what the package's code is (the GPU c
 p.add_argument("--configs", default="auto,64:64:8:1:1,64:32:8:1:1,64:64:8:1:2,64:32:8:2:1,64:32:4:1:2,64:16:4:2:2")
 p.add_argument("--shapes", default="8x64,32x64,64x64,128x64,8x128,32x128,64x128,128x128", help="BxH,...")
 p.add_argument("--extra", type=int, default=512)
+p.add_argument("--only-t38", action="store_true", help="GPU: skip the Triton 3.6 rows (their compiles take minutes)")
 p.add_argument(
     "--path",
     default="native",
@@ -89,7 +90,8 @@ for shape in SHAPES:
     for spec in CONFIGS:
         cfg = config(spec)
         row: dict = dict(B=shape.B, H=shape.H, extra=shape.extra_topk, cfg=spec)
-        for name, ctx in (("t38", lambda: replayer), ("t36", contextlib.nullcontext)):
+        variants = (("t38", lambda: replayer), ("t36", contextlib.nullcontext))
+        for name, ctx in variants[:1] if args.only_t38 else variants:
             try:
 
                 def call(kw: dict, ctx=ctx, cfg=cfg) -> torch.Tensor:

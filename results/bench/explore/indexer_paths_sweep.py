@@ -69,9 +69,7 @@ with watch_launches(lambda name, kernel: shared.__setitem__(name, kernel.metadat
                 smem = max(shared.values()) if shared else -1
                 rows.append(dict(path=args.path, B=b, ctx=ctx, cfg=spec, us=round(us, 2), err=err, smem=smem))
             except Exception as e:  # noqa: BLE001
-                rows.append(
-                    dict(path=args.path, B=b, ctx=ctx, cfg=spec, error=(str(e).splitlines() or [repr(e)])[-1][:200])
-                )
+                rows.append(dict(path=args.path, B=b, ctx=ctx, cfg=spec, error=(str(e).splitlines() or [repr(e)])[-1][:200]))
             print(json.dumps(rows[-1]), flush=True)
 doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
 json.dump(doc, open(args.out, "w"), indent=1)

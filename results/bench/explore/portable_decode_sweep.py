@@ -64,9 +64,7 @@ for spec in args.shapes.split(","):
             us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
             rows.append(dict(path=args.path, B=B, H=H, cfg=c, us=round(us, 2), err=err, smem=smem))
         except Exception as e:  # noqa: BLE001
-            rows.append(
-                dict(path=args.path, B=B, H=H, cfg=c, error=str(e).splitlines()[-1][:200] if str(e) else repr(e))
-            )
+            rows.append(dict(path=args.path, B=B, H=H, cfg=c, error=str(e).splitlines()[-1][:200] if str(e) else repr(e)))
         print(json.dumps(rows[-1]), flush=True)
     del sets
     torch.cuda.empty_cache()

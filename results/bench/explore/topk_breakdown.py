@@ -2,7 +2,6 @@
 
 Pieces timed on real indexer logits (cap 65536): an empty per-row kernel, a row load + 1 / 4 histograms in registers,
 the packed int64 sort of K keys, the current top-k, torch.topk over the real length."""
-
 import json
 import os
 import subprocess
@@ -78,70 +77,35 @@ def main():
             real = torch.full((B,), ctx, dtype=torch.int32, device=dev)  # every row at the real length
             for k in (512, 2048):
                 out = torch.empty(B, k, dtype=torch.int32, device=dev)
-                res.append(
-                    dict(
-                        piece="topk_now",
-                        B=B,
-                        ctx=ctx,
-                        k=k,
-                        us=graph_us(lambda: tk.indexer_topk_fwd(logits, real, k, out=out)),
-                    )
-                )
+                res.append(dict(piece="topk_now", B=B, ctx=ctx, k=k,
+                                us=graph_us(lambda: tk.indexer_topk_fwd(logits, real, k, out=out))))
                 if ctx == 4096:
-                    res.append(
-                        dict(
-                            piece="sort_only",
-                            B=B,
-                            k=k,
-                            us=graph_us(lambda: _sort[(B,)](logits, logits.stride(0), out, K=k, num_warps=8)),
-                        )
-                    )
+                    res.append(dict(piece="sort_only", B=B, k=k, us=graph_us(
+                        lambda: _sort[(B,)](logits, logits.stride(0), out, K=k, num_warps=8))))
                 sub = logits[:, :ctx]
-                res.append(dict(piece="torch_topk", B=B, ctx=ctx, k=k, us=graph_us(lambda: torch.topk(sub, k, dim=1))))
+                res.append(dict(piece="torch_topk", B=B, ctx=ctx, k=k,
+                                us=graph_us(lambda: torch.topk(sub, k, dim=1))))
             if ctx == 4096:
                 for passes in (1, 4):
                     for warps in (4, 8, 16):
-                        res.append(
-                            dict(
-                                piece=f"load_hist{passes}_w{warps}",
-                                B=B,
-                                ctx=ctx,
-                                us=graph_us(
-                                    lambda: _hist[(B,)](
-                                        logits, logits.stride(0), scratch, ROW=4096, PASSES=passes, num_warps=warps
-                                    )
-                                ),
-                            )
-                        )
+                        res.append(dict(piece=f"load_hist{passes}_w{warps}", B=B, ctx=ctx, us=graph_us(
+                            lambda: _hist[(B,)](logits, logits.stride(0), scratch, ROW=4096, PASSES=passes,
+                                                num_warps=warps))))
             # fused logits + top-k at this length
             for k in (512,):
                 out = torch.empty(B, k, dtype=torch.int32, device=dev)
                 args = (c.q, c.kv, c.weights, c.seq_lens, c.page_table)
-                res.append(
-                    dict(
-                        piece="fused_now",
-                        B=B,
-                        ctx=ctx,
-                        k=k,
-                        us=graph_us(lambda: tri.indexer_logits_topk_fwd(*args, k, c.cap, out=out)),
-                    )
-                )
-                res.append(
-                    dict(piece="logits_only", B=B, ctx=ctx, us=graph_us(lambda: tri.indexer_logits_fwd(*args, c.cap)))
-                )
+                res.append(dict(piece="fused_now", B=B, ctx=ctx, k=k,
+                                us=graph_us(lambda: tri.indexer_logits_topk_fwd(*args, k, c.cap, out=out))))
+                res.append(dict(piece="logits_only", B=B, ctx=ctx,
+                                us=graph_us(lambda: tri.indexer_logits_fwd(*args, c.cap))))
     for r in res:
         r["us"] = round(r["us"], 2)
         r["path"] = path
         print(r, flush=True)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = dict(
-        gpu=torch.cuda.get_device_name(),
-        torch=torch.__version__,
-        triton=triton.__version__,
-        git_sha=sha,
-        path=path,
-        note="exploratory breakdown; logits of random q/k from the indexer kernel, cap 65536",
-    )
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, git_sha=sha,
+                path=path, note="exploratory breakdown; logits of random q/k from the indexer kernel, cap 65536")
     json.dump(dict(meta=meta, rows=res), open(os.path.join(OUT, f"topk_breakdown-{path}.json"), "w"), indent=1)
 
 
