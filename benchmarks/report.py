@@ -33,12 +33,12 @@ that sglang 0.5.23's torch 2.14.1 installs (too large to carry there). The two l
 `tl.histogram`, the top-k's radix passes, is one warp vote per bin-index bit plus a popcount per bin on 3.6 and one
 shared-memory atomic per key on 3.8 (sm_90 SASS of the B = 64, 64k, k = 2048 top-k launch: 44,476 lines on 3.6,
 16,652 on 3.8). `benchmarks/prod_cubins.py` launches kernels compiled here by Triton 3.8 from their cubins on the
-GPU machine: a column headed `Triton 3.8` was timed that way (the top-k's `--cubins`). Timed that way so far
-(results/bench/explore/, 2026-12-03, wgmma path only: 3.8's sm_89 code cannot run on the H200): the split top-k is
-faster on 3.8 at every shape measured (B = 64, k = 512, 20 calls per graph: 8.6 / 20.4 / 43.1 us at 4k / 16k / 64k
-against 12.4 / 28.4 / 51.9 on 3.6), and 8-bit digits won there, so the top-k takes 8-bit digits when Triton >= 3.8
-compiles it (`topk.histogram_per_key`); the V4 decode's gathered tile is built in the axis order that keeps 3.8's
-lanes over tokens (`DecodeConfig.chunks_first`; the 3.6 order ran 69 instead of 45 us at B = 64, H = 64 on 3.8).
+GPU machine: a column headed `Triton 3.8` or `3.8` was timed that way (`--cubins`), in either code path (the sm_89
+path's cubins are Triton 3.8's code under `TRITON_OVERRIDE_ARCH=sm89`, built for the H200's sm_90, as Triton emits it
+on the GPU machine). The split top-k is faster on 3.8 at every shape measured, and 8-bit digits won there, so the
+top-k takes 8-bit digits when Triton >= 3.8 compiles it (`topk.histogram_per_key`); the V4 decode's gathered tile is
+built in the axis order that keeps 3.8's lanes over tokens (`DecodeConfig.chunks_first`; the 3.6 order ran 69 instead
+of 45 us at B = 64, H = 64 on 3.8). The decode and indexer sections end with both code paths on 3.8.
 """
 
 

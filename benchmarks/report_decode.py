@@ -79,6 +79,7 @@ def decode_section(data: dict) -> str:
         "B = 1 .. 128), so a `faster` at B = 8 or 32 against a FlashMLA figure far above those is not a win.",
     ]
     out += _prefill_lines(cells)
+    out += t38_lines()
     out += _projection_lines(cells, data)
     out += _sweep_lines(data.get("sweep"))
     cols = [c for c in COLUMNS if any(c in v for v in cells.values())]
@@ -110,6 +111,48 @@ BOUND_NOTE = (
     "warpgroups, each owning half of the output columns, share one score tile through shared memory (FlashMLA's "
     "design) -- which Triton 3.6's `tl.dot` API does not express."
 )
+
+
+EXPLORE = Path(__file__).resolve().parents[1] / "results" / "bench" / "explore"
+
+
+def t38_lines(explore: Path = EXPLORE) -> list[str]:
+    """Both code paths on Triton 3.8 (production's compiler), from the newest ``decode_paths_t38-*.json``
+    (``results/bench/explore/gpu_t38.sh paths``: cubins built here per code path, replayed on the GPU), next to the
+    GPU machine's Triton 3.6 in the same run: the sm_89-path rules on the compiler production runs."""
+    files = sorted(explore.glob("decode_paths_t38-*.json"))
+    if not files:
+        return []
+    data = json.loads(files[-1].read_text())
+    cells = cells_by(data["rows"], ("extra_topk", "H", "B", "swa_topk"))
+    h, swa, x = TARGET_SHAPE
+    out = [
+        "",
+        f"**Triton 3.8 (production's compiler), both code paths** (graph replay, µs; {data['gpu']}, commit "
+        f"`{data['git_sha'][:10]}`, {data.get('date', '')[:10]}; `3.8` = kernels compiled by Triton 3.8 on the build "
+        "machine for that code path and launched from their cubins, `3.6` = the GPU machine's Triton in the same run; "
+        f"`{files[-1].relative_to(explore.parents[2])}`):",
+        "",
+        "| H | B | wgmma 3.6 | wgmma 3.8 | sm_89 path 3.6 | sm_89 path 3.8 | sm_89 / wgmma (3.8) | sm_89 limit (3.8) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (x_, h_, b_, swa_), v in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if (x_, swa_) != (x, swa):
+            continue
+        nat, s89 = v.get("sparsemla_t38_graph"), v.get("sparsemla_sm89path_t38_graph")
+        lim = SM89_LIMITS.get(b_) if h_ == h else None
+        ratio = s89 / nat if nat and s89 else None
+        ratio_txt = "-"
+        if ratio:
+            ratio_txt = f"{ratio:.2f}x" if abs(ratio - SM89_RATIO) >= 0.005 else f"{ratio:.3f}x"
+            ratio_txt += "" if ratio <= SM89_RATIO else " (over 1.3x)"
+        lim_txt = f"{lim:g} ({'met' if s89 <= lim else 'missed'})" if lim and s89 else "-"
+        out.append(
+            f"| {h_} | {b_} | {fmt_us(v.get('sparsemla_graph'))} | {fmt_us(nat)} "
+            f"| {fmt_us(v.get('sparsemla_sm89path_graph'))} | {fmt_us(s89)} "
+            f"| {ratio_txt} | {lim_txt} |"
+        )
+    return out
 
 
 def _prefill_lines(cells: dict) -> list[str]:

@@ -115,6 +115,7 @@ def code_paths_section(data: dict) -> str:
     )
     out += ["", note]
     out += _mma_ceiling_lines(cells, data.get("heads", 64))
+    out += t38_lines()
     return "\n".join(out) + "\n"
 
 
@@ -157,6 +158,42 @@ def _mma_ceiling_lines(cells: dict, heads: int, explore: Path = EXPLORE) -> list
         f"({bound / v['sparsemla_graph']:.2f}x the native time); the kernel runs at {rate:.0f} TFLOP/s "
         f"({rate / ceil89['fp8_e4m3']:.0%} of it), and 1.2x of native would take {need / ceil89['fp8_e4m3']:.0%}.",
     ]
+
+
+def t38_lines(explore: Path = EXPLORE) -> list[str]:
+    """The code-path table on Triton 3.8 (production's compiler), from the newest ``indexer_paths_t38-*.json``
+    (``results/bench/explore/gpu_t38.sh paths``: cubins built here per code path, replayed on the GPU), beside the GPU
+    machine's Triton 3.6 in the same run."""
+    files = sorted(explore.glob("indexer_paths_t38-*.json"))
+    if not files:
+        return []
+    data = json.loads(files[-1].read_text())
+    cells = cells_by(data["rows"], ("B", "ctx", "cap"))
+    out = [
+        "",
+        f"**Code paths on Triton 3.8** (production's compiler; CUDA-graph replay, µs; {data['gpu']}, commit "
+        f"`{data['git_sha'][:10]}`, {data['date']}; `3.8` = compiled by Triton 3.8 on the build machine for that code "
+        "path and launched from the cubins, `3.6` = the GPU machine's Triton in the same run; "
+        f"`{files[-1].relative_to(explore.parents[2])}`):",
+        "",
+        "| B | ctx | cap | logits native 3.6 / 3.8 | logits sm_89 path 3.6 / 3.8 | sm_89 / native (3.8) "
+        "| fused top-k native 3.6 / 3.8 | fused top-k sm_89 path 3.6 / 3.8 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (b, ctx, cap), v in sorted(cells.items()):
+        nat, s89 = v.get("sparsemla_t38_graph"), v.get("sparsemla_sm89path_t38_graph")
+
+        def pair(a: str, b_: str, v: dict = v) -> str:
+            return f"{fmt_us(v.get(a))} / {fmt_us(v.get(b_))}"
+
+        out.append(
+            f"| {b} | {ctx} | {cap} | {pair('sparsemla_graph', 'sparsemla_t38_graph')} "
+            f"| {pair('sparsemla_sm89path_graph', 'sparsemla_sm89path_t38_graph')} "
+            f"| {f'{s89 / nat:.2f}x' if nat and s89 else '-'} "
+            f"| {pair('sparsemla_topk_graph', 'sparsemla_topk_t38_graph')} "
+            f"| {pair('sparsemla_sm89path_topk_graph', 'sparsemla_sm89path_topk_t38_graph')} |"
+        )
+    return out
 
 
 def _code_path_lines(cells: dict) -> list[str]:

@@ -111,7 +111,7 @@ _WS_GROUPS = max(g for g, _ in FILTER_TILES.values())  # group maxima the split 
 # (results/bench/explore/topk_t38_ab-native-h200-2026-12-03.json, 12 shapes): 8-bit against the 3.6 choice (5-bit
 # register digits) is faster at 8 shapes (B = 64 16k k = 2048 22.2 -> 19.6 us, B = 8 16k k = 512 13.9 -> 11.5),
 # within 0.3 us at 2 and slower at 2 (B = 8 16k k = 2048 12.7 -> 13.3, B = 64 64k k = 2048 58.2 -> 59.5); 11-bit
-# digits lost at 8 of 12. Only the wgmma path was replayed (3.8's sm_89 code cannot run on the H200).
+# digits lost at 8 of 12. Only the wgmma path's top-k was replayed (the formal run, topk-h200-2026-12-04.json, agrees).
 # RADIX_BITS_CHOICES: the widths the kernels accept (tests and sweeps reach each one).
 RADIX_BITS = 5
 RADIX_BITS_WIDE_K = 8
