@@ -184,13 +184,26 @@ def random_v32_cache(num_blocks: int, kv_format: str, gen: torch.Generator, devi
     return flat.view(num_blocks, V32_PAGE, 1, width)
 
 
-def make_inputs(shape: Shape, seed: int, device: str = "cuda") -> dict[str, Any]:
+def make_inputs(shape: Shape, seed: int, device: str = "cuda", fill: bool = True) -> dict[str, Any]:
     """``sparse_decode_v32`` arguments for one shape plus the block table: ``q`` [B, s_q, H, 576] bf16, ``kv_cache``
     (``B * ceil(ctx / 64)`` pages), ``indices`` [B, s_q, topk] int32 (distinct slots of the row's own request),
-    ``block_table`` [B, pages] int32, ``sm_scale``, ``kv_format``, ``ctx``."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    ``block_table`` [B, pages] int32, ``sm_scale``, ``kv_format``, ``ctx``. ``fill=False``: unfilled tensors of the
+    same shapes, dtypes and strides (``--build-cubins``: the launches compile from those)."""
     B, s_q, topk, ctx = shape.B, shape.s_q, shape.topk, shape.ctx
     pages = -(-ctx // V32_PAGE)
+    if not fill:
+        width = v32_row_width(shape.kv_format)
+        dtype = torch.uint8 if shape.kv_format == "fp8_656" else torch.bfloat16
+        return dict(
+            q=torch.empty(B, s_q, shape.H, V32_DIM, dtype=torch.bfloat16, device=device),
+            kv_cache=torch.empty(B * pages, V32_PAGE, 1, width, dtype=dtype, device=device),
+            indices=torch.empty(B, s_q, topk, dtype=torch.int32, device=device),
+            block_table=torch.empty(B, pages, dtype=torch.int32, device=device),
+            sm_scale=SM_SCALE,
+            kv_format=shape.kv_format,
+            ctx=ctx,
+        )
+    gen = torch.Generator(device=device).manual_seed(seed)
     block_table = torch.randperm(B * pages, device=device, generator=gen).view(B, pages)
     kv_cache = random_v32_cache(B * pages, shape.kv_format, gen, device)
     # distinct positions < ctx per query row (argsort of noise: a random permutation per row), random order
@@ -324,9 +337,11 @@ SHARED: dict[str, int] = {}  # kernel name -> metadata.shared of its last launch
 
 
 def bench_shape(
-    shape: Shape, providers: list[str], flash_mla: Any, code_path: str
+    shape: Shape, providers: list[str], flash_mla: Any, code_path: str, replayer: Any = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows (µs, eager and graph replay) of every provider on one shape, and its check record."""
+    """Rows (µs, eager and graph replay) of every provider on one shape, and its check record. ``replayer`` (a
+    benchmarks.prod_cubins.Replayer): also ``sparsemla_t38_graph``, our calls launched from Triton 3.8 cubins (graph
+    replay only: an eager replay is Python ctypes calls, host time production never pays)."""
     from sparsemla.kernels import device as dev
     from sparsemla.kernels.sparse_decode.triton_v32 import choose_v32_config
 
@@ -335,6 +350,8 @@ def bench_shape(
     fns: dict[str, list[Call]] = {}
     if "sparsemla" in providers:
         fns["sparsemla"] = [ours_call(kw) for kw in sets]
+    if replayer is not None:
+        fns["sparsemla_t38"] = [replayed(ours_call(kw), replayer) for kw in sets]
     if flash_mla is not None and BASELINE[shape.kv_format] in providers:
         make = flashmla_decode_call if shape.kv_format == "fp8_656" else flashmla_sparse_fwd_call
         fns[BASELINE[shape.kv_format]] = [make(flash_mla, kw) for kw in sets]
@@ -369,7 +386,9 @@ def bench_shape(
             extra = {"config": f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}",
                      "shared_bytes": SHARED.get("_sparse_decode_v32_kernel")}  # fmt: skip
         eager = [c[0] for c in calls]
-        rows.append({**base, "provider": code_paths.provider(name, code_path), "us": round(_time(eager), 3), **extra})
+        if name != "sparsemla_t38":  # an eager replay is ctypes calls from Python: host time production never pays
+            us = round(_time(eager), 3)
+            rows.append({**base, "provider": code_paths.provider(name, code_path), "us": us, **extra})
         if name == "reference":
             continue  # the spec's own launch time under a graph says nothing
         runs = [graphed(c) for c in eager]
@@ -383,9 +402,29 @@ def bench_shape(
     return rows, check
 
 
-def run_path(shapes: list[Shape], providers: list[str], code_path: str, child_out: Path) -> None:
-    """Every shape in this process's code path; the rows are saved after each shape (a crash keeps them)."""
+def replayed(call: Call, replayer: Any) -> Call:
+    """``call`` with every kernel launched from the replayer's Triton 3.8 cubins (a graph capture records them)."""
+    run, unpack = call
+
+    def from_cubins():
+        with replayer:
+            return run()
+
+    return from_cubins, unpack
+
+
+def run_path(
+    shapes: list[Shape], providers: list[str], code_path: str, child_out: Path, cubins: Path | None = None
+) -> None:
+    """Every shape in this process's code path; the rows are saved after each shape (a crash keeps them). With
+    ``cubins``: also our calls from ``cubins/<code path>``'s Triton 3.8 cubins."""
     from sparsemla.kernels.aot import watch_launches
+
+    replayer = None
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))
 
     if code_path != "native":
         providers = [p for p in providers if p == "sparsemla"]  # the baselines do not change with Triton's target
@@ -395,7 +434,7 @@ def run_path(shapes: list[Shape], providers: list[str], code_path: str, child_ou
     meta = {"code_path": code_path, "flashmla_unavailable": why} if why else {"code_path": code_path}
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
         for shape in shapes:
-            r, check = bench_shape(shape, providers, flash_mla, code_path)
+            r, check = bench_shape(shape, providers, flash_mla, code_path, replayer)
             rows += r
             checks.append(check)
             print(json.dumps(r), flush=True)
@@ -421,6 +460,23 @@ def run_paths(argv: list[str], paths: list[str]) -> tuple[list[dict], list[dict]
             checks += [{**c, "code_path": path} for c in doc.get("checks", [])]
             metas.append(meta)
     return rows, checks, metas
+
+
+def build_cubins_for(shapes: list[Shape], out_dir: Path, code_path: str) -> int:
+    """No GPU: compile the launches our op makes at every shape in ``code_path`` with this machine's Triton into
+    ``out_dir/<code_path>`` (benchmarks/prod_cubins.py), from unfilled inputs of the timed ones' layout, with the split
+    count the public op passes. Returns how many cubins were added."""
+    from benchmarks import prod_cubins
+    from sparsemla import flags
+    from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
+
+    def workload() -> None:
+        for shape in shapes:
+            kw = make_inputs(shape, 0, "cpu", fill=False)
+            sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"], kv_format=kw["kv_format"],
+                                  num_splits=flags.SPARSEMLA_SPLIT_K.get())  # fmt: skip
+
+    return len(prod_cubins.build(workload, prod_cubins.path_dir(out_dir, code_path), code_path))
 
 
 # -- the parent: floors, ratios, JSON ----------------------------------------------------------------------------------
@@ -534,6 +590,14 @@ def main(
     ),
     child_out: Path = typer.Option(None, hidden=True, help="(internal) write this process's rows here."),
     git_sha: str = typer.Option("", help="Commit the numbers belong to (the GPU machine's copy has no .git)."),
+    build_cubins: Path = typer.Option(
+        None,
+        help="No GPU: compile our launches of the grid with this Triton (3.8) in each of --paths, as the GPU machine "
+        "(sm_90) runs them, into DIR/<path>.",
+    ),
+    cubins: Path = typer.Option(
+        None, help="GPU: also time sparsemla_t38_graph from DIR/<path>'s Triton 3.8 cubins in each code path."
+    ),
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
     from sparsemla.console import fail
@@ -544,10 +608,21 @@ def main(
         path_list = code_paths.parse(paths)
     except ValueError as exc:
         fail(str(exc))
+    if build_cubins is not None:
+        for code_path in path_list:
+            added = build_cubins_for(shapes, build_cubins, code_path)
+            print(f"{added} cubins added to {build_cubins}/{code_path} (sm_90)")
+        return
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        for code_path in path_list:
+            if why := prod_cubins.missing(prod_cubins.path_dir(cubins, code_path)):
+                fail(why, f"make it with --build-cubins DIR --paths {code_path} on the build machine")
     if not torch.cuda.is_available():
         fail("the V3.2 decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode-v32)")
     if child_out is not None:
-        run_path(shapes, provs, path_list[0], child_out)
+        run_path(shapes, provs, path_list[0], child_out, cubins)
         return
 
     gpu = torch.cuda.get_device_name()

@@ -66,28 +66,38 @@ def decode_v32_section(data: dict) -> str:
                 f"- `{t['kv_format']}` `{t['provider']}` vs `{t['baseline']}`: {MARK[t['pass']]} "
                 f"({t['within']}/{t['points']} points within {t['limit']:g}x; worst {t['worst_ratio']:.2f}x at {where})"
             )
+    # Triton 3.8 (production's compiler) columns where the run replayed 3.8 cubins (`--cubins`)
+    t38 = [p for p in T38_PROVIDERS if any(p in v for v in cells.values())]
     for fmt in dict.fromkeys(k[0] for k in cells):
         base = data.get("baselines", {}).get(fmt, "flashmla")  # FlashMLA's kernel for this format
         out += [
             "",
-            f"**{fmt}**, µs (graph = CUDA-graph replay; FlashMLA = `{base}`; ratios = ours / FlashMLA, graph):",
+            f"**{fmt}**, µs (graph = CUDA-graph replay; FlashMLA = `{base}`; ratios = ours / FlashMLA, graph"
+            + ("; `3.8` = our kernels compiled by Triton 3.8 and launched from their cubins" if t38 else "")
+            + "):",
             "",
-            "| s_q | H | B | ours native graph | ours sm_89 graph | FlashMLA graph | floor | native / FlashMLA "
-            "| sm_89 / FlashMLA | ours eager | FlashMLA eager | reference |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| s_q | H | B | ours native graph | ours sm_89 graph | "
+            + "".join(f"{T38_PROVIDERS[p]} | {T38_PROVIDERS[p]} / FlashMLA | " for p in t38)
+            + "FlashMLA graph | floor | native / FlashMLA | sm_89 / FlashMLA | ours eager | FlashMLA eager "
+            "| reference |",
+            "|---|---|---|---|---|" + "---|---|" * len(t38) + "---|---|---|---|---|---|---|",
         ]
         for key in sorted(k for k in cells if k[0] == fmt):
             v = cells[key]
             r_nat = ratios.get((key, "sparsemla_graph"))
             r_89 = ratios.get((key, "sparsemla_sm89path_graph"))
+            extra = "".join(f"{fmt_us(v.get(p))} | {_ratio(ratios.get((key, p)))} | " for p in t38)
             out.append(
                 f"| {key[1]} | {key[2]} | {key[3]} | {fmt_us(v.get('sparsemla_graph'))} "
-                f"| {fmt_us(v.get('sparsemla_sm89path_graph'))} | {fmt_us(v.get(base + '_graph'))} "
+                f"| {fmt_us(v.get('sparsemla_sm89path_graph'))} | {extra}{fmt_us(v.get(base + '_graph'))} "
                 f"| {fmt_us(v.get('floor'))} | {_ratio(r_nat)} | {_ratio(r_89)} | {fmt_us(v.get('sparsemla'))} "
                 f"| {fmt_us(v.get(base))} | {fmt_us(v.get('reference'))} |"
             )
     out += _check_lines(data.get("checks", []))
     return "\n".join(out) + "\n"
+
+
+T38_PROVIDERS = {"sparsemla_t38_graph": "ours native 3.8", "sparsemla_sm89path_t38_graph": "ours sm_89 3.8"}
 
 
 def _ratio(r: float | None) -> str:

@@ -297,6 +297,21 @@ def test_section_renders_a_synthetic_json():
     assert "`flashmla` (native) 5.0e-03" in md and "has no bf16 sparse decode" in md
 
 
+def test_section_adds_triton_38_columns_when_the_run_replayed_cubins():
+    """A run with --cubins has sparsemla_t38_graph rows: they get their own columns (time and ratio to FlashMLA) and
+    their own verdict; a run without them renders the columns of before."""
+    data = _synthetic_json()
+    rows = data["rows"] + [_row("sparsemla_t38_graph", 1, 16, 16.2), _row("sparsemla_t38_graph", 64, 128, 120.0)]
+    speeds = bench.speedups(rows)
+    data.update(rows=rows, speedups=speeds, target_results=bench.evaluate_target(speeds))
+    md = report_decode_v32.decode_v32_section(data)
+    assert "| ours native 3.8 | ours native 3.8 / FlashMLA |" in md
+    assert "| 1 | 16 | 1 | 20.0 | 27.0 | 16.2 | 0.90x | 18.0 |" in md
+    assert "| 1 | 128 | 64 | 150 | - | 120 | 1.20x | 100 |" in md
+    assert "`fp8_656` `sparsemla_t38_graph` vs `flashmla_graph`: met (2/2 points within 1.3x" in md
+    assert "ours native 3.8" not in report_decode_v32.decode_v32_section(_synthetic_json())
+
+
 def test_report_renders_the_op_pending_until_its_json_exists(tmp_path: Path):
     assert "decode_v32" in report.PENDING or "decode_v32" in report.SECTIONS  # PENDING until its JSON is committed
     assert "make bench-decode-v32" in report_decode_v32.pending_section()

@@ -109,12 +109,32 @@ def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones
                 assert value == empty[name], name
 
 
+def test_v32_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
+    """benchmarks/decode_v32.py --build-cubins compiles from ``make_inputs(fill=False)``: the same shapes, dtypes and
+    strides as the filled inputs timed on the GPU, in both cache formats."""
+    import torch
+
+    from benchmarks import decode_v32
+
+    for fmt in decode_v32.V32_FORMATS:
+        shape = decode_v32.Shape(2, 2, 16, 128, fmt, 256)
+        filled = decode_v32.make_inputs(shape, seed=1, device="cpu")
+        empty = decode_v32.make_inputs(shape, seed=1, device="cpu", fill=False)
+        assert filled.keys() == empty.keys()
+        for name, value in filled.items():
+            if isinstance(value, torch.Tensor):
+                other = empty[name]
+                assert (value.shape, value.dtype, value.stride()) == (other.shape, other.dtype, other.stride()), name
+            else:
+                assert value == empty[name], name
+
+
 def test_benchmarks_refuse_a_cubin_folder_without_a_manifest(tmp_path):
     from typer.testing import CliRunner
 
-    from benchmarks import decode, indexer, topk
+    from benchmarks import decode, decode_v32, indexer, topk
 
-    for app in (decode.app, indexer.app, topk.app):
+    for app in (decode.app, decode_v32.app, indexer.app, topk.app):
         result = CliRunner().invoke(app, ["--cubins", str(tmp_path)])
         assert result.exit_code == 2 and "no manifest.json" in result.output and "--build-cubins" in result.output
 

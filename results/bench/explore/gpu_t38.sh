@@ -3,12 +3,15 @@
 #
 #   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~10 min: .gpu-cubins/{ab,decode,indexer,topk}
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
-#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
 # `paths` (one device call): the decode's target and prefill shapes and the indexer's logits / fused launches in both
-# code paths, each from 3.8 cubins next to the GPU machine's 3.6 (issue #13's sm_89-path rules on production's compiler).
+# code paths, each from 3.8 cubins next to the GPU machine's 3.6 (issue #13's sm_89-path rules on production's compiler),
+# FlashMLA beside them when .gpu (its sgl-flash-mla wheel, benchmarks/gpu-setup.sh) is carried. `v32`: the formal
+# DeepSeek-V3.2 decode run (issue #17: within 1.3x of FlashMLA) with `sparsemla_t38_graph` in both code paths.
 #
 # `run` (one device call, ~8 min): first the replayed top-k's outputs against torch.topk (every row's `exact` must be
 # true before any time means anything), then the top-k digit-width A/B from 3.8 cubins (wide digits pay on 3.8, whose
@@ -35,6 +38,7 @@ build)
         --variants "$AB_VARIANTS" --shapes "$AB_SHAPES"
     $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}" --paths native,sm89
     $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
+    $py -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
     $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
     du -sh .gpu-cubins
     ;;
@@ -49,6 +53,13 @@ run)
         --code "$SHA" --out "$OUT/topk_t36_ab-native-h200.json" | cut -c1-200
     timeout 130 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --prefill-rows "" \
         --paths native --providers sparsemla --git-sha "$SHA" --out-dir "$OUT/decode_t38" | tail -20
+    ;;
+v32)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 570 python3 -m benchmarks.decode_v32 --cubins .gpu-cubins/decode_v32 --paths native,sm89 \
+        --git-sha "$SHA" --out-dir "$OUT/decode_v32" | tail -40
     ;;
 paths)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -69,7 +80,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|run|paths|formal native|sm89" >&2
+    echo "usage: $0 build|run|paths|v32|formal native|sm89" >&2
     exit 2
     ;;
 esac
