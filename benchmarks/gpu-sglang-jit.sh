@@ -8,8 +8,9 @@
 #                             kernels/ops/attention/dsv4/{topk,candidate_table,utils}.py, srt/environ.py; plus stub
 #                             package __init__ files and a three-function sglang.srt.utils, because the real ones import
 #                             sglang's whole runtime (orjson, starlette, PIL, ...), which the GPU machine lacks.
-#   .gpu/wheels/              apache-tvm-ffi (the version sglang 0.5.23 pins; abi3, so any CPython >= 3.12) and msgspec
-#                             (cp312: the GPU machine's python3 is 3.12.3), installed there by benchmarks/gpu-setup.sh.
+#   .gpu/wheels/              apache-tvm-ffi (the version sglang 0.5.23 pins; abi3, so any CPython >= 3.12), msgspec
+#                             (cp312: the GPU machine's python3 is 3.12.3) and sgl-flash-mla (FlashMLA, the decode
+#                             benchmarks' baseline), installed there by benchmarks/gpu-setup.sh.
 #
 # Idempotent: the tree is rebuilt only when its stamp is missing or names another wheel; wheels already there are kept.
 # The sglang wheel comes from $SGLANG_WHEEL (a path), else from pip's cache / PyPI (`pip download --no-deps`, 39 MB).
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 SGLANG_VERSION=0.5.23
 TVM_FFI_VERSION=0.1.11  # sglang 0.5.23's Requires-Dist: apache-tvm-ffi==0.1.11
 MSGSPEC_VERSION=0.23.0
+FLASH_MLA_VERSION=1.0.0  # sgl-flash-mla (abi3): FlashMLA's V4 / V3.2 kernels, the decode benchmarks' baselines
 GPU_PY=3.12             # python3 on the GPU machine (/work/.library/device/KINDS.md)
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python
@@ -34,6 +36,7 @@ fetch() {  # fetch NAME VERSION GLOB: download one binary wheel for the GPU mach
 }
 fetch apache-tvm-ffi "$TVM_FFI_VERSION" "apache_tvm_ffi-$TVM_FFI_VERSION-*.whl"
 fetch msgspec "$MSGSPEC_VERSION" "msgspec-$MSGSPEC_VERSION-cp312-*.whl"
+fetch sgl-flash-mla "$FLASH_MLA_VERSION" "sgl_flash_mla-$FLASH_MLA_VERSION-*.whl"  # FlashMLA: the decode baselines
 
 wheel=${SGLANG_WHEEL:-}
 if [ -z "$wheel" ]; then
@@ -105,4 +108,4 @@ def get_cuda_version():
 print(f"[gpu-sglang-jit] {n} files of {Path(wheel).name} -> {dest}/sglang")
 EOF
 fi
-du -sh "$dest/sglang" .gpu/wheels/apache_tvm_ffi-* .gpu/wheels/msgspec-* | sed 's/^/[gpu-sglang-jit] /'
+du -sh "$dest/sglang" .gpu/wheels/*.whl | sed 's/^/[gpu-sglang-jit] /'
