@@ -616,9 +616,7 @@ def main(
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        for code_path in path_list:
-            if why := prod_cubins.missing(prod_cubins.path_dir(cubins, code_path)):
-                fail(why, f"make it with --build-cubins DIR --paths {code_path} on the build machine")
+        prod_cubins.require(cubins, path_list)
     if not torch.cuda.is_available():
         fail("the V3.2 decode benchmark needs a CUDA GPU", "run it on the GPU machine (make bench-decode-v32)")
     if child_out is not None:

@@ -108,6 +108,16 @@ def missing(cubin_dir: Path) -> str | None:
     return f"--cubins: no {MANIFEST} in {cubin_dir}"
 
 
+def require(root: Path, code_paths: list[str]) -> None:
+    """What a benchmark's ``--cubins ROOT`` checks before it touches the GPU: every code path it runs has its
+    manifest; else the CLI stops (exit 2) saying which and how to make it."""
+    from sparsemla.console import fail
+
+    for code_path in code_paths:
+        if why := missing(path_dir(root, code_path)):
+            fail(why, f"make it with --build-cubins DIR --paths {code_path} on the build machine (no GPU)")
+
+
 def path_info(code_path: str) -> tuple[dev.DeviceInfo, int]:
     """What the GPU machine's launchers see in ``code_path`` (``native``, or ``sm89``: TRITON_OVERRIDE_ARCH there),
     and the architecture its cubins are for: the GPU's own in every path (the override changes the code Triton emits,
@@ -318,5 +328,5 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[st
 
 __all__ = [
     "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "path_dir",
-    "path_info", "replay",
+    "path_info", "replay", "require",
 ]  # fmt: skip

@@ -89,44 +89,31 @@ def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_l
     assert "no Triton 3.8 cubin" in got["missing"]  # the manifest's compiler, 3.8 here
 
 
-def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
-    """benchmarks/decode.py --build-cubins compiles from ``make_inputs(fill=False)``: every tensor must have the shape,
-    dtype and strides (what a launch's key and integer arguments come from) of the filled inputs timed on the GPU."""
+def _assert_same_layout(filled: dict, empty: dict) -> None:
     import torch
 
-    from benchmarks import decode
+    assert filled.keys() == empty.keys()
+    for name, value in filled.items():
+        if isinstance(value, torch.Tensor):
+            other = empty[name]
+            assert (value.shape, value.dtype, value.stride()) == (other.shape, other.dtype, other.stride()), name
+            assert value.storage_offset() == other.storage_offset(), name
+        else:
+            assert value == empty[name], name
+
+
+def test_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
+    """benchmarks/decode.py and decode_v32.py --build-cubins compile from ``make_inputs(fill=False)``: every tensor
+    must have the shape, dtype and strides (what a launch's key and integer arguments come from) of the filled inputs
+    timed on the GPU (V3.2: in both cache formats)."""
+    from benchmarks import decode, decode_v32
 
     for shape in (decode.Shape(2, 8, 128, 512), decode.Shape(3, 64, 128, 2048)):
-        filled = decode.make_inputs(shape, seed=1, device="cpu")
-        empty = decode.make_inputs(shape, seed=1, device="cpu", fill=False)
-        assert filled.keys() == empty.keys()
-        for name, value in filled.items():
-            if isinstance(value, torch.Tensor):
-                other = empty[name]
-                assert (value.shape, value.dtype, value.stride()) == (other.shape, other.dtype, other.stride()), name
-                assert value.storage_offset() == other.storage_offset(), name
-            else:
-                assert value == empty[name], name
-
-
-def test_v32_decode_builds_from_unfilled_inputs_of_the_same_layout_as_the_timed_ones():
-    """benchmarks/decode_v32.py --build-cubins compiles from ``make_inputs(fill=False)``: the same shapes, dtypes and
-    strides as the filled inputs timed on the GPU, in both cache formats."""
-    import torch
-
-    from benchmarks import decode_v32
-
+        _assert_same_layout(decode.make_inputs(shape, 1, "cpu"), decode.make_inputs(shape, 1, "cpu", fill=False))
     for fmt in decode_v32.V32_FORMATS:
         shape = decode_v32.Shape(2, 2, 16, 128, fmt, 256)
-        filled = decode_v32.make_inputs(shape, seed=1, device="cpu")
-        empty = decode_v32.make_inputs(shape, seed=1, device="cpu", fill=False)
-        assert filled.keys() == empty.keys()
-        for name, value in filled.items():
-            if isinstance(value, torch.Tensor):
-                other = empty[name]
-                assert (value.shape, value.dtype, value.stride()) == (other.shape, other.dtype, other.stride()), name
-            else:
-                assert value == empty[name], name
+        filled = decode_v32.make_inputs(shape, 1, "cpu")
+        _assert_same_layout(filled, decode_v32.make_inputs(shape, 1, "cpu", fill=False))
 
 
 def test_benchmarks_refuse_a_cubin_folder_without_a_manifest(tmp_path):
