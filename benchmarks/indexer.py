@@ -109,6 +109,12 @@ def gpu_indexer_cache(num_pages: int, device: torch.device, generator: torch.Gen
     return page.view(num_pages, IDX_PAGE, 1, IDX_BYTES_PER_TOKEN)
 
 
+def unfilled_indexer_cache(num_pages: int) -> torch.Tensor:
+    """An unfilled CPU cache of :func:`gpu_indexer_cache`'s shape, dtype and strides: what ``--build-cubins``
+    compiles from (torch.empty does not touch its memory, so the GPU run's page count costs nothing here)."""
+    return torch.empty(num_pages, IDX_PAGE, 1, IDX_BYTES_PER_TOKEN, dtype=torch.uint8)
+
+
 @dataclass
 class Case:
     batch: int
@@ -394,7 +400,7 @@ def build_cubins_for(
     Returns how many cubins were added."""
     from benchmarks import prod_cubins
 
-    kv = torch.empty(max(bs) * -(-max(cs) // IDX_PAGE), IDX_PAGE, 1, IDX_BYTES_PER_TOKEN, dtype=torch.uint8)
+    kv = unfilled_indexer_cache(max(bs) * -(-max(cs) // IDX_PAGE))
     gen = torch.Generator().manual_seed(seed)
 
     def workload() -> None:

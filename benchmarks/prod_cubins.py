@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import gzip
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,6 +78,12 @@ def launch_key(fn: triton.JITFunction, args: tuple, kwargs: dict) -> str:
         "options": {k: kwargs.get(k) for k in _OPTIONS if kwargs.get(k) is not None},
     }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def source_hash(fn: triton.JITFunction) -> str:
+    """sha256 (24 hex digits) of the file that defines ``fn``: a kernel whose module changed since its cubin was built
+    gets rebuilt by :func:`build` and refused by the replay (the module holds the kernel and its jit helpers)."""
+    return hashlib.sha256(Path(inspect.getsourcefile(fn.fn)).read_bytes()).hexdigest()[:24]
 
 
 def _entry(kernel: object, key: str) -> dict:
@@ -147,24 +154,32 @@ def build(workload: Callable[[], object], out_dir: Path, code_path: str = "nativ
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_file = out_dir / MANIFEST
     manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else {}
+    if manifest and (manifest_path(manifest), compiler_version(manifest)) != (
+        code_path,
+        dev.version_tuple(triton.__version__),
+    ):
+        raise ValueError(
+            f"{out_dir} holds the {manifest_path(manifest)} path's cubins of Triton "
+            f"{'.'.join(map(str, compiler_version(manifest)))}: build the {code_path} path with Triton "
+            f"{triton.__version__} into a folder of its own"
+        )
     added: list[dict] = []
     real_run = triton.JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
         kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
         key = launch_key(self, args, kwargs)
-        if key not in manifest:
+        source = source_hash(self)
+        if manifest.get(key, {}).get("source") != source:  # new, or built from another version of its module
             (out_dir / f"{key}.cubin.gz").write_bytes(gzip.compress(kernel.asm["cubin"], mtime=0))
-            manifest[key] = {**_entry(kernel, key), "code_path": code_path}
+            manifest[key] = {**_entry(kernel, key), "code_path": code_path, "source": source}
             added.append(manifest[key])
         return kernel
 
     records: list = []
-    runtime = triton.knobs.runtime
-    saved_override = runtime.override_arch
-    # the code path's instruction selection (Triton reads override_arch when it parses a compile's options)
-    runtime.override_arch = None if code_path == "native" else code_path
-    try:
+    with triton.knobs.runtime.scope():  # restores the knobs and their environment variables on exit
+        # the code path's instruction selection (Triton reads override_arch when it parses a compile's options)
+        triton.knobs.runtime.override_arch = None if code_path == "native" else code_path
         with aot.compile_only(code_path, info, "prod-cubins", records, compile_arch=arch):  # launches only compile
             inner = triton.JITFunction.run  # compile_only's own patch, restored for its exit
             triton.JITFunction.run = run
@@ -172,8 +187,6 @@ def build(workload: Callable[[], object], out_dir: Path, code_path: str = "nativ
                 workload()
             finally:
                 triton.JITFunction.run = inner
-    finally:
-        runtime.override_arch = saved_override
     manifest_file.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return added
 
@@ -267,6 +280,13 @@ class Replayer:
         self.counts: dict[str, int] = {}
         self.scratch_bufs: list[torch.Tensor] = []
         self._saved: list = []
+        self._sources: dict[str, str] = {}
+
+    def _source(self, fn: triton.JITFunction) -> str:
+        name = fn.fn.__qualname__
+        if name not in self._sources:
+            self._sources[name] = source_hash(fn)
+        return self._sources[name]
 
     def _run(self, fn: triton.JITFunction, real_run: Callable, args: tuple, grid: object, warmup: bool,
              kwargs: dict) -> None:  # fmt: skip
@@ -276,6 +296,10 @@ class Replayer:
             raise KeyError(
                 f"no Triton {'.'.join(map(str, self.compiler))} cubin for this launch of {fn.fn.__name__} (key {key}): "
                 "build it first"
+            )
+        if entry.get("source") not in (None, self._source(fn)):
+            raise RuntimeError(
+                f"the cubin of {fn.fn.__name__} (key {key}) was built from another version of its module: rebuild it"
             )
         bound = _bind(fn, args, kwargs)
         g = grid(bound) if callable(grid) else grid
@@ -328,5 +352,5 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[st
 
 __all__ = [
     "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "path_dir",
-    "path_info", "replay", "require",
+    "path_info", "replay", "require", "source_hash",
 ]  # fmt: skip

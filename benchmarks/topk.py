@@ -533,10 +533,10 @@ def build_cubins_for(cfg: dict, out_dir: Path) -> int:
     import torch
 
     from benchmarks import prod_cubins
-    from benchmarks.indexer import make_case
+    from benchmarks.indexer import make_case, unfilled_indexer_cache
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
     from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
-    from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_PAGE
+    from sparsemla.kernels.layouts import IDX_PAGE
 
     def workload() -> None:
         for batch in cfg["B"]:
@@ -556,9 +556,7 @@ def build_cubins_for(cfg: dict, out_dir: Path) -> int:
                         indexer_logits_topk_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, k,
                                                 case.cap, out=pos, sorted=False, fuse=True)  # fmt: skip
 
-    # the GPU run's cache: as many pages, never read here (torch.empty does not touch its memory)
-    kv = torch.empty(max(cfg["B"]) * -(-max(cfg["lengths"]) // IDX_PAGE), IDX_PAGE, 1, IDX_BYTES_PER_TOKEN,
-                     dtype=torch.uint8)  # fmt: skip
+    kv = unfilled_indexer_cache(max(cfg["B"]) * -(-max(cfg["lengths"]) // IDX_PAGE))  # the GPU run's page count
 
     return len(prod_cubins.build(workload, out_dir))
 

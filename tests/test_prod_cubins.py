@@ -58,8 +58,24 @@ try:
     missing = "ran"
 except KeyError as exc:
     missing = str(exc)
+try:
+    pc.build(work, out, "sm89")  # another code path into this folder
+    other_path = "built"
+except ValueError as exc:
+    other_path = str(exc)
+# the kernel's module changes: the replay refuses its old cubins, a rebuild replaces them
+tiny = Path(sys.modules["tiny"].__file__)
+tiny.write_text(tiny.read_text() + "# edited\\n")
+try:
+    with pc.replay(out):
+        _tiny_kernel[(4,)](*calls[0][0], **calls[0][1])
+    stale = "ran"
+except RuntimeError as exc:
+    stale = str(exc)
+rebuilt = pc.build(work, out)
 print(json.dumps(dict(added=added, again=len(again), keys=keys, packed=[type(p).__name__ for p in packed],
-                      packed_ptr=packed[0].value == x.data_ptr(), missing=missing)))
+                      packed_ptr=packed[0].value == x.data_ptr(), missing=missing, other_path=other_path,
+                      stale=stale, rebuilt=len(rebuilt))))
 """
 
 
@@ -87,6 +103,8 @@ def test_build_stores_cubins_with_launch_parameters_and_replay_refuses_unbuilt_l
     assert got["packed"] == ["c_ulong", "c_ulong", "c_int", "c_int", "c_float", "c_ulong", "c_ulong"]
     assert got["packed_ptr"] is True
     assert "no Triton 3.8 cubin" in got["missing"]  # the manifest's compiler, 3.8 here
+    assert "holds the native path's cubins" in got["other_path"]
+    assert "built from another version of its module" in got["stale"] and got["rebuilt"] == 3
 
 
 def _assert_same_layout(filled: dict, empty: dict) -> None:
@@ -249,3 +267,38 @@ def test_running_as_configures_another_targets_budget_on_this_gpus_sms():
     assert as89.name == "H200 as sm_89" and not as89.has_wgmma
     assert dev.running_as(h200, (8, 0)).smem_per_block == 166_912
     assert dev.running_as(h200, (9, 0)) is h200
+
+
+def test_path_info_is_what_the_gpu_machines_launchers_see(monkeypatch):
+    """The build configures each code path as the GPU machine's own process does (``device._from_torch`` on an H200,
+    with and without TRITON_OVERRIDE_ARCH=sm89): the launches, hence their keys, only match because of that."""
+    from types import SimpleNamespace
+
+    from benchmarks import prod_cubins as pc
+    from sparsemla.kernels import device as dev
+
+    h200 = SimpleNamespace(
+        major=9, minor=0, shared_memory_per_block_optin=232_448, shared_memory_per_multiprocessor=233_472,
+        multi_processor_count=132, name="NVIDIA H200",
+    )  # fmt: skip
+    monkeypatch.setattr(dev.torch.cuda, "get_device_properties", lambda index: h200)
+    for path, env in (("native", None), ("sm89", "sm89")):
+        if env is None:
+            monkeypatch.delenv("TRITON_OVERRIDE_ARCH", raising=False)
+        else:
+            monkeypatch.setenv("TRITON_OVERRIDE_ARCH", env)
+        built, arch = pc.path_info(path)
+        seen = dev._from_torch(0)
+        assert (built.capability, built.smem_per_block, built.num_sms, built.smem_per_sm) == (
+            seen.capability, seen.smem_per_block, seen.num_sms, seen.smem_per_sm), path  # fmt: skip
+        assert arch == 90
+
+
+def test_indexer_builds_from_an_unfilled_cache_of_the_timed_layout():
+    import torch
+
+    from benchmarks import indexer
+
+    filled = indexer.gpu_indexer_cache(3, torch.device("cpu"), torch.Generator().manual_seed(0))
+    empty = indexer.unfilled_indexer_cache(3)
+    assert (filled.shape, filled.dtype, filled.stride()) == (empty.shape, empty.dtype, empty.stride())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Triton 3.8 (production) timings on the GPU machine, from cubins compiled here (benchmarks/prod_cubins.py).
 #
-#   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~10 min: .gpu-cubins/{ab,decode,indexer,topk}
+#   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~10 min: .gpu-cubins/{ab,decode,decode_v32,indexer,topk}
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
