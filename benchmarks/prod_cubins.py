@@ -80,10 +80,17 @@ def launch_key(fn: triton.JITFunction, args: tuple, kwargs: dict) -> str:
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def source_hash(fn: triton.JITFunction) -> str:
+def source_hash(fn: triton.JITFunction, cache: dict[str, str] | None = None) -> str:
     """sha256 (24 hex digits) of the file that defines ``fn``: a kernel whose module changed since its cubin was built
-    gets rebuilt by :func:`build` and refused by the replay (the module holds the kernel and its jit helpers)."""
-    return hashlib.sha256(Path(inspect.getsourcefile(fn.fn)).read_bytes()).hexdigest()[:24]
+    gets rebuilt by :func:`build` and refused by the replay (the module holds the kernel and its jit helpers).
+    ``cache``: per-kernel results of one build or replayer, so a launch does not read the file again."""
+    name = fn.fn.__qualname__
+    if cache is None or name not in cache:
+        digest = hashlib.sha256(Path(inspect.getsourcefile(fn.fn)).read_bytes()).hexdigest()[:24]
+        if cache is None:
+            return digest
+        cache[name] = digest
+    return cache[name]
 
 
 def _entry(kernel: object, key: str) -> dict:
@@ -136,11 +143,10 @@ def path_info(code_path: str) -> tuple[dev.DeviceInfo, int]:
 
 
 def _running_path() -> str:
-    """This process's code path as the benchmarks name it: ``native`` or the TRITON_OVERRIDE_ARCH value (``sm89``)."""
-    from sparsemla import flags
-
-    raw = (flags.TRITON_OVERRIDE_ARCH.get() or "").strip().lower()
-    return raw.replace("sm_", "sm") if raw else "native"
+    """This process's code path as the benchmarks name it: ``native`` or ``smNN`` (TRITON_OVERRIDE_ARCH, parsed by
+    the device module's own rule)."""
+    override = dev._override_arch()
+    return "native" if override is None else f"sm{override[0]}{override[1]}"
 
 
 def build(workload: Callable[[], object], out_dir: Path, code_path: str = "native") -> list[dict]:
@@ -164,12 +170,13 @@ def build(workload: Callable[[], object], out_dir: Path, code_path: str = "nativ
             f"{triton.__version__} into a folder of its own"
         )
     added: list[dict] = []
+    sources: dict[str, str] = {}
     real_run = triton.JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202 - JITFunction.run's own signature
         kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
         key = launch_key(self, args, kwargs)
-        source = source_hash(self)
+        source = source_hash(self, sources)
         if manifest.get(key, {}).get("source") != source:  # new, or built from another version of its module
             (out_dir / f"{key}.cubin.gz").write_bytes(gzip.compress(kernel.asm["cubin"], mtime=0))
             manifest[key] = {**_entry(kernel, key), "code_path": code_path, "source": source}
@@ -282,12 +289,6 @@ class Replayer:
         self._saved: list = []
         self._sources: dict[str, str] = {}
 
-    def _source(self, fn: triton.JITFunction) -> str:
-        name = fn.fn.__qualname__
-        if name not in self._sources:
-            self._sources[name] = source_hash(fn)
-        return self._sources[name]
-
     def _run(self, fn: triton.JITFunction, real_run: Callable, args: tuple, grid: object, warmup: bool,
              kwargs: dict) -> None:  # fmt: skip
         key = launch_key(fn, args, kwargs)
@@ -297,7 +298,7 @@ class Replayer:
                 f"no Triton {'.'.join(map(str, self.compiler))} cubin for this launch of {fn.fn.__name__} (key {key}): "
                 "build it first"
             )
-        if entry.get("source") not in (None, self._source(fn)):
+        if entry.get("source") not in (None, source_hash(fn, self._sources)):
             raise RuntimeError(
                 f"the cubin of {fn.fn.__name__} (key {key}) was built from another version of its module: rebuild it"
             )
