@@ -80,6 +80,7 @@ def decode_section(data: dict) -> str:
     ]
     out += _prefill_lines(cells)
     out += t38_lines()
+    out += anatomy_lines()
     out += _projection_lines(cells, data)
     out += _sweep_lines(data.get("sweep"))
     cols = [c for c in COLUMNS if any(c in v for v in cells.values())]
@@ -153,6 +154,53 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
             f"| {ratio_txt} | {lim_txt} |"
         )
     return out
+
+
+ANATOMY_NOTE = (
+    "Why the mma.sync code is slower per tile (read off the compiler's output, not timed): Triton gives two chained "
+    "dots one MMA layout, and with 32 heads (M) against 512 output columns (N) it puts the 4 warps along N. Each "
+    "warp then multiplies all 32 heads of q by its 8 tokens of the tile, so every warp re-reads the whole q "
+    "(32 KB) from shared memory at every tile: about 128 of the loop's ~170 64-bit shared loads per thread. The "
+    "gathered tile is stored twice (one swizzle per dot: transposed for QK, plain for PV), which is what caps the "
+    "tile at 32 tokens within 101,376 B. On wgmma (sm_90) q and the tile are read by the tensor cores from one "
+    "buffer each. The tile, warp, stage, dv-split and prefetch sweeps of the sm_89 path (explore/) found nothing "
+    "faster within the budget; a 64-token tile (half the q re-reads per token) needs 160 KB with the double store, "
+    "which only sm_80's 166,912 B allows."
+)
+
+
+def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> list[str]:
+    """The decode loop per target at B = 64, H = 64 from the newest ``decode_loop_anatomy-*.json``
+    (``results/bench/explore/decode_loop_anatomy.py``: the installed Triton's compile, CPU only)."""
+    files = sorted(explore.glob("decode_loop_anatomy-*.json"))
+    if not files:
+        return []
+    data = json.loads(files[-1].read_text())
+    out = [
+        "",
+        f"**One tile of the decode loop per target** (B = {batch}, H = {heads}; Triton {data['meta']['triton']} "
+        f"compiled ahead of time, SASS of the loop body per thread; `{files[-1].relative_to(explore.parents[2])}`):",
+        "",
+        "| target | tile | shared B | registers | spilled B | loop instructions | shared loads (LDS / LDSM) | shared "
+        "stores | MMA | q re-read per tile | tile stored |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        if (r["B"], r["H"]) != (batch, heads):
+            continue
+        ops = r["loop_ops"]
+        mma = f"{ops['HGMMA']} HGMMA" if ops.get("HGMMA") else f"{ops.get('HMMA', 0)} HMMA"
+        if not ops.get("HGMMA") and not ops.get("HMMA"):
+            mma = "tcgen05"
+        q_reread = "yes" if any(name == "b_q" for name, _ in r["local_load"]) else "no"
+        tile_n = int(r["config"].split("x")[1].split()[0])
+        stored = sum(1 for _, shape in r["local_alloc"] if shape.startswith(f"{tile_n}x512"))
+        out.append(
+            f"| {r['arch']} | {r['config']} | {r['shared']:,} | {r['registers']} | {r['spilled']} "
+            f"| {r['loop_instructions']:,} | {ops.get('LDS', 0)} / {ops.get('LDSM', 0)} | {ops.get('STS', 0)} | {mma} "
+            f"| {q_reread} | {stored}x |"
+        )
+    return out + ["", ANATOMY_NOTE]
 
 
 def _prefill_lines(cells: dict) -> list[str]:

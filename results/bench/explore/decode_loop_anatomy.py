@@ -1,0 +1,84 @@
+"""Exploratory, CPU only (no GPU): what one tile iteration of the V4 decode kernel's loop does, per target, from the
+installed Triton's own compile (ahead of time, ``sparsemla.kernels.aot``): the MMA layout Triton picked for the two
+chained dots, which dot operands are read from shared memory inside the loop, how many shared-memory buffers the
+gathered tile is stored into, and the SASS instruction counts of the loop body (shared loads/stores, HMMA / HGMMA,
+global loads, barriers, spills). Writes JSON (``--out``) and prints a table.
+
+    .venv/bin/python results/bench/explore/decode_loop_anatomy.py --arch sm_89 --arch sm_90 --out F.json
+"""
+
+import argparse
+import json
+import re
+from collections import Counter
+from datetime import date
+
+import triton
+
+from sparsemla.kernels import aot
+from sparsemla.kernels import device as dev
+from sparsemla.kernels.sparse_decode.triton import choose_config
+
+p = argparse.ArgumentParser()
+p.add_argument("--arch", action="append", default=None)
+p.add_argument("--shapes", default="1x64,8x64,64x64,128x64", help="BxH,...")
+p.add_argument("--out", default=None)
+args = p.parse_args()
+
+OPS = ("LDS", "LDSM", "STS", "HMMA", "HGMMA", "LDG", "LDGSTS", "BAR", "LDL", "STL", "SHFL", "MUFU")
+
+
+def loop_body(raw_sass: str) -> list[str]:
+    """Opcodes of the largest backward-branch loop in ``cuobjdump -sass`` output (addresses kept)."""
+    ins = []
+    for line in raw_sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    best: list[str] = []
+    for i, (addr, text) in enumerate(ins):
+        b = re.search(r"\bBRA(?:\.U)?\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", text)
+        if b and b.group(1) and int(b.group(1), 16) < addr:
+            start = int(b.group(1), 16)
+            body = [t for a, t in ins if start <= a <= addr]
+            if len(body) > len(best):
+                best = body
+    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in best]
+
+
+def shared_reads_in_loop(ttgir: str) -> dict:
+    """Which values the loop reads from shared memory (``ttg.local_load`` inside ``scf.for``) and allocates."""
+    loop = ttgir[ttgir.index("scf.for") :]
+    loop = loop[: loop.index("scf.yield")]
+    loads = re.findall(r"%(\w+?)(?:_\d+)? = ttg\.local_load %\w+ : !ttg\.memdesc<([0-9x]+)", loop)
+    allocs = re.findall(r"%(\w+?)(?:_\d+)? = ttg\.local_alloc %\w+ : \(tensor<([0-9x]+)", loop)
+    mma = re.findall(r"#mma\d* = #ttg\.nvidia_mma<\{versionMajor = (\d), versionMinor = \d, warpsPerCTA = \[([\d, ]+)\]", ttgir)
+    return {"local_load": loads, "local_alloc": allocs, "mma": [f"v{v} warps [{w}]" for v, w in mma]}
+
+
+rows = []
+for arch in args.arch or ["sm_89", "sm_90"]:
+    info = dev.TARGETS[arch]
+    for shape in args.shapes.split(","):
+        b, h = (int(x) for x in shape.split("x"))
+        got = {}
+        sink: list = []
+        with aot.compile_only(arch, info, shape, sink), aot.watch_launches(lambda n, k: got.setdefault(n, k)):
+            aot._decode_case(b, h, 512)()
+        k = got["_sparse_decode_kernel"]
+        ops = Counter(op.split(".")[0] for op in loop_body(aot._cubin_tool(k.asm["cubin"], "-sass")))
+        res = next(r for r in sink if r.kernel == "_sparse_decode_kernel")
+        cfg = choose_config(info, h, b)
+        rows.append(dict(arch=arch, B=b, H=h, config=f"{cfg.block_h}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                         f" dv{cfg.dv_split}", shared=res.shared, registers=res.registers, spilled=res.spilled,
+                         loop_instructions=sum(ops.values()), loop_ops={o: ops.get(o, 0) for o in OPS},
+                         **shared_reads_in_loop(k.asm["ttgir"])))  # fmt: skip
+        r = rows[-1]
+        print(f"{arch} B={b:<4} H={h:<3} {r['config']:<18} smem {r['shared']:>7} reg {r['registers']} spill "
+              f"{r['spilled']:>3} | loop {r['loop_instructions']:>5} instr; " + " ".join(f"{o} {n}" for o, n in
+              r["loop_ops"].items() if n) + f" | {r['mma']} loads {r['local_load']} allocs {r['local_alloc']}")  # fmt: skip
+
+if args.out:
+    meta = dict(triton=triton.__version__, date=date.today().isoformat(), what=__doc__.split("\n\n")[0])
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
