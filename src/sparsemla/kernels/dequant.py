@@ -49,3 +49,17 @@ def e4m3_bits_to_bf16_value(x):
     """uint8 e4m3 bytes -> their bf16 value (exact: every e4m3 value is a bf16 value)."""
     two_120 = tl.full([1], TWO_POW_120, tl.bfloat16)
     return e4m3_bits_to_bf16(x) * two_120
+
+
+@triton.jit
+def opaque_bf16(x):
+    """``x`` unchanged (bf16), through a register move Triton cannot look through.
+
+    Why: for mma.sync (sm_80..sm_89, sm_120) Triton sizes a dot operand's per-thread K run (``kWidth``) from the
+    narrowest element type it finds walking back through elementwise ops; a tile dequantized from uint8 bytes gets
+    kWidth 4 instead of bf16's 2. Both operands then take that layout, so they are read from shared memory with
+    64-bit loads instead of ``ldmatrix`` and re-packed with register moves before every MMA. A non-pure inline asm
+    ends the walk at this bf16 value. wgmma reads its operands from shared memory and does not need it."""
+    return tl.inline_asm_elementwise(
+        asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.bfloat16, is_pure=False, pack=2
+    )

@@ -35,10 +35,11 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
-from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16
+from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 
 LOG2E = 1.4426950408889634
+_OPAQUE_TILE = False  # experiment switch (results/bench/explore/opaque_tile_ab.py)
 LN2 = 0.6931471805599453
 # The V4 page layout as the kernel addresses it (sparsemla.kernels.layouts): a token's data row, the same row in bf16
 # units, the RoPE part's byte offset inside it, and the token's scale row.
@@ -300,7 +301,7 @@ def _sparse_decode_kernel(
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
-    CHUNKS_FIRST: tl.constexpr,
+    CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -368,6 +369,8 @@ def _sparse_decode_kernel(
             b_k = _load_kv_tile(
                 p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
             )
+            if OPAQUE_TILE:
+                b_k = opaque_bf16(b_k)
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         else:
             b_ka = _load_kv_tile(
@@ -376,6 +379,9 @@ def _sparse_decode_kernel(
             b_kb = _load_kv_tile(
                 p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
             )
+            if OPAQUE_TILE:
+                b_ka = opaque_bf16(b_ka)
+                b_kb = opaque_bf16(b_kb)
             b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
             b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
             b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
@@ -588,6 +594,7 @@ def sparse_decode_fwd(
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
+        OPAQUE_TILE=_OPAQUE_TILE and not interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
