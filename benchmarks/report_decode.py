@@ -157,21 +157,26 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
 
 
 ANATOMY_NOTE = (
-    "Why the mma.sync code is slower per tile (read off the compiler's output, not timed): Triton gives two chained "
-    "dots one MMA layout, and with 32 heads (M) against 512 output columns (N) it puts the 4 warps along N. Each "
-    "warp then multiplies all 32 heads of q by its 8 tokens of the tile, so every warp re-reads the whole q "
-    "(32 KB) from shared memory at every tile: about 128 of the loop's ~170 64-bit shared loads per thread. The "
-    "gathered tile is stored twice (one swizzle per dot: transposed for QK, plain for PV), which is what caps the "
-    "tile at 32 tokens within 101,376 B. On wgmma (sm_90) q and the tile are read by the tensor cores from one "
-    "buffer each. The tile, warp, stage, dv-split and prefetch sweeps of the sm_89 path (explore/) found nothing "
-    "faster within the budget; a 64-token tile (half the q re-reads per token) needs 160 KB with the double store, "
-    "which only sm_80's 166,912 B allows."
+    "Reading the table: built from uint8 bytes, the gathered tile reaches the dots with 8-bit operand runs (Triton "
+    "sizes an mma.sync operand's per-thread K run, kWidth, from the narrowest type it finds walking back through "
+    "elementwise ops: 4 instead of bf16's 2). Both operands then take that layout: q and the tile are read with "
+    "64-bit shared loads instead of `ldmatrix`, the tile is stored twice (one copy per dot) and register moves "
+    "repack every MMA's operands (ncu, sm_89 path on the H200, B = 64: a third of the loop's executed instructions "
+    "were MOV / IMAD.MOV; `explore/ncu/`). The opaque move (`dequant.opaque_bf16`, a non-pure register move that "
+    "ends that walk at the bf16 tile) gives bf16's layout back: `ldmatrix`, one copy of the tile, 0 spills on sm_89, "
+    "and ~40 % fewer loop instructions on every mma.sync target; the launcher applies it wherever the dots are "
+    "mma.sync (`opaque_tile_default`). wgmma reads its operands from shared memory: unchanged. What remains on "
+    "mma.sync: Triton gives the two chained dots one layout with the 4 warps along the 512 output columns, so every "
+    "warp still re-reads the whole q (32 KB) from shared memory each tile. The H200 holds 3 programs of 67,584 B "
+    "per SM where an sm_86 / 89 / 120 part (100 KB per SM) holds one, so the sm_89 path's times on the H200 flatter "
+    "those GPUs more with the move than without."
 )
 
 
 def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> list[str]:
-    """The decode loop per target at B = 64, H = 64 from the newest ``decode_loop_anatomy-*.json``
-    (``results/bench/explore/decode_loop_anatomy.py``: the installed Triton's compile, CPU only)."""
+    """The decode loop per target at B = 64, H = 64, the tile's opaque move off and on, from the newest
+    ``decode_loop_anatomy-*.json`` (``results/bench/explore/decode_loop_anatomy.py``: the installed Triton's compile,
+    CPU only), and the H200 A/B of the move from the newest ``opaque_tile_ab-*.json``."""
     files = sorted(explore.glob("decode_loop_anatomy-*.json"))
     if not files:
         return []
@@ -181,9 +186,9 @@ def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> 
         f"**One tile of the decode loop per target** (B = {batch}, H = {heads}; Triton {data['meta']['triton']} "
         f"compiled ahead of time, SASS of the loop body per thread; `{files[-1].relative_to(explore.parents[2])}`):",
         "",
-        "| target | tile | shared B | registers | spilled B | loop instructions | shared loads (LDS / LDSM) | shared "
-        "stores | MMA | q re-read per tile | tile stored |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| target | tile | opaque move | shared B | registers | spilled B | loop instructions | shared loads "
+        "(LDS / LDSM) | shared stores | MMA | q re-read per tile | tile stored |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
         if (r["B"], r["H"]) != (batch, heads):
@@ -196,11 +201,33 @@ def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> 
         tile_n = int(r["config"].split("x")[1].split()[0])
         stored = sum(1 for _, shape in r["local_alloc"] if shape.startswith(f"{tile_n}x512"))
         out.append(
-            f"| {r['arch']} | {r['config']} | {r['shared']:,} | {r['registers']} | {r['spilled']} "
-            f"| {r['loop_instructions']:,} | {ops.get('LDS', 0)} / {ops.get('LDSM', 0)} | {ops.get('STS', 0)} | {mma} "
-            f"| {q_reread} | {stored}x |"
+            f"| {r['arch']} | {r['config']} | {'on' if r.get('opaque_tile') else 'off'} | {r['shared']:,} "
+            f"| {r['registers']} | {r['spilled']} | {r['loop_instructions']:,} | {ops.get('LDS', 0)} / "
+            f"{ops.get('LDSM', 0)} | {ops.get('STS', 0)} | {mma} | {q_reread} | {stored}x |"
         )
-    return out + ["", ANATOMY_NOTE]
+    out += ["", ANATOMY_NOTE]
+    ab = sorted(explore.glob("opaque_tile_ab-*.json"))
+    if ab:
+        out += [
+            "",
+            "**The opaque move on the H200** (Triton 3.6, graph replay, the launcher's configuration, µs; "
+            + ", ".join(f"`{f.relative_to(explore.parents[2])}`" for f in ab)
+            + "):",
+            "",
+            "| code path | B | H | off | on | on / off | shared B off -> on |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for f in ab:
+            rows = json.loads(f.read_text())["rows"]
+            cells = {(r["B"], r["H"], r["opaque"]): r for r in rows if "us" in r}
+            for b, h in dict.fromkeys((r["B"], r["H"]) for r in rows):
+                off, on = cells.get((b, h, False)), cells.get((b, h, True))
+                if off and on:
+                    out.append(
+                        f"| {rows[0]['path']} | {b} | {h} | {fmt_us(off['us'])} | {fmt_us(on['us'])} "
+                        f"| {on['us'] / off['us']:.2f}x | {off['smem']:,} -> {on['smem']:,} |"
+                    )
+    return out
 
 
 def _prefill_lines(cells: dict) -> list[str]:

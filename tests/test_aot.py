@@ -56,6 +56,30 @@ def test_small_budget_targets_get_their_own_tiles(records):
         assert worst <= 101_376, (target, worst)
 
 
+def test_mma_sync_decode_stores_the_gathered_tile_once(records):
+    """Where the decode's dots are mma.sync, the tile's opaque move must leave Triton's bf16 operand layout in place:
+    one shared copy of the gathered tile next to q and P, i.e. at most (block_h + block_n) KB + P. Without it (the
+    tile's uint8 origin sets an 8-bit operand layout) the tile is stored twice: 98,304 instead of 67,584 B at
+    32 x 32."""
+    import re
+
+    from sparsemla.kernels.sparse_decode.triton import choose_config, opaque_tile_default
+
+    checked = 0
+    for r in records["records"]:
+        if r["kernel"] != "_sparse_decode_kernel" or not r["case"].startswith("decode "):
+            continue
+        batch, heads = (int(x) for x in re.match(r"decode B(\d+) H(\d+) ", r["case"]).groups())
+        info = dev.TARGETS[r["target"]]
+        cfg = choose_config(info, heads, batch)
+        if not opaque_tile_default(cfg, info):
+            continue
+        one_copy = (cfg.block_h + cfg.block_n) * 1024 + cfg.block_h * cfg.block_n * 2
+        assert r["shared"] <= one_copy, (r["target"], r["case"], r["shared"], one_copy)
+        checked += 1
+    assert checked >= 4 * 32  # every decode case on sm_80/86/89/120, and the 16-head ones on sm_90/100
+
+
 def test_indexer_needs_at_most_what_the_startup_check_assumes(records):
     from sparsemla.kernels.support import INDEXER_SHARED_MAX
 

@@ -42,6 +42,26 @@ def test_small_budget_targets_never_get_the_hopper_tiles(name):
             assert cfg.block_h <= 32 and cfg.num_stages == 1, cfg
 
 
+@pytest.mark.parametrize("name", TARGET_IDS)
+def test_the_opaque_tile_goes_where_the_dots_are_mma_sync(name):
+    """The decode tile's opaque move (operands laid out for bf16, not for the uint8 bytes it came from) is on for every
+    configuration whose dots are mma.sync -- all of sm_80/86/89/120, 16-head blocks everywhere -- and off for wgmma
+    tiles and pipelined configurations; asking for it with a pipelined one is refused."""
+    from sparsemla.kernels.sparse_decode.triton import DecodeConfig, choose_config, opaque_tile_default
+
+    info = dev.target(name)
+    for heads in (8, 16, 33, 64, 128):
+        for rows in (1, 8, 64, 8192):
+            cfg = choose_config(info, heads, rows)
+            mma_sync = not (info.has_wgmma and cfg.block_h >= 64)
+            assert opaque_tile_default(cfg, info) == (mma_sync and cfg.num_stages == 1), (heads, rows, cfg)
+            if not info.has_wgmma or heads <= 16:
+                assert opaque_tile_default(cfg, info), (heads, rows, cfg)
+    assert not opaque_tile_default(DecodeConfig(32, 16, 4, 2), info)
+    with pytest.raises(ValueError, match="num_stages=1"):
+        DecodeConfig(32, 16, 4, 2, opaque_tile=True)
+
+
 def test_old_or_small_gpus_are_refused_with_the_reason():
     volta = dev.DeviceInfo((7, 0), 98_304, 80, 98_304, "Tesla V100")
     with pytest.raises(dev.UnsupportedDevice, match="sm_80 or newer"):

@@ -137,17 +137,25 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True, chunks_first=True),
         sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, chunks_first=True),
         sd_triton.DecodeConfig(16, 16, 4, 1, partial_bf16=True, chunks_first=True),
+        # the tile's opaque move forced each way (the launcher's default: on where the dots are mma.sync)
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, opaque_tile=False),
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, opaque_tile=True),
+        sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True, opaque_tile=True),
+        sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, opaque_tile=True),
+        sd_triton.DecodeConfig(64, 32, 4, 1, dv_split=2, int_dequant=True, opaque_tile=True),
     ],
     ids=lambda c: (
         f"{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
         + ("-bf16part" if c.partial_bf16 else "")
         + ("-intdq" if c.int_dequant else "")
         + ("-chunks" if c.chunks_first else "")
+        + ({None: "", True: "-opaque", False: "-noopaque"}[c.opaque_tile])
     ),
 )
 @pytest.mark.parametrize("splits", [1, 3])
 def test_other_configs_match_reference(nan_empty, cfg, splits):
-    """The tile configs the sweep times (and the previous, chunked kernel body) compute the same function."""
+    """The tile configs the sweep times (and the previous, chunked kernel body) compute the same function, the tile's
+    opaque move on or off."""
     kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=55 + splits)
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)

@@ -17,12 +17,15 @@ import triton
 
 from sparsemla.kernels import aot
 from sparsemla.kernels import device as dev
+from sparsemla.kernels.sparse_decode import triton as T
 from sparsemla.kernels.sparse_decode.triton import choose_config
 
 p = argparse.ArgumentParser()
 p.add_argument("--arch", action="append", default=None)
 p.add_argument("--shapes", default="1x64,8x64,64x64,128x64", help="BxH,...")
 p.add_argument("--out", default=None)
+p.add_argument("--opaque", default="both", choices=["launcher", "both"], help="both: each case with the tile's opaque "
+               "move off and on (DecodeConfig.opaque_tile), else the launcher's choice")  # fmt: skip
 args = p.parse_args()
 
 OPS = ("LDS", "LDSM", "STS", "HMMA", "HGMMA", "LDG", "LDGSTS", "BAR", "LDL", "STL", "SHFL", "MUFU")
@@ -59,22 +62,34 @@ def shared_reads_in_loop(ttgir: str) -> dict:
 rows = []
 for arch in args.arch or ["sm_89", "sm_90"]:
     info = dev.TARGETS[arch]
-    for shape in args.shapes.split(","):
+    for shape, opaque in [(s, o) for s in args.shapes.split(",") for o in ((False, True) if args.opaque == "both"
+                                                                         else (None,))]:  # fmt: skip
         b, h = (int(x) for x in shape.split("x"))
         got = {}
         sink: list = []
-        with aot.compile_only(arch, info, shape, sink), aot.watch_launches(lambda n, k: got.setdefault(n, k)):
-            aot._decode_case(b, h, 512)()
+        default = T.opaque_tile_default
+        if opaque is not None:
+            T.opaque_tile_default = lambda cfg, info, opaque=opaque: opaque
+        try:
+            with aot.compile_only(arch, info, shape, sink), aot.watch_launches(lambda n, k, got=got: got.setdefault(n, k)):
+                aot._decode_case(b, h, 512)()
+        except Exception as exc:  # noqa: BLE001 - e.g. the opaque move forced into a pipelined configuration
+            print(f"{arch} B={b} H={h} opaque={opaque}: {type(exc).__name__} (not recorded)")
+            continue
+        finally:
+            T.opaque_tile_default = default
         k = got["_sparse_decode_kernel"]
         ops = Counter(op.split(".")[0] for op in loop_body(aot._cubin_tool(k.asm["cubin"], "-sass")))
         res = next(r for r in sink if r.kernel == "_sparse_decode_kernel")
         cfg = choose_config(info, h, b)
-        rows.append(dict(arch=arch, B=b, H=h, config=f"{cfg.block_h}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+        if opaque is None:
+            opaque = default(cfg, info)
+        rows.append(dict(arch=arch, B=b, H=h, opaque_tile=opaque, config=f"{cfg.block_h}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
                          f" dv{cfg.dv_split}", shared=res.shared, registers=res.registers, spilled=res.spilled,
                          loop_instructions=sum(ops.values()), loop_ops={o: ops.get(o, 0) for o in OPS},
                          **shared_reads_in_loop(k.asm["ttgir"])))  # fmt: skip
         r = rows[-1]
-        print(f"{arch} B={b:<4} H={h:<3} {r['config']:<18} smem {r['shared']:>7} reg {r['registers']} spill "
+        print(f"{arch} B={b:<4} H={h:<3} opaque={int(opaque)} {r['config']:<18} smem {r['shared']:>7} reg {r['registers']} spill "
               f"{r['spilled']:>3} | loop {r['loop_instructions']:>5} instr; " + " ".join(f"{o} {n}" for o, n in
               r["loop_ops"].items() if n) + f" | {r['mma']} loads {r['local_load']} allocs {r['local_alloc']}")  # fmt: skip
 

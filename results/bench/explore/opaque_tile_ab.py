@@ -5,6 +5,9 @@ passed through :func:`sparsemla.kernels.dequant.opaque_bf16`, so Triton lays the
     PYTHONPATH=/tmp/site:. python results/bench/explore/opaque_tile_ab.py --path native --out F
     TRITON_OVERRIDE_ARCH=sm89 PYTHONPATH=/tmp/site:. python results/bench/explore/opaque_tile_ab.py --path sm89 --out F
 
+The JSON of 2026-12-04 was written by this script's first version (commit 92acf60), which switched a module flag;
+the launcher now takes ``DecodeConfig.opaque_tile``, which this version sets on the launcher's own configuration.
+
 Every row: graph-replay median (2 input sets rotated, L2 flushed by do_bench), relative error of out against the fp32
 reference (B <= 8) or against the other variant, and the kernel's shared memory, registers and spills.
 """
@@ -12,12 +15,14 @@ reference (B <= 8) or against the other variant, and the kernel's shared memory,
 import argparse
 import json
 import subprocess
+from dataclasses import replace
 
 import torch
 import triton
 from triton.testing import do_bench
 
 from benchmarks.decode import Shape, graphed, make_inputs
+from sparsemla.kernels import device as dev
 from sparsemla.kernels.sparse_decode import triton as T
 from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
@@ -48,16 +53,17 @@ for spec in args.shapes.split(","):
     sets = [make_inputs(Shape(B, H, 128, args.extra), seed=100 * B + i) for i in range(2)]
     ref = sparse_decode_reference(**sets[0])[0].float() if B <= 8 else None
     outs = {}
+    auto = T.choose_config(dev.launch_info(torch.device("cuda")), H, B)
     for opaque in (False, True):
-        T._OPAQUE_TILE = opaque
+        cfg = replace(auto, opaque_tile=opaque)
         try:
             seen.clear()
-            out = T.sparse_decode_fwd(**sets[0])[0].float()
+            out = T.sparse_decode_fwd(**sets[0], config=cfg)[0].float()
             outs[opaque] = out
             base = ref if ref is not None else outs.get(not opaque, out)
             err = float((out - base).norm() / base.norm())
             res = seen.get("_sparse_decode_kernel", {})
-            runs = [graphed(lambda kw=kw: T.sparse_decode_fwd(**kw)) for kw in sets]
+            runs = [graphed(lambda kw=kw, cfg=cfg: T.sparse_decode_fwd(**kw, config=cfg)) for kw in sets]
             st = {"i": 0}
 
             def step(runs=runs, st=st):

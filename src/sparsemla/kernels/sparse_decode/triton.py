@@ -39,7 +39,6 @@ from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf1
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 
 LOG2E = 1.4426950408889634
-_OPAQUE_TILE = False  # experiment switch (results/bench/explore/opaque_tile_ab.py)
 LN2 = 0.6931471805599453
 # The V4 page layout as the kernel addresses it (sparsemla.kernels.layouts): a token's data row, the same row in bf16
 # units, the RoPE part's byte offset inside it, and the token's scale row.
@@ -60,7 +59,9 @@ class DecodeConfig:
     output's own rounding is ~1e-3); int_dequant: fp8 -> bf16 with integer ops (bit-identical, and the only path on
     targets without an e4m3 type) instead of the fp8 -> f16 -> bf16 conversion instructions; chunks_first: the
     gathered tile's axis order, a compiler question (None, the default: the compiling Triton's order,
-    :func:`tile_chunks_first`, resolved at launch, so a hand-built configuration gets it too)."""
+    :func:`tile_chunks_first`, resolved at launch, so a hand-built configuration gets it too); opaque_tile: the
+    gathered tile passes through :func:`sparsemla.kernels.dequant.opaque_bf16` before the dots (None, the default:
+    where the dots are mma.sync, :func:`opaque_tile_default`)."""
 
     block_h: int
     block_n: int
@@ -70,10 +71,13 @@ class DecodeConfig:
     partial_bf16: bool = False
     int_dequant: bool = False
     chunks_first: bool | None = None
+    opaque_tile: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
+        if self.opaque_tile and self.num_stages > 1:
+            raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
 
 def tile_chunks_first() -> bool:
@@ -81,6 +85,16 @@ def tile_chunks_first() -> bool:
     over tokens (``_load_kv_tile``): Triton >= 3.8. Read at every launch from ``device.TRITON_VERSION`` (a replay of
     another Triton's cubins sets it to that compiler's)."""
     return dev.triton_at_least(3, 8)
+
+
+def opaque_tile_default(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
+    """Whether the gathered tile goes through :func:`~sparsemla.kernels.dequant.opaque_bf16`: where both dots are
+    mma.sync (every target below sm_90, and 16-head blocks everywhere). Built from uint8 bytes, the tile otherwise
+    gets 8-bit operand runs (kWidth 4): 64-bit shared loads instead of ``ldmatrix``, the tile stored twice and
+    register moves before every MMA (docs/performance.md, "One tile of the decode loop per target"). wgmma reads
+    both operands from shared memory, so nothing changes there and it stays off; so does a pipelined configuration
+    (Triton's pipeliner cannot predicate the move)."""
+    return cfg.num_stages == 1 and not (info.has_wgmma and cfg.block_h >= 64)
 
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
@@ -101,7 +115,10 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
     halves (128 KB / 98 KB of shared memory).
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
-    memory, ``(block_h + 2 * block_n) x 1 KB`` here, so a 64-head x 64-token tile needs 196,608 B. Within the budget,
+    memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
+    ``(block_h + block_n) x 1 KB`` + P through its opaque move (:func:`opaque_tile_default`; the tiles below were
+    chosen, and :func:`shared_bytes` sizes them, with the tile staged twice), so a 64-head x 64-token tile needs
+    196,608 / 139,264 B. Within the budget,
     H > 16: 32-head blocks, 16-token tiles (64 KB) while ``rows x head blocks <= 2``, 32-token tiles (96 KB) above.
     One pipeline stage: a second one doubles the gathered tile's staging buffers and does not fit. Measured in the
     sm_89 code path on the H200 (docs/performance.md).
@@ -134,6 +151,8 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     wgmma targets also use below 64 heads, unless a program owns one half of V), plus ~1.5 KB per token and extra
     pipeline stage for the raw rows in flight."""
     wgmma = info.has_wgmma and cfg.block_h >= 64
+    # mma.sync configurations are sized with the tile staged twice, as they were measured: through the opaque move
+    # (opaque_tile_default) Triton stores it once, so this overstates them by block_n KB and keeps their split counts
     tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
     return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
 
@@ -580,6 +599,7 @@ def sparse_decode_fwd(
     grid = (rows, head_blocks * cfg.dv_split, splits)
     # the interpreter cannot run the integer dequant's inline PTX
     chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
+    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
     _sparse_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
@@ -594,7 +614,7 @@ def sparse_decode_fwd(
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
-        OPAQUE_TILE=_OPAQUE_TILE and not interpret,
+        OPAQUE_TILE=opaque and not interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
@@ -616,4 +636,12 @@ def flops_and_bytes(batch: int, heads: int, topk_total: int) -> tuple[float, flo
     return flops, float(nbytes)
 
 
-__all__ = ["DecodeConfig", "choose_config", "choose_num_splits", "flops_and_bytes", "shared_bytes", "sparse_decode_fwd"]
+__all__ = [
+    "DecodeConfig",
+    "choose_config",
+    "choose_num_splits",
+    "flops_and_bytes",
+    "opaque_tile_default",
+    "shared_bytes",
+    "sparse_decode_fwd",
+]
