@@ -128,7 +128,8 @@ def test_corner_cases(nan_empty, kv_format):
 
 def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
-    return f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
+    name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
+    return name + ("-opaque" if cfg.opaque_k else "")
 
 
 def _every_chosen_config() -> list[tuple[v32.V32Config, str]]:
@@ -158,8 +159,9 @@ def test_every_targets_config_matches_reference(nan_empty, cfg, kv_format, split
     check(args, kw, out, lse)
 
 
-# V32Config fields beyond the chosen configurations (nope_chunks, stage_k): the tiles benchmarks/explore_v32_configs.py
-# sweeps. A tile the device refuses (check_v32_config) or cannot hold (shared memory) is skipped.
+# V32Config fields beyond the chosen configurations (nope_chunks, stage_k, opaque_k): the tiles
+# benchmarks/explore_v32_configs.py sweeps. A tile the device refuses (check_v32_config) or cannot hold (shared memory)
+# is skipped.
 VARIANTS = [
     v32.V32Config(64, 32, 8, 1, True, nope_chunks=4),
     v32.V32Config(64, 32, 8, 2, True, nope_chunks=4),
@@ -170,6 +172,9 @@ VARIANTS = [
     v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, stage_k=True),
     v32.V32Config(16, 32, 4, 2, True, nope_chunks=4),
     v32.V32Config(32, 32, 8, 1, True, nope_chunks=2, stage_k=True),
+    # K chunks through the opaque move (bf16 operand layout on mma.sync), with and without stage_k
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, stage_k=True, opaque_k=True),
+    v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True),
 ]
 
 

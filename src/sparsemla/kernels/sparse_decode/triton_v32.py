@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
-from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16
+from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.sparse_decode.triton import choose_num_splits, combine_blocks
 
@@ -62,7 +62,14 @@ class V32Config:
     straight into the two dots' register layouts (mma.sync; wgmma/tcgen05 read K from shared memory anyway). Costs
     shared memory on mma.sync: 1024 + 1024 / nope_chunks B per token instead of the uint8 tile's 512. It is what makes
     the 4-warp 32-head tile fit (32x32-w4-s2 with nope_chunks=4: <= 112 B on every target, from 160-384 B); on the
-    8-warp 64-head mma.sync tile it spills more (264-400 B), so it is a separate field."""
+    8-warp 64-head mma.sync tile it spills more (264-400 B), so it is a separate field.
+
+    opaque_k (fp8_656 only; an experiment, off until timed): each dequantized K chunk passes through
+    :func:`~sparsemla.kernels.dequant.opaque_bf16`, so Triton lays the mma.sync operands out for bf16 instead of for
+    the uint8 bytes the chunk came from (what the V4 decode does by default, ``DecodeConfig.opaque_tile``). Ahead of
+    time (Triton 3.8, sm_89, B = 64): loop instructions 2,625 -> 1,991 at H = 128 (32x32-w4-s2-c4-stage_k) and
+    2,631 -> 1,445 at H = 16 (16x32-w4-s3-c4), where the dequant ran three times; shared memory 98,816 -> 92,672 and
+    61,440 -> 94,208 B (the bf16 chunk is staged instead of the bytes)."""
 
     block_h: int
     block_n: int
@@ -72,6 +79,7 @@ class V32Config:
     int_dequant: bool = True
     nope_chunks: int = 1
     stage_k: bool = False
+    opaque_k: bool = False
 
 
 def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
@@ -92,7 +100,7 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
     fp8 = kv_format == "fp8_656"
     row = V32_FP8_BYTES if fp8 else 2 * V32_DIM
     pipeline = (cfg.num_stages - 1) * row
-    if fp8 and cfg.stage_k:
+    if fp8 and (cfg.stage_k or cfg.opaque_k):  # opaque_k: the bf16 chunk staged, at most what stage_k stages
         mma_sync = 1024 + 1024 // cfg.nope_chunks + (128 if cfg.nope_chunks == 1 else 0)
     elif fp8:
         mma_sync = 512 // cfg.nope_chunks
@@ -186,6 +194,7 @@ def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr,
 def _load_v32_nope(
     kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr,
+    OPAQUE_K: tl.constexpr = False,
 ):  # fmt: skip
     """NoPE columns [C0, C0 + W) of the tile's rows, [BLOCK_N, W] bf16 (fp32 under DOT_F32); masked rows are 0.
 
@@ -214,6 +223,8 @@ def _load_v32_nope(
                 b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, NT, 128]
             b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
         b_k = tl.reshape(b_k, [BLOCK_N, W])
+        if OPAQUE_K:
+            b_k = opaque_bf16(b_k)
         if STAGE_K:
             b_k = tl.where(m_n[:, None], b_k, 0.0)
     else:
@@ -266,6 +277,7 @@ def _sparse_decode_v32_kernel(
     stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NOPE_CHUNKS: tl.constexpr, KV_FP8: tl.constexpr,
     INT_DEQUANT: tl.constexpr, STAGE_K: tl.constexpr, HAS_LEN: tl.constexpr, SINGLE: tl.constexpr,
+    OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
@@ -322,17 +334,17 @@ def _sparse_decode_v32_kernel(
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
-        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
         if NOPE_CHUNKS == 1:  # the whole row before the first dot: the chosen configs compile to the same kernel
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         if NOPE_CHUNKS >= 2:
-            b_k1 = _load_v32_nope(kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_k1 = _load_v32_nope(kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS == 4:
-            b_k2 = _load_v32_nope(kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_k2 = _load_v32_nope(kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PREC)
-            b_k3 = _load_v32_nope(kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K)
+            b_k3 = _load_v32_nope(kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS > 1:  # chunk by chunk: each chunk's load is followed by its dot, the RoPE last
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
@@ -499,6 +511,7 @@ def sparse_decode_v32_fwd(
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
+        OPAQUE_K=cfg.opaque_k and not interpret,
         SINGLE=splits == 1,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
