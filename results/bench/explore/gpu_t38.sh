@@ -5,6 +5,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh opaque", carry=[".gpu-cubins"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -29,6 +30,9 @@ AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
 DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows 1024,8192)
 INDEXER=(--batches 1,64 --ctxs 4096,16384,65536 --caps 65536 --providers sparsemla_graph,sparsemla_topk_graph)
 TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every replayed launch has its cubin
+# `opaque`: V4 decode tiles that the opaque bf16 move lets fit (one shared copy of the gathered tile), sm_89 path
+DCFG89O=auto,16:32:4:1:1c,16:64:4:1:1c,16:64:8:1:1c,32:64:4:1:1c,32:64:8:1:1c,64:32:8:1:1c
+DCFG89O_SHAPES=1x8,8x8,64x8,128x8,64x16,64x64,128x64
 
 case "${1:-}" in
 build)
@@ -40,6 +44,8 @@ build)
     $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
     $py -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
     $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
+    $py results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfg89o --path sm89 \
+        --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" | grep -v '^\['
     du -sh .gpu-cubins
     ;;
 run)
@@ -70,6 +76,18 @@ paths)
     timeout 200 python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89 \
         --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
     ;;
+opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm_89 path); V3.2 opaque_k (3.6, both)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout 200 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
+        --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
+        --out "$OUT/decode_t38_configs_sm89o-h200.json" | cut -c1-200
+    v32=(--only 32x32-w4-s2-c4,16x32-w4-s3-c4 --splits auto --shapes 64:128:fp8_656,128:16:fp8_656 --git-sha "$SHA")
+    timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" | cut -c1-200
+    TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" \
+        | cut -c1-200
+    ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
@@ -80,7 +98,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|run|paths|v32|formal native|sm89" >&2
+    echo "usage: $0 build|run|paths|v32|opaque|formal native|sm89" >&2
     exit 2
     ;;
 esac
