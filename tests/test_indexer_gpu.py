@@ -41,17 +41,18 @@ CASES = [
 
 
 @pytest.mark.parametrize("seq, next_n, max_pages, kw", CASES)
-@pytest.mark.parametrize("dot", ["auto", "bf16"])
+@pytest.mark.parametrize("dot", ["auto", "bf16", "bf16-opaque"])
 def test_logits(seq, next_n, max_pages, kw, dot, monkeypatch):
     """Written positions match the fp32 reference (relative error); positions past each length stay NaN-poisoned.
+    ``bf16-opaque``: sm_80/86's bf16 mode with its operands through the opaque move (LogitsConfig.opaque_bf16).
 
     fp8 ``tl.dot`` on Hopper accumulates with reduced precision (like DeepGEMM's fast accumulation): ~1e-4."""
-    if dot == "bf16":
+    if dot.startswith("bf16"):
         monkeypatch.setattr(tri, "_dot_mode", lambda info: tri.DOT_BF16)
     q, kv, w, seq_lens, pt = _inputs(seq, next_n, max_pages, seed=sum(seq) + next_n, **kw)
     cap = max_pages * 64
     out = torch.full((len(seq) * next_n, cap), float("nan"), device=DEV)
-    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap)
+    tri._launch_logits(q, kv, w, seq_lens, pt, out, cap, opaque_bf16=dot == "bf16-opaque")
     ref = indexer_logits_reference(q, kv, w, seq_lens, pt, None, cap, True)
     lens = row_lengths(seq_lens, len(seq), next_n, cap)
     written = torch.arange(cap, device=DEV)[None, :] < lens[:, None]
@@ -59,7 +60,7 @@ def test_logits(seq, next_n, max_pages, kw, dot, monkeypatch):
     assert torch.isnan(out[~written]).all(), "a position past a row's length was written"
     if written.any():
         err = (out[written].double() - ref[written].double()).norm() / ref[written].double().norm()
-        assert err < (1e-5 if dot == "bf16" else 1e-3), err
+        assert err < (1e-5 if dot.startswith("bf16") else 1e-3), err
 
 
 def test_clean_logits_public_api():

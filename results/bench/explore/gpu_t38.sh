@@ -76,7 +76,8 @@ paths)
     timeout 200 python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89 \
         --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
     ;;
-opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm_89 path); V3.2 opaque_k (3.6, both)
+opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm_89 path); V3.2 opaque_k (3.6, both);
+    # the indexer's bf16 mode (what sm_80/86 run) with LogitsConfig.opaque_bf16 (3.6, sm_89 path)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -87,6 +88,8 @@ opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm
     timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" | cut -c1-200
     TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" \
         | cut -c1-200
+    TRITON_OVERRIDE_ARCH=sm89 timeout 100 python3 results/bench/explore/indexer_opaque_ab.py --path sm89 --code "$SHA" \
+        --out "$OUT/indexer_opaque_ab-sm89-h200.json" | cut -c1-200
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
