@@ -85,10 +85,10 @@ opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o-h200.json" | cut -c1-200
     v32=(--only 32x32-w4-s2-c4,16x32-w4-s3-c4 --splits auto --shapes 64:128:fp8_656,128:16:fp8_656 --git-sha "$SHA")
-    timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" | cut -c1-200
-    TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" \
+    timeout 130 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" | cut -c1-200
+    TRITON_OVERRIDE_ARCH=sm89 timeout 130 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" \
         | cut -c1-200
-    TRITON_OVERRIDE_ARCH=sm89 timeout 100 python3 results/bench/explore/indexer_opaque_ab.py --path sm89 --code "$SHA" \
+    TRITON_OVERRIDE_ARCH=sm89 timeout 90 python3 results/bench/explore/indexer_opaque_ab.py --path sm89 --code "$SHA" \
         --out "$OUT/indexer_opaque_ab-sm89-h200.json" | cut -c1-200
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
