@@ -23,6 +23,7 @@ from triton.testing import do_bench
 
 from benchmarks.decode import Shape, graphed, make_inputs
 from sparsemla.kernels import device as dev
+from sparsemla.kernels import aot
 from sparsemla.kernels.sparse_decode import triton as T
 from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
@@ -35,52 +36,48 @@ p.add_argument("--git-sha", default="")
 args = p.parse_args()
 
 seen: dict[str, dict] = {}
-real_run = triton.JITFunction.run
 
 
-def run(self, *a, grid, warmup, **kw):
-    k = real_run(self, *a, grid=grid, warmup=warmup, **kw)
-    if k is not None and hasattr(k, "metadata"):
-        seen[self.fn.__name__] = dict(smem=k.metadata.shared, regs=getattr(k, "n_regs", -1),
-                                      spills=getattr(k, "n_spills", -1))  # fmt: skip
-    return k
+def record(name: str, kernel) -> None:  # noqa: ANN001 - a CompiledKernel
+    seen[name] = dict(smem=kernel.metadata.shared, regs=getattr(kernel, "n_regs", -1),
+                      spills=getattr(kernel, "n_spills", -1))  # fmt: skip
 
 
-triton.JITFunction.run = run
 rows = []
-for spec in args.shapes.split(","):
-    B, H = (int(x) for x in spec.split("x"))
-    sets = [make_inputs(Shape(B, H, 128, args.extra), seed=100 * B + i) for i in range(2)]
-    ref = sparse_decode_reference(**sets[0])[0].float() if B <= 8 else None
-    outs = {}
-    auto = T.choose_config(dev.launch_info(torch.device("cuda")), H, B)
-    for opaque in (False, True):
-        cfg = replace(auto, opaque_tile=opaque)
-        try:
-            seen.clear()
-            out = T.sparse_decode_fwd(**sets[0], config=cfg)[0].float()
-            outs[opaque] = out
-            base = ref if ref is not None else outs.get(not opaque, out)
-            err = float((out - base).norm() / base.norm())
-            res = seen.get("_sparse_decode_kernel", {})
-            runs = [graphed(lambda kw=kw, cfg=cfg: T.sparse_decode_fwd(**kw, config=cfg)) for kw in sets]
-            st = {"i": 0}
+with aot.watch_launches(record):  # every launch records its kernel's shared memory, registers, spills
+    for spec in args.shapes.split(","):
+        B, H = (int(x) for x in spec.split("x"))
+        sets = [make_inputs(Shape(B, H, 128, args.extra), seed=100 * B + i) for i in range(2)]
+        ref = sparse_decode_reference(**sets[0])[0].float() if B <= 8 else None
+        outs = {}
+        auto = T.choose_config(dev.launch_info(torch.device("cuda")), H, B)
+        for opaque in (False, True):
+            cfg = replace(auto, opaque_tile=opaque)
+            try:
+                seen.clear()
+                out = T.sparse_decode_fwd(**sets[0], config=cfg)[0].float()
+                outs[opaque] = out
+                base = ref if ref is not None else outs.get(not opaque, out)
+                err = float((out - base).norm() / base.norm())
+                res = seen.get("_sparse_decode_kernel", {})
+                runs = [graphed(lambda kw=kw, cfg=cfg: T.sparse_decode_fwd(**kw, config=cfg)) for kw in sets]
+                st = {"i": 0}
 
-            def step(runs=runs, st=st):
-                st["i"] += 1
-                return runs[st["i"] % 2]()
+                def step(runs=runs, st=st):
+                    st["i"] += 1
+                    return runs[st["i"] % 2]()
 
-            us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
-            rows.append(dict(path=args.path, B=B, H=H, opaque=opaque, us=round(us, 2), err=err,
-                             err_vs="reference" if ref is not None else "other variant", **res))  # fmt: skip
-        except Exception as e:  # noqa: BLE001
-            msg = str(e).splitlines()[-1][:200] if str(e) else repr(e)
-            rows.append(dict(path=args.path, B=B, H=H, opaque=opaque, error=msg))
-        print(json.dumps(rows[-1]), flush=True)
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-        doc = {"gpu": torch.cuda.get_device_name(), "driver": smi, "torch": torch.__version__,
-               "triton": triton.__version__, "git_sha": args.git_sha, "path": args.path, "rows": rows}  # fmt: skip
-        json.dump(doc, open(args.out, "w"), indent=1)
-    del sets
-    torch.cuda.empty_cache()
+                us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
+                rows.append(dict(path=args.path, B=B, H=H, opaque=opaque, us=round(us, 2), err=err,
+                                 err_vs="reference" if ref is not None else "other variant", **res))  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                msg = str(e).splitlines()[-1][:200] if str(e) else repr(e)
+                rows.append(dict(path=args.path, B=B, H=H, opaque=opaque, error=msg))
+            print(json.dumps(rows[-1]), flush=True)
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip()  # fmt: skip
+            doc = {"gpu": torch.cuda.get_device_name(), "driver": smi, "torch": torch.__version__,
+                   "triton": triton.__version__, "git_sha": args.git_sha, "path": args.path, "rows": rows}  # fmt: skip
+            json.dump(doc, open(args.out, "w"), indent=1)
+        del sets
+        torch.cuda.empty_cache()
