@@ -87,6 +87,11 @@ def tile_chunks_first() -> bool:
     return dev.triton_at_least(3, 8)
 
 
+def wgmma_tile(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
+    """Whether ``cfg``'s dots are wgmma / tcgen05 on ``info`` (64-head blocks on sm_90/100), else mma.sync."""
+    return info.has_wgmma and cfg.block_h >= 64
+
+
 def opaque_tile_default(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
     """Whether the gathered tile goes through :func:`~sparsemla.kernels.dequant.opaque_bf16`: where both dots are
     mma.sync (every target below sm_90, and 16-head blocks everywhere). Built from uint8 bytes, the tile otherwise
@@ -94,7 +99,7 @@ def opaque_tile_default(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
     register moves before every MMA (docs/performance.md, "One tile of the decode loop per target"). wgmma reads
     both operands from shared memory, so nothing changes there and it stays off; so does a pipelined configuration
     (Triton's pipeliner cannot predicate the move)."""
-    return cfg.num_stages == 1 and not (info.has_wgmma and cfg.block_h >= 64)
+    return cfg.num_stages == 1 and not wgmma_tile(cfg, info)
 
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
@@ -150,7 +155,7 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     [block_h, 512] and the gathered rows [block_n, 512], the rows twice where both dots stage them (mma.sync, which
     wgmma targets also use below 64 heads, unless a program owns one half of V), plus ~1.5 KB per token and extra
     pipeline stage for the raw rows in flight."""
-    wgmma = info.has_wgmma and cfg.block_h >= 64
+    wgmma = wgmma_tile(cfg, info)
     # mma.sync configurations are sized with the tile staged twice, as they were measured: through the opaque move
     # (opaque_tile_default) Triton stores it once, so this overstates them by block_n KB and keeps their split counts
     tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
