@@ -20,27 +20,61 @@ if ! "$PYTHON" -c 'import sys; raise SystemExit(sys.version_info < (3, 11))'; th
     exit 2
 fi
 
+# A fresh .venv takes about 7 GB (torch 2.14.1 is the CUDA build, ~5.5 GB). A disk that fills half-way makes pip report
+# broken downloads and a missing sglang, far from the cause: check first and say what to free.
+need_mb=1024
+"$VENV/bin/python" -c 'import torch' 2>/dev/null || need_mb=8192
+mkdir -p "$VENV"
+free_mb=$(( $(df -Pk "$VENV" | awk 'NR == 2 {print $4}') / 1024 ))
+if [ "$free_mb" -lt "$need_mb" ]; then
+    echo "error: $free_mb MB free on the disk holding $VENV; make setup needs about $need_mb MB there." >&2
+    echo "       Free space (old clones, caches: du -sh /tmp/*) and run make setup again." >&2
+    exit 2
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q --retries 10 --timeout 60)
+QUIET=(-e 'is ignored' -e 'requires' -e 'incompatible')
 
-"${PIP[@]}" install --upgrade "pip>=24" "setuptools>=68" wheel 2>&1 | grep -v 'is ignored' || true
+# pip_install ARGS...: `pip install ARGS`, three tries ten and twenty seconds apart (a dropped connection on a 40 MB
+# wheel is common); prints pip's output without its noise lines; fails with pip's last output when all three fail.
+pip_install() {
+    local log try
+    log=$(mktemp)
+    for try in 1 2 3; do
+        if "${PIP[@]}" install "$@" >"$log" 2>&1; then
+            grep -v "${QUIET[@]}" "$log" || true
+            rm -f "$log"
+            return 0
+        fi
+        grep -v "${QUIET[@]}" "$log" | tail -n 15 >&2 || true
+        [ "$try" -lt 3 ] && { say "pip install $* failed (try $try of 3); retrying"; sleep $(( try * 10 )); }
+    done
+    rm -f "$log"
+    echo "error: pip install $* failed three times (network or disk; pip's output is above)" >&2
+    return 1
+}
+
+pip_install --upgrade "pip>=25.1" "setuptools>=77" wheel
+# pip >= 25.1 resumes a broken download where it stopped instead of starting over.
+PIP+=(--resume-retries 10)
 
 if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.14.1")' 2>/dev/null; then
     say "installing torch (requirements/torch-cpu.txt)"
-    "${PIP[@]}" install -r requirements/torch-cpu.txt 2>&1 | grep -v 'is ignored' || true
+    pip_install -r requirements/torch-cpu.txt
 fi
 
 say "installing sparsemla (editable) with extras test, loadtest, ops"
-"${PIP[@]}" install -e ".[test,loadtest,ops]" 2>&1 | grep -v 'is ignored' || true
+pip_install -e ".[test,loadtest,ops]"
 
 if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("sglang") != "0.5.23")' 2>/dev/null; then
     say "installing the sglang 0.5.23 contract tier"
-    "${PIP[@]}" install --no-deps "sglang==0.5.23" 2>&1 | grep -v 'is ignored' || true
+    pip_install --no-deps "sglang==0.5.23"
 fi
-"${PIP[@]}" install -r requirements/sglang-contract.txt 2>&1 | grep -v -e 'is ignored' -e 'requires' -e 'incompatible' || true
+pip_install -r requirements/sglang-contract.txt
 
 # Fail here, loudly, if the contract tier cannot import: the tests would otherwise skip what matters most.
 "$VENV/bin/python" - <<'EOF'
