@@ -230,6 +230,14 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   launches of >= 2 programs per SM, rows whose span reaches 8192 (k = 512) or 32768 (k = 2048) positions take a
   two-pass filter instead: group maxima bound the threshold, and the candidates above it are selected in one
   register tile (B=64, top-512: 64k rows 92 vs 143 us, 256k 170 vs 481; exploratory, results/bench/explore/README.md).
+  Not yet timed, off by default (`topk.SPLIT_COARSE_BITS`, `coarse_bits=`): split rows selected by one coarse 12-bit
+  digit (a 4096-bin histogram, one shared atomic per key on Triton 3.8) whose threshold bin holds a few hundred keys
+  of a 64k row of real logits, then an exact refine among those candidates: three barriers and one (register spans)
+  or three (streaming) reads of each span instead of up to four merged radix passes; and the same first digit for
+  rows in one program's register tile and the fused tail (`topk.ROW_COARSE_BITS`, `row_coarse_bits=`), whose
+  candidates (5-130 keys of a 4k row) are refined in a k-key tile. Candidate counts:
+  `results/bench/explore/topk_coarse_bins-cpu-2026-12-04.json`; the A/B on Triton 3.8 cubins is
+  `results/bench/explore/gpu_t38.sh coarse`.
   The fused B=1 logits + top-512 replays in ~24 us against its 15 us target: the register-tile radix passes (~2.3 us
   each) are the chain. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k kernel) is the faster
   one, and it is the one the plugin's top-k hook uses.

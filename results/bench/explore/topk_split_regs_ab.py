@@ -96,16 +96,47 @@ VARIANTS = {
     # fewer, longer participants (B = 64: 2 or 4 per row, one wave of programs instead of several spinning ones)
     "wide11_splits4": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=4)),
     "wide11_splits2": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=2)),
+    # the coarse-digit selection of split rows (topk._select_split_coarse; Triton 3.8 only: 3.6 lowers a 4096-bin
+    # histogram to per-bin popcounts): 12- or 11-bit first digit, register spans (the launch's tile) or streaming,
+    # 16 participants per row (B = 64: 64k rows in 4096-key register spans) or 4 (16k-key streaming spans)
+    "coarse12": (new, dict(coarse_bits=12)),
+    "coarse11": (new, dict(coarse_bits=11)),
+    "coarse12_stream": (new, dict(coarse_bits=12, reg_span=0)),
+    "coarse12_splits16": (new, dict(coarse_bits=12, splits=16)),
+    "coarse12_splits4": (new, dict(coarse_bits=12, splits=4)),
+    # the coarse digit in one program's register rows (rows <= 4096: the B = 64 4k target) and in both at once
+    "rowcoarse12": (new, dict(row_coarse_bits=12)),
+    "rowcoarse11": (new, dict(row_coarse_bits=11)),
+    "coarse12_both": (new, dict(coarse_bits=12, row_coarse_bits=12)),
+    # the fused logits + top-k launch (fuse=True; the B = 1 4k target), its tail with and without the coarse digit
+    "fused": (new, dict(_fused=True)),
+    "fused_rowcoarse12": (new, dict(_fused=True, row_coarse_bits=12)),
 }
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}
 
 
+def fused(name: str) -> bool:
+    """Whether a variant times the fused logits + top-k launch instead of the top-k kernel."""
+    return bool(VARIANTS[name][1].get("_fused"))
+
+
+def run_variant(mod, kw: dict, fuse: bool, case, logits, k: int, out, slots) -> None:  # noqa: ANN001
+    """One call of a variant: the top-k kernel on ``logits`` (position order, page slots), or the fused launch."""
+    if fuse:
+        tri.indexer_logits_topk_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, k, CAP, out=out,
+                                    sorted=False, fuse=True, **kw)  # fmt: skip
+    else:
+        mod.indexer_topk_fwd(logits, case.seq_lens, k, out=out, sorted=False, page_table=case.page_table,
+                             out_slots=slots, page_size=64, **kw)  # fmt: skip
+
+
 def variant(name: str, k: int) -> tuple:
     """(module, launcher keywords) of a variant, its module-level knobs set (restore with ``restore``)."""
     mod, kw = VARIANTS[name]
     kw = dict(kw)
+    kw.pop("_fused", None)
     if kw.pop("_filter", False):
         kw["filter_tiles"] = new.FILTER_TILES[k]
     mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
@@ -122,17 +153,22 @@ KS = [int(x) for x in args.ks.split(",")]
 if args.build_cubins:  # here, no GPU: the same launches on CPU tensors of the same shapes, compiled for sm_90
     from benchmarks import prod_cubins
 
+    from benchmarks.indexer import Case, unfilled_indexer_cache
+
     def workload() -> None:
         for b, ctx in SHAPES:
-            logits = torch.empty(b, CAP)
             lens = torch.full((b,), ctx, dtype=torch.int32)
             table = torch.zeros(b, CAP // 64, dtype=torch.int32)
+            q = torch.empty(b, 1, 64, 128, dtype=torch.float8_e4m3fn)
+            case = Case(b, ctx, CAP, q, unfilled_indexer_cache(b * CAP // 64 + 64), torch.empty(b, 64), lens, table)
+            logits = torch.empty(b, CAP)
+            if any(fused(name) for name in args.variants.split(",")):  # the GPU run then replays the logits too
+                logits = tri.indexer_logits_fwd(q, case.kv, case.weights, lens, table, CAP, True)
             for k in KS:
                 for name in args.variants.split(","):
                     mod, kw = variant(name, k)
                     out = torch.empty(b, k, dtype=torch.int32)
-                    mod.indexer_topk_fwd(logits, lens, k, out=out, sorted=False, page_table=table,
-                                         out_slots=torch.empty_like(out), page_size=64, **kw)  # fmt: skip
+                    run_variant(mod, kw, fused(name), case, logits, k, out, torch.empty_like(out))
                     restore(mod)
 
     added = prod_cubins.build(workload, Path(args.build_cubins))
@@ -144,7 +180,10 @@ replaying = contextlib.nullcontext({})
 if args.cubins:
     from benchmarks import prod_cubins
 
-    replaying = prod_cubins.replay(Path(args.cubins), {"_indexer_topk_kernel"})
+    kernels = {"_indexer_topk_kernel"}
+    if any(fused(name) for name in args.variants.split(",")):
+        kernels.add("_indexer_logits_kernel")
+    replaying = prod_cubins.replay(Path(args.cubins), kernels)
 
 
 def save(rows: list, replayed: dict) -> None:
@@ -170,9 +209,8 @@ for b, ctx in SHAPES:
             out = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
             slots = torch.empty_like(out)
 
-            def call(mod=mod, out=out, slots=slots, k=k, logits=logits, case=case, kw=kw):
-                mod.indexer_topk_fwd(logits, case.seq_lens, k, out=out, sorted=False, page_table=case.page_table,
-                                     out_slots=slots, page_size=64, **kw)  # fmt: skip
+            def call(mod=mod, out=out, slots=slots, k=k, logits=logits, case=case, kw=kw, fuse=fused(name)):
+                run_variant(mod, kw, fuse, case, logits, k, out, slots)
 
             try:
                 call()

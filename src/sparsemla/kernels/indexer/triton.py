@@ -29,6 +29,7 @@ from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import e4m3_bits_to_bf16_value, opaque_bf16
 from sparsemla.kernels.indexer.topk import (
     FUSED_ROW_TILES,
+    RADIX_BITS_CHOICES,
     STREAM_BITS,
     _check_k,
     _topk_block,
@@ -36,6 +37,7 @@ from sparsemla.kernels.indexer.topk import (
     _topk_row,
     indexer_topk_fwd,
     radix_bits,
+    row_coarse_bits_default,
 )
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
@@ -89,6 +91,7 @@ def _indexer_logits_kernel(
     TOPK_RADIX: tl.constexpr,
     TOPK_STREAM_BITS: tl.constexpr,
     SORT: tl.constexpr,
+    TOPK_ROW_COARSE: tl.constexpr,
     OPAQUE_BF16: tl.constexpr = False,
 ):
     i_b = tl.program_id(0)
@@ -192,6 +195,7 @@ def _indexer_logits_kernel(
                     1,
                     TOPK_RADIX,
                     TOPK_STREAM_BITS,
+                    TOPK_ROW_COARSE,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
@@ -315,6 +319,15 @@ def choose_logits_config(
     )
 
 
+def _row_coarse(bits: int | None) -> int:
+    """The fused top-k's coarse digit: ``bits``, else ``topk.row_coarse_bits_default()``; checked like the top-k
+    kernel's."""
+    bits = row_coarse_bits_default() if bits is None else bits
+    if bits and bits not in RADIX_BITS_CHOICES:
+        raise ValueError(f"row_coarse_bits must be one of {RADIX_BITS_CHOICES}, got {bits}")
+    return bits
+
+
 def _launch_logits(
     q_fp8: torch.Tensor,
     kv_cache_fp8: torch.Tensor,
@@ -330,9 +343,11 @@ def _launch_logits(
     k: int = 512,
     row_tiles: tuple[int, int] | None = None,
     sorted: bool = True,
+    row_coarse_bits: int | None = None,
     **overrides: int | bool,
 ) -> None:
-    """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests)."""
+    """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests); ``row_tiles`` and
+    ``row_coarse_bits``: the fused top-k's register tiles and coarse digit (see ``topk.indexer_topk_fwd``)."""
     batch, next_n, heads, _ = q_fp8.shape
     lens, per_row = _lens_2d(seq_lens, batch, next_n)
     cfg = choose_logits_config(dev.launch_info(q_fp8.device), batch, next_n, heads, fuse_topk)
@@ -380,6 +395,7 @@ def _launch_logits(
         TOPK_RADIX=radix_bits(k, 0),
         TOPK_STREAM_BITS=STREAM_BITS,
         SORT=sorted,
+        TOPK_ROW_COARSE=_row_coarse(row_coarse_bits) if fuse_topk else 0,
         OPAQUE_BF16=cfg.opaque_bf16 and cfg.dot_mode == DOT_BF16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -476,9 +492,10 @@ def indexer_logits_topk_fwd(
     scratch, counters = _WORKSPACE.get(q_fp8.device, rows, max_seq_len, batch)
     if not (max_seq_len <= FUSED_MAX_COLS if fuse is None else fuse):
         tuning.pop("row_tiles", None)
+        row_coarse = tuning.pop("row_coarse_bits", None)
         _launch_logits(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, scratch, max_seq_len, **tuning)
         row_lens = _row_lengths(seq_lens, batch, next_n, max_seq_len)
-        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted)
+        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted, row_coarse_bits=row_coarse)
     _launch_logits(
         q_fp8,
         kv_cache_fp8,
