@@ -293,15 +293,19 @@ def test_topk_row_coarse_digit_on_hard_rows(tri, k, width):
 
 
 def test_fused_logits_topk_by_coarse_digit(tri):
-    """The fused tail with the coarse first digit equals the top-k of the logits (both orders)."""
+    """The fused tail with the coarse first digit, and the unfused launches given both coarse options, equal the top-k
+    of the logits (both orders)."""
     q, kv, w, seq_lens, pt = _inputs([1500, 40, 700], 1, max_pages=24, seed=13)
     cap = pt.shape[1] * 64
     logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
     ref = indexer_topk_reference(logits, row_lengths(seq_lens, 3, 1, cap), 512)
     for srt in (True, False):
-        out = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, sorted=srt, row_coarse_bits=12)
         expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+        out = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, sorted=srt, row_coarse_bits=12, coarse_bits=12)
         assert torch.equal(out, expect)
+        unfused = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, sorted=srt, fuse=False, row_coarse_bits=12,
+                                              coarse_bits=12)  # fmt: skip
+        assert torch.equal(unfused, expect)
     assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
 
 

@@ -1012,8 +1012,9 @@ def _indexer_topk_kernel(
             in_regs = (span <= REG_SPAN).to(tl.int32)
         coarse_done = n * 0
         if COARSE > 0:
+            tl.static_assert(GROUPS == 0, "the coarse digit's slabs and the filter's list share the candidate scratch")
             p_chist = p_hist + COARSE_OFFSET
-            if in_regs != 0:
+            if (REG_SPAN > 0) & (in_regs != 0):  # the register variant compiles only with a tile
                 phase, coarse_done = _select_split_coarse(src, lo, hi, part, n_part, p_chist, p_cnt, p_bar, p_cand,
                                                           p_idx, K, REG_SPAN, BLOCK, SPLITS, COARSE, COARSE_CANDS,
                                                           RADIX, phase)  # fmt: skip
@@ -1316,9 +1317,10 @@ def indexer_topk_fwd(
     pass_region = hist_region(reg_bits, stream_bits)
     region = triton.next_power_of_2(pass_region + (1 << coarse)) if coarse else pass_region
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
-    filter_cols = cands * (n_split + 1 if n_split > 1 else 1) if groups else 0
-    cand_cols = max(filter_cols, COARSE_CANDS[k] * (n_split + 1) if coarse else 0)  # coarse: slabs + the row's list
-    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if cand_cols else lengths
+    cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
+    if coarse:
+        cand_cols = COARSE_CANDS[k] * (n_split + 1)  # the slabs and the row's list
+    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups or coarse else lengths
     grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
     _indexer_topk_kernel[(grid,)](
         logits,

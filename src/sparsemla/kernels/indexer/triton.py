@@ -475,7 +475,8 @@ def indexer_logits_topk_fwd(
     Up to :data:`FUSED_MAX_COLS` positions one launch (the last logits program of a request selects its rows while
     the logits are in L2); wider rows (``fuse`` overrides the choice) take the logits launch then the top-k kernel,
     whose split rows use many SMs per row where the fused tail has one. ``tuning`` goes to the logits launch
-    (``row_tiles`` overrides :data:`FUSED_ROW_TILES`)."""
+    (``row_tiles`` overrides :data:`FUSED_ROW_TILES`; ``row_coarse_bits`` / ``coarse_bits``: the top-k's coarse
+    digits, see ``topk.indexer_topk_fwd``; the fused tail takes the first)."""
     _check_k(k)
     batch, next_n, _ = _check_logits_inputs(q_fp8, kv_cache_fp8, weights, seq_lens, page_table)
     if max_seq_len is None:
@@ -490,12 +491,14 @@ def indexer_logits_topk_fwd(
     if max_seq_len == 0:
         return out.fill_(-1)
     scratch, counters = _WORKSPACE.get(q_fp8.device, rows, max_seq_len, batch)
+    coarse_bits = tuning.pop("coarse_bits", None)  # split rows: the unfused top-k's only
     if not (max_seq_len <= FUSED_MAX_COLS if fuse is None else fuse):
         tuning.pop("row_tiles", None)
         row_coarse = tuning.pop("row_coarse_bits", None)
         _launch_logits(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, scratch, max_seq_len, **tuning)
         row_lens = _row_lengths(seq_lens, batch, next_n, max_seq_len)
-        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted, row_coarse_bits=row_coarse)
+        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted, row_coarse_bits=row_coarse,
+                                coarse_bits=coarse_bits)  # fmt: skip
     _launch_logits(
         q_fp8,
         kv_cache_fp8,
