@@ -1143,15 +1143,16 @@ def hist_region(*bits: int) -> int:
     return triton.next_power_of_2(max(-(-32 // b) << b for b in bits))
 
 
-def coarse_bits_default() -> int:
-    """Coarse digit of split rows by default: :data:`SPLIT_COARSE_BITS` where :func:`histogram_per_key` (Triton >=
-    3.8), else 0 (the radix passes)."""
-    return SPLIT_COARSE_BITS if histogram_per_key() else 0
-
-
-def row_coarse_bits_default() -> int:
-    """Coarse digit of register-tile rows by default: :data:`ROW_COARSE_BITS` where :func:`histogram_per_key`."""
-    return ROW_COARSE_BITS if histogram_per_key() else 0
+def resolve_coarse(bits: int | None, name: str = "coarse_bits") -> int:
+    """A coarse first digit (0: the radix passes), checked: ``bits``, else by default :data:`SPLIT_COARSE_BITS` for
+    split rows (``name="coarse_bits"``) or :data:`ROW_COARSE_BITS` for register-tile rows
+    (``name="row_coarse_bits"``) where :func:`histogram_per_key` (Triton >= 3.8), else 0."""
+    if bits is None:
+        default = SPLIT_COARSE_BITS if name == "coarse_bits" else ROW_COARSE_BITS
+        bits = default if histogram_per_key() else 0
+    if bits:
+        _check_bits(**{name: bits})
+    return bits
 
 
 def _check_bits(**widths: int) -> None:
@@ -1259,9 +1260,9 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`), ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`) and ``coarse_bits`` the coarse digit of split rows (:func:`coarse_bits_default`; 0: the
-    radix passes; it replaces the filter) and ``row_coarse_bits`` that of rows in one program's register tile
-    (:func:`row_coarse_bits_default`); tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`) and ``coarse_bits`` the coarse digit of split rows (:func:`resolve_coarse`; 0: the
+    radix passes; it replaces the filter) and ``row_coarse_bits`` that of rows in one program's register tile;
+    tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1303,13 +1304,9 @@ def indexer_topk_fwd(
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
                                              filter_tiles)  # fmt: skip
-    coarse = coarse_bits_default() if coarse_bits is None else coarse_bits
-    if coarse:
-        _check_bits(coarse_bits=coarse)
+    coarse = resolve_coarse(coarse_bits)
     coarse = coarse if n_split > 1 else 0  # split rows only: one program keeps its register and streaming paths
-    row_coarse = row_coarse_bits_default() if row_coarse_bits is None else row_coarse_bits
-    if row_coarse:
-        _check_bits(row_coarse_bits=row_coarse)
+    row_coarse = resolve_coarse(row_coarse_bits, "row_coarse_bits")
     if coarse:
         groups, cands, min_span = 0, 1, 0  # the coarse digit replaces the filter
     bits = radix_bits(k, groups) if bits is None else bits
@@ -1377,9 +1374,8 @@ __all__ = [
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
-    "coarse_bits_default",
     "indexer_topk_fwd",
-    "row_coarse_bits_default",
+    "resolve_coarse",
     "topk_span",
     "topk_splits",
 ]

@@ -29,7 +29,6 @@ from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import e4m3_bits_to_bf16_value, opaque_bf16
 from sparsemla.kernels.indexer.topk import (
     FUSED_ROW_TILES,
-    RADIX_BITS_CHOICES,
     STREAM_BITS,
     _check_k,
     _topk_block,
@@ -37,7 +36,7 @@ from sparsemla.kernels.indexer.topk import (
     _topk_row,
     indexer_topk_fwd,
     radix_bits,
-    row_coarse_bits_default,
+    resolve_coarse,
 )
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
@@ -319,15 +318,6 @@ def choose_logits_config(
     )
 
 
-def _row_coarse(bits: int | None) -> int:
-    """The fused top-k's coarse digit: ``bits``, else ``topk.row_coarse_bits_default()``; checked like the top-k
-    kernel's."""
-    bits = row_coarse_bits_default() if bits is None else bits
-    if bits and bits not in RADIX_BITS_CHOICES:
-        raise ValueError(f"row_coarse_bits must be one of {RADIX_BITS_CHOICES}, got {bits}")
-    return bits
-
-
 def _launch_logits(
     q_fp8: torch.Tensor,
     kv_cache_fp8: torch.Tensor,
@@ -395,7 +385,7 @@ def _launch_logits(
         TOPK_RADIX=radix_bits(k, 0),
         TOPK_STREAM_BITS=STREAM_BITS,
         SORT=sorted,
-        TOPK_ROW_COARSE=_row_coarse(row_coarse_bits) if fuse_topk else 0,
+        TOPK_ROW_COARSE=resolve_coarse(row_coarse_bits, "row_coarse_bits") if fuse_topk else 0,
         OPAQUE_BF16=cfg.opaque_bf16 and cfg.dot_mode == DOT_BF16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
