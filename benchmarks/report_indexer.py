@@ -230,14 +230,14 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   launches of >= 2 programs per SM, rows whose span reaches 8192 (k = 512) or 32768 (k = 2048) positions take a
   two-pass filter instead: group maxima bound the threshold, and the candidates above it are selected in one
   register tile (B=64, top-512: 64k rows 92 vs 143 us, 256k 170 vs 481; exploratory, results/bench/explore/README.md).
-  Not yet timed, off by default (`topk.SPLIT_COARSE_BITS`, `coarse_bits=`): split rows selected by one coarse 12-bit
-  digit (a 4096-bin histogram, one shared atomic per key on Triton 3.8) whose threshold bin holds a few hundred keys
-  of a 64k row of real logits, then an exact refine among those candidates: three barriers and one (register spans)
-  or three (streaming) reads of each span instead of up to four merged radix passes; and the same first digit for
-  rows in one program's register tile and the fused tail (`topk.ROW_COARSE_BITS`, `row_coarse_bits=`), whose
-  candidates (5-130 keys of a 4k row) are refined in a k-key tile. Candidate counts:
-  `results/bench/explore/topk_coarse_bins-cpu-2026-12-04.json`; the A/B on Triton 3.8 cubins is
-  `results/bench/explore/gpu_t38.sh coarse`.
+  Tried and removed: a coarse 12-bit first digit (one 4096-bin histogram, one shared atomic per key on Triton 3.8;
+  a few hundred keys of a 64k row of real logits in its threshold bin, then an exact refine among them) in place of
+  up to four merged 8-bit passes. On 3.8 cubins (native path, H200, 20 launches per graph, k = 512 / 2048) it lost at
+  every shape that reaches it: B=64 16k 19.5 -> 22.7 / 19.6 -> 25.1 us, 64k 42.0 -> 67.2 / 59.7 -> 70.2, B=1 64k
+  14.3 -> 17.9 / 13.9 -> 18.3; in one program's register rows B=64 4k 8.3 -> 11.0 / 7.4 -> 11.1, and in the fused
+  B=1 4k tail 10.6 -> 13.2. The histogram's atomics cost more than the passes they save
+  (`results/bench/explore/topk_coarse_ab-native-h200.json`, `topk_coarse_fused_ab-native-h200.json`, measured at
+  `bec8b17`; candidate counts: `topk_coarse_bins-cpu-2026-12-04.json`).
   The fused B=1 logits + top-512 replays in ~24 us against its 15 us target: the register-tile radix passes (~2.3 us
   each) are the chain. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k kernel) is the faster
   one, and it is the one the plugin's top-k hook uses.

@@ -275,40 +275,6 @@ def test_topk_digit_widths_on_hard_rows(tri, width):
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("width", [8, 12], ids=lambda w: f"{w}bit")
-@pytest.mark.parametrize("k", [512, 1024])
-def test_topk_row_coarse_digit_on_hard_rows(tri, k, width):
-    """Register-tile rows by a coarse first digit and a refine among its candidates (``row_coarse_bits``): the hard
-    rows (ties at the threshold, +-0.0, +-inf, all equal: more candidates than k, the radix passes instead; exactly k
-    copies of the largest: every candidate wins) at lengths around k and the tile, both orders, poison overwritten."""
-    lengths = [k - 1, k + 1, 2 * k, 2 * k + 1, 3 * k + 5, 4000, 4096]
-    logits = _hard_rows(lengths, 4096, k, seed=width * k)
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    ref = indexer_topk_reference(logits, lens, k)
-    for srt in (True, False):
-        out = torch.full((len(lengths), k), -7, dtype=torch.int32)
-        topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(2048, 4096), row_coarse_bits=width, sorted=srt)
-        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
-        assert torch.equal(out, expect)
-
-
-def test_fused_logits_topk_by_coarse_digit(tri):
-    """The fused tail with the coarse first digit, and the unfused launches given both coarse options, equal the top-k
-    of the logits (both orders)."""
-    q, kv, w, seq_lens, pt = _inputs([1500, 40, 700], 1, max_pages=24, seed=13)
-    cap = pt.shape[1] * 64
-    logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
-    ref = indexer_topk_reference(logits, row_lengths(seq_lens, 3, 1, cap), 512)
-    for srt in (True, False):
-        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
-        out = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, sorted=srt, row_coarse_bits=12, coarse_bits=12)
-        assert torch.equal(out, expect)
-        unfused = tri.indexer_logits_topk_fwd(q, kv, w, seq_lens, pt, 512, sorted=srt, fuse=False, row_coarse_bits=12,
-                                              coarse_bits=12)  # fmt: skip
-        assert torch.equal(unfused, expect)
-    assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
-
-
 @pytest.mark.parametrize(
     ("k", "tiles", "filt"),
     [(512, (1024, 1024), (1024, 1024)), (1024, (2048, 2048), (2048, 2048))],
@@ -473,7 +439,7 @@ def test_bad_inputs(tri):
     for bad in (dict(reg_span=3000), dict(reg_span=65536)):
         with pytest.raises(ValueError, match="reg_span must be"):
             topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **bad)
-    for name, width in (("reg_bits", 7), ("bits", 9), ("stream_bits", 16), ("coarse_bits", 13)):
+    for name, width in (("reg_bits", 7), ("bits", 9), ("stream_bits", 16)):
         with pytest.raises(ValueError, match=f"{name} must be one of .*got {width}"):
             topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **{name: width})
 

@@ -204,9 +204,7 @@ def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
     return logits, torch.tensor(lengths, dtype=torch.int32)
 
 
-@pytest.mark.parametrize(
-    "filt", ["filter", "radix-registers", "radix-streaming", "radix-default", "coarse-registers", "coarse-streaming"]
-)
+@pytest.mark.parametrize("filt", ["filter", "radix-registers", "radix-streaming", "radix-default"])
 @pytest.mark.parametrize("splits", [2, 4, 32])
 @pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
 @pytest.mark.parametrize("k", [512, 2048])
@@ -214,13 +212,10 @@ def test_topk_split_rows(k, sort, splits, filt):
     """Rows shared by several programs (1024-position spans to reach many participants), through the two-pass filter
     (its random rows pass it, tied and all-equal ones overflow it into the radix passes) or the radix passes alone
     (spans of at most 4096 positions in registers, longer ones streaming; every span streaming; or the launcher's own
-    choice, a 1024 tile where SPLIT_REG_TILE[k] holds spans), or the coarse 12-bit digit and its refine (tied and
-    all-equal rows overflow its candidate tile into the radix passes): exact sets, the order asked for, page slots,
+    choice, a 1024 tile where SPLIT_REG_TILE[k] holds spans): exact sets, the order asked for, page slots,
     NaN-poisoned outputs fully written, and the workspace left at zero for the next launch."""
     tiles = (topk.FILTER_TILES[k] if topk.FILTER_TILES[k][0] else (4096, 4096)) if filt == "filter" else (0, 0)
-    reg_span = {"radix-streaming": 0, "radix-default": None, "coarse-streaming": 0}.get(filt, 4096)  # <= 4096 in
-    # registers, longer spans stream
-    coarse = 12 if filt.startswith("coarse") else 0
+    reg_span = {"radix-streaming": 0, "radix-default": None}.get(filt, 4096)  # <= 4096 in registers, longer stream
     logits, lens = _split_rows(k, 70000, seed=k + splits)
     ref = indexer_topk_reference(logits, lens, k)
     expect = ref if sort else _by_position(ref)
@@ -231,7 +226,7 @@ def test_topk_split_rows(k, sort, splits, filt):
     for _ in range(2):  # the workspace must come back to zero after every launch
         topk.indexer_topk_fwd(
             logits.to(DEV), lens.to(DEV), k, out=out, page_table=table.to(DEV), page_size=64, out_slots=slots,
-            sorted=sort, splits=splits, span=1024, filter_tiles=tiles, reg_span=reg_span, coarse_bits=coarse,
+            sorted=sort, splits=splits, span=1024, filter_tiles=tiles, reg_span=reg_span,
         )  # fmt: skip
         assert torch.equal(out.cpu(), expect)
         p = expect.clamp(min=0).long()

@@ -220,26 +220,3 @@ def test_split_rows_through_the_filter_and_its_fallback(threaded):
     lens = torch.tensor([n, 4000, n, 3000], dtype=torch.int32)
     _check(threaded, _rows(n, 3)[[0, 1, 2, 5]], lens, 512, splits=4, span=1024, split_row=0,
            filter_tiles=(1024, 1024), reg_span=0, sorted=True)  # fmt: skip
-
-
-@pytest.mark.parametrize("coarse", [8, 12], ids=lambda b: f"coarse{b}")
-@pytest.mark.parametrize("spans", ["registers", "streaming"])
-def test_split_rows_by_coarse_digit(threaded, spans, coarse):
-    """The coarse-digit selection of split rows: one merged histogram of the top ``coarse`` bits, every participant's
-    candidates gathered from the slabs in position order, the refine among them, winners written by each span; ties
-    at the threshold spread over spans (half steps, small integers); the all-equal row has more candidates than the
-    tile holds and takes the radix passes after the coarse histogram."""
-    n, k = 3500, 512
-    lens = torch.tensor([n, n - 333, 2500, 3073, n], dtype=torch.int32)
-    kw = dict(splits=4, span=1024, split_row=0, coarse_bits=coarse, sorted=spans == "streaming")
-    kw.update(dict(reg_span=1024) if spans == "registers" else dict(reg_span=0))
-    _check(threaded, _rows(n, coarse)[[0, 1, 2, 5, 4]], lens, k, **kw)
-
-
-def test_split_rows_by_coarse_digit_at_k2048(threaded):
-    """k = 2048 (a 4096-key candidate tile) over register spans of 2048 keys, both orders."""
-    n = 5000
-    logits, lens = _rows(n, 11)[[0, 1]], torch.tensor([n, 4097], dtype=torch.int32)
-    for order in (False, True):
-        _check(threaded, logits, lens, 2048, splits=4, span=2048, split_row=0, coarse_bits=12, reg_span=2048,
-               sorted=order)  # fmt: skip

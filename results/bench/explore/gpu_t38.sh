@@ -6,7 +6,6 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh opaque", carry=[".gpu-cubins"])
-#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh coarse", carry=[".gpu-cubins"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -34,12 +33,11 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 # `opaque`: V4 decode tiles that the opaque bf16 move lets fit (one shared copy of the gathered tile), sm_89 path
 DCFG89O=auto,16:32:4:1:1c,16:64:4:1:1c,16:64:8:1:1c,32:64:4:1:1c,32:64:8:1:1c,64:32:8:1:1c
 DCFG89O_SHAPES=1x8,8x8,64x8,128x8,64x16,64x64,128x64
-# `coarse`: the split top-k's coarse-digit selection (topk.SPLIT_COARSE_BITS, off until this A/B) against the default
-# (split rows, topk.SPLIT_COARSE_BITS; one program's register rows, topk.ROW_COARSE_BITS) and the fused tail's
-COARSE_VARIANTS=default,coarse12,coarse11,coarse12_stream,coarse12_splits16,rowcoarse12,coarse12_both
-COARSE_SHAPES=64x4096,64x16384,64x65536,128x16384,8x16384,8x65536,1x4096,1x65536
-FUSED_VARIANTS=fused,fused_rowcoarse12
+# `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
+FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
+# (the `coarse` mode, the coarse-digit A/B, ran at bec8b17: topk_coarse_ab-native-h200.json; the selection lost and
+# was removed)
 
 case "${1:-}" in
 build-ab)  # the cubins of `run` (the digit-width A/B of session 17, concluded; 27 MB: build only to rerun it)
@@ -53,9 +51,7 @@ build)  # what the other modes replay (carry limit: 64 MiB with the tree and .gp
     $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
     $py -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
     $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
-    $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/coarse --ks 512,2048 \
-        --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES"
-    $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/coarse_fused --ks 512,2048 \
+    $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/fused --ks 512,2048 \
         --variants "$FUSED_VARIANTS" --shapes "$FUSED_SHAPES"
     $py results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfg89o --path sm89 \
         --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" | grep -v '^\['
@@ -104,16 +100,13 @@ opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm
     TRITON_OVERRIDE_ARCH=sm89 timeout 90 python3 results/bench/explore/indexer_opaque_ab.py --path sm89 --code "$SHA" \
         --out "$OUT/indexer_opaque_ab-sm89-h200.json" | cut -c1-200
     ;;
-coarse)  # the top-k's coarse digits (Triton 3.8 cubins, native path; every output checked against torch.topk)
+fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 330 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/coarse --ks 512,2048 \
-        --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_coarse_ab-native-h200.json" | cut -c1-200
-    timeout 100 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/coarse_fused --ks 512,2048 \
+    timeout 150 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/fused --ks 512,2048 \
         --variants "$FUSED_VARIANTS" --shapes "$FUSED_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_coarse_fused_ab-native-h200.json" | cut -c1-200
+        --out "$OUT/topk_fused_ab-native-h200.json" | cut -c1-200
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
@@ -125,7 +118,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|run|paths|v32|opaque|coarse|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|run|paths|v32|opaque|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -96,21 +96,10 @@ VARIANTS = {
     # fewer, longer participants (B = 64: 2 or 4 per row, one wave of programs instead of several spinning ones)
     "wide11_splits4": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=4)),
     "wide11_splits2": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=2)),
-    # the coarse-digit selection of split rows (topk._select_split_coarse; Triton 3.8 only: 3.6 lowers a 4096-bin
-    # histogram to per-bin popcounts): 12- or 11-bit first digit, register spans (the launch's tile) or streaming,
-    # 16 participants per row (B = 64: 64k rows in 4096-key register spans) or 4 (16k-key streaming spans)
-    "coarse12": (new, dict(coarse_bits=12)),
-    "coarse11": (new, dict(coarse_bits=11)),
-    "coarse12_stream": (new, dict(coarse_bits=12, reg_span=0)),
-    "coarse12_splits16": (new, dict(coarse_bits=12, splits=16)),
-    "coarse12_splits4": (new, dict(coarse_bits=12, splits=4)),
-    # the coarse digit in one program's register rows (rows <= 4096: the B = 64 4k target) and in both at once
-    "rowcoarse12": (new, dict(row_coarse_bits=12)),
-    "rowcoarse11": (new, dict(row_coarse_bits=11)),
-    "coarse12_both": (new, dict(coarse_bits=12, row_coarse_bits=12)),
-    # the fused logits + top-k launch (fuse=True; the B = 1 4k target), its tail with and without the coarse digit
+    # (the coarse-digit variants coarse12 ... coarse12_both ran at bec8b17: topk_coarse_ab-native-h200.json; the
+    # selection lost everywhere and was removed, see docs/performance.md)
+    # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
-    "fused_rowcoarse12": (new, dict(_fused=True, row_coarse_bits=12)),
 }
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant

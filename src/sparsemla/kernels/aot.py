@@ -211,7 +211,6 @@ DECODE_HEADS = (8, 16, 64, 128)
 DECODE_EXTRA_TOPK = (512, 2048)
 INDEXER_BATCHES = (1, 64)
 INDEXER_CONTEXTS = (4096, 65536)
-COARSE_BITS = 12  # the top-k's coarse digit in its AOT cases (topk.SPLIT_COARSE_BITS is 0 until timed)
 
 
 def _decode_case(batch: int, heads: int, extra_topk: int) -> Callable[[], object]:
@@ -235,7 +234,7 @@ def _decode_case(batch: int, heads: int, extra_topk: int) -> Callable[[], object
     return call
 
 
-def _indexer_case(batch: int, ctx: int, fused: bool, **options: int) -> Callable[[], object]:
+def _indexer_case(batch: int, ctx: int, fused: bool) -> Callable[[], object]:
     from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
     from sparsemla.kernels.layouts import IDX_PAGE, random_indexer_cache
 
@@ -248,7 +247,7 @@ def _indexer_case(batch: int, ctx: int, fused: bool, **options: int) -> Callable
         lens = torch.full((batch,), ctx, dtype=torch.int32)
         table = torch.zeros(batch, pages, dtype=torch.int32)
         if fused:
-            return indexer_logits_topk_fwd(q, cache, w, lens, table, 512, ctx, **options)
+            return indexer_logits_topk_fwd(q, cache, w, lens, table, 512, ctx)
         return indexer_logits_fwd(q, cache, w, lens, table, ctx)
 
     return call
@@ -352,15 +351,6 @@ def cases() -> dict[str, Callable[[], object]]:
     for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
-    # the coarse-digit selections (off by default until timed) of split rows and of one program's register rows:
-    # register spans of 4096 keys with the 4096-key candidate tile (B = 64), streaming spans beside 1024-key tiles at
-    # 32 splits (B = 8); the fused logits + top-k tail
-    coarse = dict(coarse_bits=COARSE_BITS, row_coarse_bits=COARSE_BITS)
-    for rows, k in ((64, 2048), (8, 512)):
-        out[f"topk{k} rows{rows} cols64k coarse{COARSE_BITS}"] = _topk_case(rows, 65536, k, **coarse)
-    out[f"indexer_fused_top512 B1 ctx4k coarse{COARSE_BITS}"] = _indexer_case(
-        1, 4096, fused=True, row_coarse_bits=COARSE_BITS
-    )
     out.update(prefill_cases())
     out.update(decode_v32_cases())
     return out

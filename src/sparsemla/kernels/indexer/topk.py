@@ -39,13 +39,6 @@ k winners are selected among those candidates in one register tile. A row whose 
 keys tied at the threshold) takes the radix passes, so the result is always exact. Split rows run the filter with
 their group maxima merged by atomic max and two barriers; where it runs by default is in ``_filter_choice``.
 
-Coarse digit (options, off until timed: ``coarse_bits`` / ``row_coarse_bits``, Triton >= 3.8): one histogram of a
-wide first digit (12 bits: 4096 bins, one shared atomic per key) leaves a few hundred keys of real logits in the
-threshold bin; those candidates go into one register tile where the exact threshold is found, and the winners are
-written from the row (position order, ties to the smaller positions). Split rows merge the histogram and gather the
-candidates through the workspace (three barriers, :func:`_select_split_coarse`); a register-tile row in one program
-passes them through its output row (:func:`_select_keys_coarse`). Too many candidates: the radix passes.
-
 Order: ``sorted=True`` lists the winners by (value desc, position asc); ``sorted=False`` by ascending position (the
 same set; sglang's top-k leaves the order unspecified and its consumer is order-invariant), which skips the sort.
 """
@@ -138,19 +131,6 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
-# Coarse-digit selection of split rows (_select_split_coarse): one merged histogram of the top SPLIT_COARSE_BITS bits,
-# then an exact refine among the keys of the threshold digit, gathered from every participant into one register tile
-# of COARSE_CANDS[k] (a row with more falls back to the radix passes). Real indexer logits, 4 rows, CPU
-# (results/bench/explore/topk_coarse_bins-cpu-2026-12-04.json): a 12-bit digit leaves 56-533 keys (k = 512) and
-# 5-2,085 (k = 2048) of rows of 4k-256k in the threshold bin, an 8-bit one up to 47,628. A 2 ** 12-bin tl.histogram
-# is 16 KB of shared memory and one warp-aggregated shared atomic per key on Triton 3.8; Triton 3.6 lowers it to
-# per-bin popcounts (4096 bins: too slow), so the default follows histogram_per_key. Not yet timed on a GPU: 0 (off)
-# until the A/B (results/bench/explore/gpu_t38.sh coarse) decides; coarse_bits= reaches it.
-SPLIT_COARSE_BITS = 0
-COARSE_CANDS = {512: 2048, 1024: 2048, 2048: 4096}
-# The same for rows held in one program's register tile (_select_keys_coarse: the candidates go through the output
-# row into a k-key tile): the top-k kernel's one-program rows and the fused logits + top-k tail. Off until timed.
-ROW_COARSE_BITS = 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -231,7 +211,7 @@ def _radix_threshold(
     ukey,
     valid,
     zero,
-    K,
+    K: tl.constexpr,
     BITS: tl.constexpr,
     BIG: tl.constexpr,
     hist_ptr,
@@ -247,12 +227,11 @@ def _radix_threshold(
     COUNTS: tl.constexpr,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
-    them) for the ``K``-th largest (``K``: a constant or an int32 scalar): returns ``(prefix, low, k_rem, phase)``,
-    the threshold's flipped bits above ``low`` (the lower ones zero), how many keys whose bits above ``low`` equal the
-    prefix's win, and the barrier phases used. Digits of ``BITS`` bits from the top (the last one narrower), one
-    ``tl.histogram`` of ``2 ** BITS`` bins per pass; a pass that leaves exactly ``k_rem`` keys in its threshold bin
-    ends the search early. ``zero`` is an int32 scalar 0 (the loop-carried values take its type); ``BIG`` exceeds
-    every count.
+    them) for the ``K``-th largest: returns ``(prefix, low, k_rem, phase)``, the threshold's flipped bits above
+    ``low`` (the lower ones zero), how many keys whose bits above ``low`` equal the prefix's win, and the barrier
+    phases used. Digits of ``BITS`` bits from the top (the last one narrower), one ``tl.histogram`` of ``2 ** BITS``
+    bins per pass; a pass that leaves exactly ``k_rem`` keys in its threshold bin ends the search early. ``zero`` is
+    an int32 scalar 0 (the loop-carried values take its type); ``BIG`` exceeds every count.
 
     ``MERGE`` (split rows): each pass's histogram is merged with the other participants' through ``hist_ptr``
     [passes, 2 ** BITS] and a barrier at ``bar_ptr`` (phases from ``phase0``, ``n_part`` arrivals each), so every
@@ -346,73 +325,16 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 
 @triton.jit
-def _refine_threshold(ckey, ok, zero, d, k_rem, CB: tl.constexpr, CANDS: tl.constexpr, BITS: tl.constexpr):
-    """Exact threshold among candidate order keys ``ckey`` [CANDS] (``ok`` of them) that share the top ``CB`` bits
-    ``d`` of their sign-flipped form, for the ``k_rem`` largest: the radix search of :func:`_radix_threshold`
-    (``BITS``-bit digits) over their remaining bits moved to the top (the order among them is kept). Returns
-    ``(prefix, low, k_rem)`` as :func:`_threshold_prefix` does for the whole row: the threshold's order-key bits above
-    ``low``, and how many keys equal to it there win."""
-    SIGN: tl.constexpr = -2147483647 - 1
-    CSHIFT: tl.constexpr = 32 - CB
-    p2, low2, k_rem2, _, _, _ = _radix_threshold((ckey ^ SIGN) << CB, ok, zero, k_rem, BITS, CANDS + 1, zero, zero,
-                                                 zero, 0, False, zero, zero, zero, 0, False, False)  # fmt: skip
-    low = tl.maximum(low2 - CB, 0)
-    prefix = ((d << CSHIFT) | ((p2 >> CB) & ((1 << CSHIFT) - 1))) ^ SIGN
-    return prefix, low, k_rem2
-
-
-@triton.jit
-def _select_keys_coarse(
-    key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, CB: tl.constexpr, BITS: tl.constexpr
-):
-    """Same contract as :func:`_select_keys`, by one coarse digit: a histogram of the top ``CB`` bits of the
-    sign-flipped keys picks the threshold digit ``d``; the keys of digit ``d`` (the candidates: on real indexer logits
-    5-130 of a 4k row at 12 bits, results/bench/explore/topk_coarse_bins-*) go through ``idx_out_ptr[0:K]`` as
-    scratch into a ``K``-key tile, where :func:`_refine_threshold` finds the exact threshold. One histogram over the
-    row and a search over at most ``K`` keys, against up to four histograms over the row. A row with more than ``K``
-    candidates takes :func:`_select_keys`."""
-    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
-    SIGN: tl.constexpr = -2147483647 - 1
-    NBC: tl.constexpr = tl.constexpr(1) << CB
-    digit = ((key ^ SIGN) >> (32 - CB)) & (NBC - 1)  # [ROW]
-    hist = tl.histogram(digit, NBC, mask=valid)  # [NBC]
-    d, above, in_bin = _pick_bin(hist, K, ROW + 1)
-    if in_bin <= K:
-        c = (valid & (digit == d)).to(tl.int32)
-        tl.store(idx_out_ptr + tl.cumsum(c, axis=0) - c, key, mask=c != 0)  # the candidates' keys (scratch)
-        tl.debug_barrier()
-        o_c = tl.arange(0, K)
-        ok = o_c < in_bin
-        ckey = tl.load(idx_out_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [K]
-        tl.debug_barrier()  # every thread has read the scratch before the winners overwrite it
-        prefix, low, k_rem = _refine_threshold(ckey, ok, zero, d, K - above, CB, K, BITS)
-        _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
-    else:
-        _select_keys(key, valid, payload, zero, idx_out_ptr, K, ROW, BITS)
-
-
-@triton.jit
 def _select_in_registers(
-    src_ptr,
-    length,
-    idx_out_ptr,
-    K: tl.constexpr,
-    ROW: tl.constexpr,
-    FROM_L2: tl.constexpr,
-    BITS: tl.constexpr,
-    COARSE: tl.constexpr,
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers (``COARSE > 0``: a ``COARSE``-bit first digit and a refine among its candidates,
-    :func:`_select_keys_coarse`)."""
+    held in registers."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    if COARSE > 0:
-        _select_keys_coarse(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, COARSE, BITS)
-    else:
-        _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -577,7 +499,6 @@ def _topk_row(
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
-    ROW_COARSE: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -585,16 +506,16 @@ def _topk_row(
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
     (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches, ``ROW_COARSE`` (> 0) a coarse first digit there
-    (:func:`_select_keys_coarse`). ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's
-    scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
+    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
+    int32 receives positions (it is also the
+    selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS, ROW_COARSE)
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS, ROW_COARSE)
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
@@ -665,21 +586,10 @@ def _select_split(
                                                              True)  # fmt: skip
     # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
     # so each span knows where its winners go
+    thr = (prefix ^ (-2147483647 - 1)) >> low
+    o_b = tl.arange(0, BLOCK)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
-    _write_span_winners(src_ptr, lo, hi, prefix ^ (-2147483647 - 1), low, k_rem, gt_before, eq_before, idx_out_ptr,
-                        BLOCK)  # fmt: skip
-    return phase
-
-
-@triton.jit
-def _write_span_winners(src_ptr, lo, hi, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr, BLOCK: tl.constexpr):
-    """The streaming form of :func:`_write_winners` over ``src_ptr[lo:hi]`` (``BLOCK`` keys per step): positions of
-    the keys above the threshold ``prefix`` (order-key bits above ``low``) and of the first ``k_rem`` keys of the row
-    equal to it go to their position-order slots of ``idx_out_ptr`` (``gt_before`` / ``eq_before`` keys above /
-    equal to it come earlier in the row)."""
-    thr = prefix >> low
-    o_b = tl.arange(0, BLOCK)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
@@ -692,6 +602,7 @@ def _write_span_winners(src_ptr, lo, hi, prefix, low, k_rem, gt_before, eq_befor
         tl.store(idx_out_ptr + slot, offs, mask=take)
         gt_before += tl.sum(gt, axis=0)
         eq_before += tl.sum(eq, axis=0)
+    return phase
 
 
 @triton.jit
@@ -799,121 +710,6 @@ def _select_candidates(
     _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS, BITS)
 
 
-@triton.jit
-def _list_digit(src_ptr, lo, hi, d, out_ptr, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes the positions in ``[lo, hi)`` whose sign-flipped order keys have the top digit ``d`` (bits at and above
-    ``SHIFT``) to ``out_ptr`` in position order (``BLOCK`` keys per step)."""
-    o_b = tl.arange(0, BLOCK)
-    n = lo * 0
-    for start in range(lo, hi, BLOCK):
-        offs = start + o_b
-        m = offs < hi
-        ukey = _order_key(_load_row(src_ptr + offs, m, False)) ^ (-2147483647 - 1)  # [BLOCK]
-        c = (m & (((ukey >> SHIFT) & ((1 << (32 - SHIFT)) - 1)) == d)).to(tl.int32)
-        tl.store(out_ptr + n + tl.cumsum(c, axis=0) - c, offs, mask=c != 0)
-        n += tl.sum(c, axis=0)
-
-
-@triton.jit
-def _select_split_coarse(
-    src_ptr,
-    lo,
-    hi,
-    part,
-    n_part,
-    chist_ptr,
-    cnt_ptr,
-    bar_ptr,
-    slab_ptr,
-    idx_out_ptr,
-    K: tl.constexpr,
-    TILE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr,
-    CB: tl.constexpr,
-    CANDS: tl.constexpr,
-    BITS: tl.constexpr,
-    phase0,
-):
-    """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)`` (held in a
-    register tile of ``TILE`` keys, or streamed in ``BLOCK`` pieces when ``TILE`` is 0), by one coarse digit and a
-    refine among its candidates. Returns ``(phase, done)``: the barrier phases used (``phase0`` included) and 1 when
-    the winners are written, 0 when the row has more than ``CANDS`` candidates (nothing written: the caller runs the
-    radix passes).
-
-    1. The span's histogram of the top ``CB`` bits of the sign-flipped order keys merges into the row's
-       ``chist_ptr`` [2 ** CB] (one barrier); every participant picks the same threshold digit ``d``. On real
-       indexer logits a 12-bit digit leaves a few hundred keys of a 64k row in ``d``'s bin, an 8-bit one thousands.
-    2. The span's keys of digit ``d`` (its candidates) go to its slab ``slab_ptr[part * CANDS:]`` in position order,
-       its counts of keys above ``d`` and in it to ``cnt_ptr[2 * part:]`` (a second barrier); then the slab is copied
-       to its place in the row's list ``slab_ptr[SPLITS * CANDS:]``, after the slabs of the spans before it (a third).
-    3. Every participant loads the row's list (position order) into one tile of ``CANDS`` keys, finds the exact
-       threshold among them (the radix search of :func:`_radix_threshold`, ``BITS``-bit digits over the bits below
-       ``d``, for the keys still needed), counts the winners of the spans before its own, and writes its span's
-       winners at their position-order slots of ``idx_out_ptr`` (ties at the threshold: the smaller positions).
-
-    Three barriers and one (registers) or three (streaming) reads of the span, against a barrier and a read per radix
-    pass (up to four 8-bit ones) and the count exchange of :func:`_select_split`. (Gathering the list straight from
-    the slabs saves the third barrier but takes a SPLITS-step search per lane: up to 240 B of spills at 32 splits.)"""
-    SIGN: tl.constexpr = -2147483647 - 1
-    COARSE_BLOCK: tl.constexpr = 4096
-    NBC: tl.constexpr = tl.constexpr(1) << CB
-    CSHIFT: tl.constexpr = 32 - CB
-    zero = lo * 0
-    o_bin = tl.arange(0, NBC)
-    if TILE > 0:
-        offs = lo + tl.arange(0, TILE)
-        valid = offs < hi
-        key = _order_key(_load_row(src_ptr + offs, valid, False))  # [TILE]
-        digit = ((key ^ SIGN) >> CSHIFT) & (NBC - 1)  # [TILE] top CB bits of the sign-flipped key
-        own = tl.histogram(digit, NBC, mask=valid)  # [NBC]
-    else:
-        # 4096 keys per step: each step's histogram zeroes and reads back all 2 ** CB bins of shared memory
-        own = _span_digit_histogram(src_ptr, lo, hi, zero, 32, CSHIFT, NBC, COARSE_BLOCK, False)  # [NBC]
-    phase = zero + phase0 + 1
-    hist = _merge_histogram(own, chist_ptr, bar_ptr, phase * n_part, NBC)  # [NBC] the row's
-    d, above, in_bin = _pick_bin(hist, K, 2147483647)
-    k_rem = K - above  # keys to take from digit d's bin
-    done = (in_bin <= CANDS).to(tl.int32)
-    if done != 0:
-        my_above = tl.sum(tl.where(o_bin > d, own, 0), axis=0)
-        my_in = tl.sum(tl.where(o_bin == d, own, 0), axis=0)
-        if TILE > 0:
-            c = (valid & (digit == d)).to(tl.int32)
-            tl.store(slab_ptr + part * CANDS + tl.cumsum(c, axis=0) - c, offs, mask=c != 0)
-        else:
-            _list_digit(src_ptr, lo, hi, d, slab_ptr + part * CANDS, CSHIFT, BLOCK)
-        tl.store(cnt_ptr + part * 2, my_above)
-        tl.store(cnt_ptr + part * 2 + 1, my_in)
-        phase += 1
-        _arrive_and_wait(bar_ptr, phase * n_part)
-        o_s = tl.arange(0, SPLITS)
-        earlier_spans = o_s < part
-        above_before = tl.sum(tl.load(cnt_ptr + o_s * 2, mask=earlier_spans, other=0, cache_modifier=".cg"), axis=0)
-        in_before = tl.sum(tl.load(cnt_ptr + o_s * 2 + 1, mask=earlier_spans, other=0, cache_modifier=".cg"), axis=0)
-        # the slab goes to its place in the row's list (position order), after the slabs of the spans before it
-        o_c = tl.arange(0, CANDS)
-        mine = o_c < my_in
-        slab = tl.load(slab_ptr + part * CANDS + o_c, mask=mine, other=0, cache_modifier=".cg")  # [CANDS]
-        tl.store(slab_ptr + SPLITS * CANDS + in_before + o_c, slab, mask=mine)
-        phase += 1
-        _arrive_and_wait(bar_ptr, phase * n_part)
-        ok = o_c < in_bin
-        pos = tl.load(slab_ptr + SPLITS * CANDS + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS] row's list
-        ckey = _order_key(_load_row(src_ptr + pos, ok, False))  # [CANDS]
-        prefix, low, k_rem2 = _refine_threshold(ckey, ok, zero, d, k_rem, CB, CANDS, BITS)
-        thr = prefix >> low
-        hk = ckey >> low
-        earlier = ok & (o_c < in_before)
-        gt_before = above_before + tl.sum((earlier & (hk > thr)).to(tl.int32), axis=0)
-        eq_before = tl.sum((earlier & (hk == thr)).to(tl.int32), axis=0)
-        if TILE > 0:
-            _write_winners(key, valid, offs, prefix, low, k_rem2, gt_before, eq_before, idx_out_ptr)
-        else:
-            _write_span_winners(src_ptr, lo, hi, prefix, low, k_rem2, gt_before, eq_before, idx_out_ptr, BLOCK)
-    return phase, done
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # kernel
 # ---------------------------------------------------------------------------------------------------------------------
@@ -925,8 +721,7 @@ def _indexer_topk_kernel(
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
     ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x HIST_REGION | rows x 3 SPLITS | rows x GROUPS]
-    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs);
-    # coarse candidates (COARSE > 0): SPLITS slabs of COARSE_CANDS, then the row's list [COARSE_CANDS]
+    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs)
     stride_cand,
     stride_l,
     stride_pt,
@@ -954,10 +749,6 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
-    COARSE: tl.constexpr,
-    COARSE_CANDS: tl.constexpr,
-    COARSE_OFFSET: tl.constexpr,
-    ROW_COARSE: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -987,11 +778,10 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS,
-                          ROW_COARSE)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, ROW_COARSE)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -1007,22 +797,10 @@ def _indexer_topk_kernel(
             if span >= filter_min_span:
                 phase, n_cand = _filter_split(src, lo, hi, part, n_part, p_gmax, p_cnt + 2 * SPLITS, p_bar, p_cand,
                                               K, GROUPS, CANDS, UNROLL, SPLITS, RADIX)  # fmt: skip
-        in_regs = n * 0
-        if REG_SPAN > 0:
-            in_regs = (span <= REG_SPAN).to(tl.int32)
-        coarse_done = n * 0
-        if COARSE > 0:
-            tl.static_assert(GROUPS == 0, "the coarse digit's slabs and the filter's list share the candidate scratch")
-            p_chist = p_hist + COARSE_OFFSET
-            if (REG_SPAN > 0) & (in_regs != 0):  # the register variant compiles only with a tile
-                phase, coarse_done = _select_split_coarse(src, lo, hi, part, n_part, p_chist, p_cnt, p_bar, p_cand,
-                                                          p_idx, K, REG_SPAN, BLOCK, SPLITS, COARSE, COARSE_CANDS,
-                                                          RADIX, phase)  # fmt: skip
-            else:
-                phase, coarse_done = _select_split_coarse(src, lo, hi, part, n_part, p_chist, p_cnt, p_bar, p_cand,
-                                                          p_idx, K, 0, BLOCK, SPLITS, COARSE, COARSE_CANDS, RADIX,
-                                                          phase)  # fmt: skip
-        if (n_cand > CANDS) & (coarse_done == 0):
+        if n_cand > CANDS:
+            in_regs = n * 0
+            if REG_SPAN > 0:
+                in_regs = (span <= REG_SPAN).to(tl.int32)
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
@@ -1143,18 +921,6 @@ def hist_region(*bits: int) -> int:
     return triton.next_power_of_2(max(-(-32 // b) << b for b in bits))
 
 
-def resolve_coarse(bits: int | None, name: str = "coarse_bits") -> int:
-    """A coarse first digit (0: the radix passes), checked: ``bits``, else by default :data:`SPLIT_COARSE_BITS` for
-    split rows (``name="coarse_bits"``) or :data:`ROW_COARSE_BITS` for register-tile rows
-    (``name="row_coarse_bits"``) where :func:`histogram_per_key` (Triton >= 3.8), else 0."""
-    if bits is None:
-        default = SPLIT_COARSE_BITS if name == "coarse_bits" else ROW_COARSE_BITS
-        bits = default if histogram_per_key() else 0
-    if bits:
-        _check_bits(**{name: bits})
-    return bits
-
-
 def _check_bits(**widths: int) -> None:
     for name, bits in widths.items():
         if bits not in RADIX_BITS_CHOICES:
@@ -1246,8 +1012,6 @@ def indexer_topk_fwd(
     split_row: int | None = None,
     bits: int | None = None,
     stream_bits: int | None = None,
-    coarse_bits: int | None = None,
-    row_coarse_bits: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1259,10 +1023,8 @@ def indexer_topk_fwd(
     :data:`FILTER_TILES` (``(0, 0)``: rows past the register tiles stream), ``reg_span`` / ``reg_bits``
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
-    digits of the in-register searches (:func:`radix_bits`), ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`) and ``coarse_bits`` the coarse digit of split rows (:func:`resolve_coarse`; 0: the
-    radix passes; it replaces the filter) and ``row_coarse_bits`` that of rows in one program's register tile;
-    tests and sweeps use these to reach every path."""
+    digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
+    (:data:`STREAM_BITS`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1304,20 +1066,12 @@ def indexer_topk_fwd(
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
                                              filter_tiles)  # fmt: skip
-    coarse = resolve_coarse(coarse_bits)
-    coarse = coarse if n_split > 1 else 0  # split rows only: one program keeps its register and streaming paths
-    row_coarse = resolve_coarse(row_coarse_bits, "row_coarse_bits")
-    if coarse:
-        groups, cands, min_span = 0, 1, 0  # the coarse digit replaces the filter
     bits = radix_bits(k, groups) if bits is None else bits
     _check_bits(bits=bits, reg_bits=reg_bits, stream_bits=stream_bits)
-    pass_region = hist_region(reg_bits, stream_bits)
-    region = triton.next_power_of_2(pass_region + (1 << coarse)) if coarse else pass_region
+    region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
-    if coarse:
-        cand_cols = COARSE_CANDS[k] * (n_split + 1)  # the slabs and the row's list
-    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups or coarse else lengths
+    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
     grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
     _indexer_topk_kernel[(grid,)](
         logits,
@@ -1354,10 +1108,6 @@ def indexer_topk_fwd(
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
-        COARSE=coarse,
-        COARSE_CANDS=COARSE_CANDS[k],
-        COARSE_OFFSET=pass_region,
-        ROW_COARSE=row_coarse,
         num_warps=TOPK_WARPS,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
@@ -1375,7 +1125,6 @@ __all__ = [
     "TOPK_SIZES",
     "TOPK_WARPS",
     "indexer_topk_fwd",
-    "resolve_coarse",
     "topk_span",
     "topk_splits",
 ]

@@ -36,7 +36,6 @@ from sparsemla.kernels.indexer.topk import (
     _topk_row,
     indexer_topk_fwd,
     radix_bits,
-    resolve_coarse,
 )
 from sparsemla.kernels.layouts import IDX_BYTES_PER_TOKEN, IDX_DIM, IDX_PAGE, IDX_SCALE_OFFSET
 
@@ -90,7 +89,6 @@ def _indexer_logits_kernel(
     TOPK_RADIX: tl.constexpr,
     TOPK_STREAM_BITS: tl.constexpr,
     SORT: tl.constexpr,
-    TOPK_ROW_COARSE: tl.constexpr,
     OPAQUE_BF16: tl.constexpr = False,
 ):
     i_b = tl.program_id(0)
@@ -194,7 +192,6 @@ def _indexer_logits_kernel(
                     1,
                     TOPK_RADIX,
                     TOPK_STREAM_BITS,
-                    TOPK_ROW_COARSE,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
@@ -333,11 +330,9 @@ def _launch_logits(
     k: int = 512,
     row_tiles: tuple[int, int] | None = None,
     sorted: bool = True,
-    row_coarse_bits: int | None = None,
     **overrides: int | bool,
 ) -> None:
-    """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests); ``row_tiles`` and
-    ``row_coarse_bits``: the fused top-k's register tiles and coarse digit (see ``topk.indexer_topk_fwd``)."""
+    """``overrides``: fields of :class:`LogitsConfig` to replace (benchmarks and tests)."""
     batch, next_n, heads, _ = q_fp8.shape
     lens, per_row = _lens_2d(seq_lens, batch, next_n)
     cfg = choose_logits_config(dev.launch_info(q_fp8.device), batch, next_n, heads, fuse_topk)
@@ -385,7 +380,6 @@ def _launch_logits(
         TOPK_RADIX=radix_bits(k, 0),
         TOPK_STREAM_BITS=STREAM_BITS,
         SORT=sorted,
-        TOPK_ROW_COARSE=resolve_coarse(row_coarse_bits, "row_coarse_bits") if fuse_topk else 0,
         OPAQUE_BF16=cfg.opaque_bf16 and cfg.dot_mode == DOT_BF16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -465,8 +459,7 @@ def indexer_logits_topk_fwd(
     Up to :data:`FUSED_MAX_COLS` positions one launch (the last logits program of a request selects its rows while
     the logits are in L2); wider rows (``fuse`` overrides the choice) take the logits launch then the top-k kernel,
     whose split rows use many SMs per row where the fused tail has one. ``tuning`` goes to the logits launch
-    (``row_tiles`` overrides :data:`FUSED_ROW_TILES`; ``row_coarse_bits`` / ``coarse_bits``: the top-k's coarse
-    digits, see ``topk.indexer_topk_fwd``; the fused tail takes the first)."""
+    (``row_tiles`` overrides :data:`FUSED_ROW_TILES`)."""
     _check_k(k)
     batch, next_n, _ = _check_logits_inputs(q_fp8, kv_cache_fp8, weights, seq_lens, page_table)
     if max_seq_len is None:
@@ -481,14 +474,11 @@ def indexer_logits_topk_fwd(
     if max_seq_len == 0:
         return out.fill_(-1)
     scratch, counters = _WORKSPACE.get(q_fp8.device, rows, max_seq_len, batch)
-    coarse_bits = tuning.pop("coarse_bits", None)  # split rows: the unfused top-k's only
     if not (max_seq_len <= FUSED_MAX_COLS if fuse is None else fuse):
         tuning.pop("row_tiles", None)
-        row_coarse = tuning.pop("row_coarse_bits", None)
         _launch_logits(q_fp8, kv_cache_fp8, weights, seq_lens, page_table, scratch, max_seq_len, **tuning)
         row_lens = _row_lengths(seq_lens, batch, next_n, max_seq_len)
-        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted, row_coarse_bits=row_coarse,
-                                coarse_bits=coarse_bits)  # fmt: skip
+        return indexer_topk_fwd(scratch, row_lens, k, out=out, sorted=sorted)
     _launch_logits(
         q_fp8,
         kv_cache_fp8,
