@@ -340,11 +340,15 @@ def test_each_target_gets_its_measured_tile():
     assert (hopper.block_h, hopper.block_n, hopper.num_stages, hopper.nope_chunks) == (64, 64, 3, 4)
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 128, "bf16_576").num_stages == 2
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 1).block_h == 16  # < 4 rows: no wgmma tile
-    assert v32.choose_v32_config(dev.target("sm_90"), 16, 4).block_h == 64
+    assert v32.choose_v32_config(dev.target("sm_90"), 16, 4, "bf16_576").block_h == 64
+    few = v32.choose_v32_config(dev.target("sm_90"), 16, 4, "fp8_656")  # the opaque 16-head tile beats wgmma's 64
+    assert (few.block_h, few.block_n, few.num_stages, few.opaque_k) == (16, 32, 3, True)
     for target in ("sm_80", "sm_86", "sm_89", "sm_100", "sm_120"):
         fp8 = v32.choose_v32_config(dev.target(target), 128, 64, "fp8_656")
-        assert (fp8.block_h, fp8.num_warps, fp8.nope_chunks, fp8.stage_k) == (32, 4, 4, True), target
-        assert v32.choose_v32_config(dev.target(target), 16, 128, "fp8_656").num_stages == 3
+        assert (fp8.block_h, fp8.num_warps, fp8.nope_chunks, fp8.stage_k, fp8.opaque_k) == (32, 4, 4, False, True)
+        few = v32.choose_v32_config(dev.target(target), 16, 128, "fp8_656")
+        assert (few.num_stages, few.opaque_k) == (3, True), target
+        assert not v32.choose_v32_config(dev.target(target), 16, 128, "bf16_576").opaque_k, "fp8_656 only"
     assert v32.choose_v32_config(dev.target("sm_80"), 128, 64, "bf16_576").num_stages == 3
     assert v32.choose_v32_config(dev.target("sm_120"), 128, 64, "bf16_576").num_stages == 1  # 101,376 B
     assert v32.choose_v32_config(dev.target("sm_120"), 16, 8, "bf16_576").num_stages == 2

@@ -64,12 +64,13 @@ class V32Config:
     the 4-warp 32-head tile fit (32x32-w4-s2 with nope_chunks=4: <= 112 B on every target, from 160-384 B); on the
     8-warp 64-head mma.sync tile it spills more (264-400 B), so it is a separate field.
 
-    opaque_k (fp8_656 only; an experiment, off until timed): each dequantized K chunk passes through
+    opaque_k (fp8_656 only; chosen for every fp8 mma.sync tile): each dequantized K chunk passes through
     :func:`~sparsemla.kernels.dequant.opaque_bf16`, so Triton lays the mma.sync operands out for bf16 instead of for
     the uint8 bytes the chunk came from (what the V4 decode does by default, ``DecodeConfig.opaque_tile``). Ahead of
     time (Triton 3.8, sm_89, B = 64): loop instructions 2,625 -> 1,991 at H = 128 (32x32-w4-s2-c4-stage_k) and
     2,631 -> 1,445 at H = 16 (16x32-w4-s3-c4), where the dequant ran three times; shared memory 98,816 -> 92,672 and
-    61,440 -> 94,208 B (the bf16 chunk is staged instead of the bytes)."""
+    61,440 -> 94,208 B (the bf16 chunk is staged instead of the bytes). It replaces ``stage_k`` (same staging, and
+    the chunk reaches both dots in bf16's layout); times in docs/performance.md."""
 
     block_h: int
     block_n: int
@@ -144,12 +145,13 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     sweeps of benchmarks/explore_v32_configs.py (results/bench/explore/v32_configs*.json; both code paths):
 
     * sm_90: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of 232,448),
-      2 for bf16_576; for <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per row): the 48 masked
-      rows cost less than mma.sync's 16-head tile.
+      2 for bf16_576; bf16_576 with <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per row): the
+      48 masked rows cost less than mma.sync's 16-head tile. fp8_656 with <= 16 heads takes the 16-head mma.sync tile
+      below instead, whose K chunks go through the opaque move (``opaque_k``).
     * H <= 16 elsewhere: one 16-head program per row; 1 row: 16 tokens, 8 warps; more: 16x32, 4 warps, 4 chunks,
-      3 stages (bf16_576 on the 101,376-B targets: 2).
+      3 stages (bf16_576 on the 101,376-B targets: 2); fp8_656 with ``opaque_k`` (101,376 B at 3 stages).
     * H > 16 elsewhere, mma.sync (64-head tiles only lower to wgmma/tcgen05, and tcgen05 traps with chunks): 32-head
-      blocks, 4 warps, 4 chunks: fp8_656 32x32 with 2 stages and ``stage_k`` (98,816 B: fits 101,376); bf16_576 32x32
+      blocks, 4 warps, 4 chunks: fp8_656 32x32 with 2 stages and ``opaque_k`` (98,816 B: fits 101,376); bf16_576 32x32
       with 3 stages where that fits (sm_80, sm_100), else 1 stage.
 
     Every one compiles ahead of time for its targets with <= 112 B spilled per thread (sm_100/120 fp8 with s_q 2;
@@ -158,15 +160,15 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
     fp8 = kv_format == "fp8_656"
-    if info.capability[0] == 9 and (num_heads > 16 or rows >= 4):
+    if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
         if rows <= 1:
             return V32Config(16, 16, 8, 1, partial_bf16=True)
-        deep = V32Config(16, 32, 4, 3, partial_bf16=True, nope_chunks=4)
+        deep = V32Config(16, 32, 4, 3, partial_bf16=True, nope_chunks=4, opaque_k=fp8)
         return deep if shared_bytes_v32(deep, kv_format, info) <= info.smem_per_block else replace(deep, num_stages=2)
     if fp8:
-        return V32Config(32, 32, 4, 2, partial_bf16=True, nope_chunks=4, stage_k=True)
+        return V32Config(32, 32, 4, 2, partial_bf16=True, nope_chunks=4, opaque_k=True)
     deep = V32Config(32, 32, 4, 3, partial_bf16=True, nope_chunks=4)
     return (
         deep
