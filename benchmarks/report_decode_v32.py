@@ -14,6 +14,7 @@ from benchmarks.report import fmt_us
 
 TITLE = "## Sparse-MLA decode (DeepSeek-V3.2, FlashMLA's fp8_656 / bf16_576 caches)"
 MARK = {True: "met", False: "**missed**", None: "n/a"}
+EXPLORE = Path(__file__).resolve().parents[1] / "results" / "bench" / "explore"
 
 
 def pending_section() -> str:
@@ -32,8 +33,9 @@ def _key(r: dict) -> tuple:
     return (r["kv_format"], r["s_q"], r["H"], r["B"])
 
 
-def decode_v32_section(data: dict) -> str:
-    """Markdown: the header and targets, one table per cache format, the largest check errors."""
+def decode_v32_section(data: dict, explore: Path | None = EXPLORE) -> str:
+    """Markdown: the header and targets, one table per cache format, the largest check errors; then the follow-up
+    run from ``explore`` (results/bench/explore) where there is one."""
     cells: dict[tuple, dict[str, float]] = {}
     for r in data["rows"]:
         if r.get("us") is not None:  # a provider's error row has no time
@@ -94,7 +96,24 @@ def decode_v32_section(data: dict) -> str:
                 f"| {fmt_us(v.get(base))} | {fmt_us(v.get('reference'))} |"
             )
     out += _check_lines(data.get("checks", []))
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + (followup_section(data, explore) if explore else "")
+
+
+def followup_section(data: dict, explore: Path) -> str:
+    """The newest ``results/bench/explore/decode_v32_opaque-*.json`` (a `benchmarks.decode_v32` run over a subset of
+    shapes, made after the formal one) when it is newer than ``data``: its tables and targets, under a sub-heading."""
+    files = sorted(explore.glob("decode_v32_opaque-*.json"))
+    if not files:
+        return ""
+    sub = json.loads(files[-1].read_text())
+    if sub.get("date", "") <= data.get("date", ""):
+        return ""
+    body = decode_v32_section(sub).split("\n", 1)[1]
+    return (
+        f"\n**After the opaque K move** (`V32Config.opaque_k` on every fp8_656 mma.sync tile, and the 16-head "
+        f"mma.sync tile instead of wgmma's 64-head one for <= 16 heads on sm_90; "
+        f"`{files[-1].relative_to(explore.parents[2])}`, the same script on a subset of the shapes):\n{body}"
+    )
 
 
 T38_PROVIDERS = {"sparsemla_t38_graph": "ours native 3.8", "sparsemla_sm89path_t38_graph": "ours sm_89 3.8"}
