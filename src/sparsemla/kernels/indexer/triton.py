@@ -269,7 +269,7 @@ class LogitsConfig:
 
     block_n: key tokens per tile; swap_ab: tokens on the MMA's M side (the head sum stays inside a thread quad);
     num_splits: programs per request (grid ``(B, num_splits)``); dot_mode: DOT_FP8 / DOT_BF16 / DOT_FP32;
-    opaque_bf16 (DOT_BF16 only; an experiment, off until timed): the dequantized q and keys pass through
+    opaque_bf16 (DOT_BF16 only; off: timed 0-4 % slower, docs/gpus.md): the dequantized q and keys pass through
     :func:`~sparsemla.kernels.dequant.opaque_bf16`, so Triton lays the MMA operands out for bf16 rather than for the
     uint8 bytes they came from (ahead of time, Triton 3.8, sm_80, B = 64, 4k: 1,455 -> 972 loop instructions, but
     51,200 -> 82,944 B of shared memory, over ``support.INDEXER_SHARED_MAX``, because the bf16 keys are staged)."""
