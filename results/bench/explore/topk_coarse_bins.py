@@ -1,6 +1,7 @@
 """Exploratory (CPU, not a timing): how many keys of real indexer logits fall in the threshold bin of a first radix
 digit of 8, 11 or 12 bits (the sign-flipped order key's top bits) -- the candidates the coarse-digit selection of
-split rows (topk._select_split_coarse) gathers into one tile of topk.COARSE_CANDS[k] -- and how many lie above it.
+split rows (topk._select_split_coarse, removed after its A/B at bec8b17: topk_coarse_ab-native-h200.json) gathered
+into one tile of COARSE_CANDS[k] -- and how many lie above it.
 Logits from benchmarks.indexer.make_case (fp8 keys ~ N(0, 1), random q and weights, as the GPU benchmarks use) by the
 reference indexer; each length is a row prefix.
 
@@ -16,8 +17,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.indexer import gpu_indexer_cache, make_case
-from sparsemla.kernels.indexer import topk
 from sparsemla.kernels.indexer.reference import indexer_logits_reference
+
+COARSE_CANDS = {512: 2048, 1024: 2048, 2048: 4096}  # the removed selection's candidate tile per k
 
 p = argparse.ArgumentParser()
 p.add_argument("--rows", type=int, default=4)
@@ -51,7 +53,7 @@ for r in range(args.rows):
             for bits in (int(x) for x in args.bits.split(",")):
                 digit, d = key >> (32 - bits), int(kth >> (32 - bits))
                 rows.append(dict(row=r, length=n, k=k, bits=bits, in_bin=int((digit == d).sum()),
-                                 above=int((digit > d).sum()), cands_tile=topk.COARSE_CANDS[k]))  # fmt: skip
+                                 above=int((digit > d).sum()), cands_tile=COARSE_CANDS[k]))  # fmt: skip
 sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 meta = dict(what=__doc__.split("\n\n")[0], git_sha=sha, torch=torch.__version__, rows=args.rows, seconds=round(time.time() - started))
 Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
