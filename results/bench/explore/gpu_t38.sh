@@ -30,9 +30,11 @@ AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
 DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows 1024,8192)
 INDEXER=(--batches 1,64 --ctxs 4096,16384,65536 --caps 65536 --providers sparsemla_graph,sparsemla_topk_graph)
 TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every replayed launch has its cubin
-# `opaque`: V4 decode tiles that the opaque bf16 move lets fit (one shared copy of the gathered tile), sm_89 path
-DCFG89O=auto,16:32:4:1:1c,16:64:4:1:1c,16:64:8:1:1c,32:64:4:1:1c,32:64:8:1:1c,64:32:8:1:1c
-DCFG89O_SHAPES=1x8,8x8,64x8,128x8,64x16,64x64,128x64
+# `opaque`: V4 decode tiles that the opaque bf16 move lets fit (one shared copy of the gathered tile), sm_89 path.
+# Its first sweep (decode_t38_configs_sm89o-h200.json: 1-128 rows) found 32 x 64 x 4 warps faster than the choice at
+# B = 128 H = 64 (83.5 / 102.1 us); this one asks the same of the large and prefill-sized rows before the choice moves.
+DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
+DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -85,20 +87,15 @@ paths)
     timeout 200 python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89 \
         --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
     ;;
-opaque)  # the opaque bf16 move: the V4 decode tiles it lets fit (3.8 cubins, sm_89 path); V3.2 opaque_k (3.6, both);
-    # the indexer's bf16 mode (what sm_80/86 run) with LogitsConfig.opaque_bf16 (3.6, sm_89 path)
+opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefill-sized rows (3.8 cubins, sm_89
+    # path). (Its V3.2 opaque_k and indexer opaque_bf16 parts ran at 2c027e9: v32_configs_opaque-*.json, adopted;
+    # indexer_opaque_ab-sm89-h200.json, slower, off.)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    TRITON_OVERRIDE_ARCH=sm89 timeout 200 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
+    TRITON_OVERRIDE_ARCH=sm89 timeout 300 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
-        --out "$OUT/decode_t38_configs_sm89o-h200.json" | cut -c1-200
-    v32=(--only 32x32-w4-s2-c4,16x32-w4-s3-c4 --splits auto --shapes 64:128:fp8_656,128:16:fp8_656 --git-sha "$SHA")
-    timeout 130 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" | cut -c1-200
-    TRITON_OVERRIDE_ARCH=sm89 timeout 130 python3 -m benchmarks.explore_v32_configs "${v32[@]}" --out-dir "$OUT/v32" \
-        | cut -c1-200
-    TRITON_OVERRIDE_ARCH=sm89 timeout 90 python3 results/bench/explore/indexer_opaque_ab.py --path sm89 --code "$SHA" \
-        --out "$OUT/indexer_opaque_ab-sm89-h200.json" | cut -c1-200
+        --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
