@@ -322,3 +322,20 @@ def test_report_renders_the_op_pending_until_its_json_exists(tmp_path: Path):
     assert report_decode_v32.pending_section() not in page
     assert report_decode_v32.TITLE in page and "Source: `" in page
     assert report.newest(tmp_path, "decode") is None  # decode-*.json does not pick up decode_v32-*.json
+
+
+def test_section_appends_a_newer_follow_up_run_only(tmp_path: Path):
+    """A `decode_v32_opaque-*.json` under the explore folder (the same script on a subset, after the formal run) is
+    rendered under its own sub-heading when it is newer than the formal JSON, and left out when it is older."""
+    data = _synthetic_json()
+    explore = tmp_path / "results" / "bench" / "explore"
+    explore.mkdir(parents=True)
+    assert report_decode_v32.followup_section(data, explore) == ""  # none there
+    later = dict(_synthetic_json(), date="9999-01-01", git_sha="fedcba9876")
+    (explore / "decode_v32_opaque-h200-9999-01-01.json").write_text(json.dumps(later))
+    md = report_decode_v32.decode_v32_section(data, explore)
+    assert md.count(report_decode_v32.TITLE) == 1 and "**After the opaque K move**" in md
+    assert "`results/bench/explore/decode_v32_opaque-h200-9999-01-01.json`" in md and "commit `fedcba9876`" in md
+    older = dict(later, date="2000-01-01")
+    (explore / "decode_v32_opaque-h200-9999-01-01.json").write_text(json.dumps(older))
+    assert "After the opaque K move" not in report_decode_v32.decode_v32_section(data, explore)
