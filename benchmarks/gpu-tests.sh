@@ -2,10 +2,10 @@
 # On the GPU machine (device tool): the GPU tests in both code paths, native then TRITON_OVERRIDE_ARCH=sm89, each in
 # its own pytest run. Cold Triton caches make the serial run compile-bound (~8 s per test on a fresh machine), so the
 # tests spread over xdist workers (the compiles run in parallel; one GPU holds them all). Per path: a wall limit
-# (PATH_LIMIT_S, default 540 s for one path, 275 s each for both), a per-test limit that dumps the stack of a hung
-# test, JUnit XML and the slowest tests under $OUT. Usage: bash benchmarks/gpu-tests.sh [native|sm89|both] [extra pytest args]
-# Cold caches: one path alone takes ~300 s on a fresh machine (397 tests), so a fresh machine runs `native` and `sm89`
-# in two device calls (default limit 540 s for one path); `both` (275 s per path) fits one call once the caches are warm.
+# (PATH_LIMIT_S), a per-test limit that dumps the stack of a hung test, JUnit XML and the slowest tests under $OUT.
+# Cold caches: one path takes ~300 s on a fresh machine (397 tests), so there run `native` and `sm89` in two device
+# calls (540 s each by default); `both` (275 s per path) fits one call once the caches are warm.
+# Usage: bash benchmarks/gpu-tests.sh [native|sm89|both] [extra pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-both}; shift || true

@@ -108,7 +108,7 @@ def followup_section(data: dict, explore: Path) -> str:
     sub = json.loads(files[-1].read_text())
     if sub.get("date", "") <= data.get("date", ""):
         return ""
-    body = decode_v32_section(sub).split("\n", 1)[1]
+    body = decode_v32_section(sub, explore=None).split("\n", 1)[1]  # its own follow-up would be itself
     return (
         f"\n**After the opaque K move** (`V32Config.opaque_k` on every fp8_656 mma.sync tile, and the 16-head "
         f"mma.sync tile instead of wgmma's 64-head one for <= 16 heads on sm_90; "
