@@ -35,6 +35,9 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 # B = 128 H = 64 (83.5 / 102.1 us); this one asks the same of the large and prefill-sized rows before the choice moves.
 DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
 DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
+# `coarse1`: the coarse fp16-like first digit (topk.TOPK_COARSE) and one program per row at B >= 64 (3.8 cubins, native)
+COARSE_VARIANTS=default,coarse,one_w8,coarse1_w8,coarse1_w16,coarse1_w32,coarse1_w16_t16k,coarse1_w32_t16k
+COARSE_SHAPES=64x4096,64x16384,64x65536,128x16384,128x65536
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -96,6 +99,18 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
     TRITON_OVERRIDE_ARCH=sm89 timeout 300 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
+    ;;
+build-coarse1)  # the cubins of `coarse1` (~48 launches)
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/coarse1 \
+        --ks 512,2048 --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES"
+    ;;
+coarse1)  # the coarse-digit A/B from 3.8 cubins (every output checked against torch.topk)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 400 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/coarse1 --ks 512,2048 \
+        --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES" --code "$SHA" \
+        --out "$OUT/topk_coarse1_ab-native-h200.json" | cut -c1-200
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

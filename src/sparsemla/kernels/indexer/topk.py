@@ -131,6 +131,21 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
+# Coarse first digit (one-program launches, ``coarse``): an 8-bit digit of the fp32 value read like an fp16 one -- the
+# sign, a 5-bit window of exponents (COARSE_EXP_LO .. +31, biased fp32 exponents: magnitudes 2**-15 .. 2**17) and the
+# top two mantissa bits, truncated, so that an unsaturated bin is exactly one 11-bit prefix of the order key (values
+# outside the window saturate into the window's edge bins). Real indexer logits use few exponents, so the fp32 key's
+# own top byte (sign and seven exponent bits) leaves thousands of keys in the threshold bin of a 64k row; this digit
+# leaves about as many as an 11-bit one (CPU, real logits, results/bench/explore/topk_coarse_bins_fp16-cpu-2026-12-04
+# .json: 64k rows, k = 2048: 754-1,573 keys against 5,426-30,593), with 256 bins. One histogram pass picks the
+# threshold bin; the keys above it all win; the exact threshold is found among the bin's keys only (three radix passes
+# over the 21 bits below the prefix), and one more pass writes the winners in position order: three reads of a
+# streamed row instead of up to five, and register rows search the candidates instead of the whole tile. A saturated
+# threshold bin, or more than COARSE_CANDS[k] keys in it (streamed rows), takes the radix passes.
+COARSE_EXP_LO = 112
+COARSE_CANDS = {512: 2048, 1024: 2048, 2048: 4096}
+COARSE_BLOCK_PER_WARP = 256  # streamed keys per pass step, per warp of the launch
+TOPK_COARSE = False  # the launcher's default (``coarse=None``): off until timed on Triton 3.8 cubins
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -298,6 +313,70 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 
 
 @triton.jit
+def _coarse_digit(ukey, LO: tl.constexpr):
+    """8-bit digit of sign-flipped order keys ``ukey`` (int32 bits, unsigned order), non-decreasing in the key: the
+    sign, a window of 32 exponents whose lowest magnitude code (exponent * 4 + top two mantissa bits) is ``LO``, and
+    two mantissa bits. Digits 1..126 and 129..254 are unsaturated (exactly the key's 11-bit prefix); 0, 127, 128
+    and 255 also hold the magnitudes outside the window."""
+    top = (ukey >> 21) & 0x7FF  # [*] sign flipped | 8-bit exponent | 2 mantissa bits (negatives: inverted)
+    nonneg = top >= 1024
+    mag = tl.where(nonneg, top & 0x3FF, 1023 - (top & 0x3FF))  # exponent * 4 + mantissa bits of |value|
+    c = tl.minimum(tl.maximum(mag - LO, 0), 127)
+    return tl.where(nonneg, 128 + c, 127 - c)
+
+
+@triton.jit
+def _coarse_prefix(d, LO: tl.constexpr):
+    """The sign-flipped order-key bits [21, 32) that every key of the unsaturated coarse digit ``d`` shares, in
+    place (the lower bits zero)."""
+    c = tl.where(d >= 128, d - 128, 127 - d)
+    mag = LO + c
+    top = tl.where(d >= 128, 1024 | mag, 1023 - mag)
+    return top << 21
+
+
+@triton.jit
+def _coarse_exact(d):
+    """Whether coarse digit ``d`` is unsaturated (one 11-bit key prefix)."""
+    return (d != 0) & (d != 127) & (d != 128) & (d != 255)
+
+
+@triton.jit
+def _refine_below(ukey, cand, prefix, k_rem, in_bin, BITS: tl.constexpr, BIG: tl.constexpr):
+    """Radix search among the sign-flipped keys ``ukey`` selected by ``cand`` -- ``in_bin`` keys that all share
+    ``prefix``'s bits [21, 32) -- for the ``k_rem``-th largest, over the 21 bits below (``BITS``-bit digits, early
+    stop as in :func:`_radix_threshold`): returns ``(prefix, low, k_rem)`` in the same form as that search."""
+    NB: tl.constexpr = tl.constexpr(1) << BITS
+    low = k_rem * 0 + 21
+    more = (in_bin != k_rem).to(tl.int32)  # the whole bin wins: its prefix is the threshold
+    for p in tl.static_range((21 + BITS - 1) // BITS):
+        top = 21 - BITS * p
+        shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
+        if more != 0:
+            m = cand & ((ukey >> top) == (prefix >> top))
+            hist = tl.histogram((ukey >> shift) & (NB - 1), NB, mask=m)  # [NB]
+            d, above, n_in = _pick_bin(hist, k_rem, BIG)
+            k_rem -= above
+            prefix = prefix | (d << shift)
+            low = k_rem * 0 + shift
+            more = (n_in != k_rem).to(tl.int32)
+    return prefix, low, k_rem
+
+
+@triton.jit
+def _write_taken(gt, eq, payload, k_rem, gt_before, eq_before, idx_out_ptr):
+    """Writes ``payload`` where ``gt`` (keys above the threshold: all win) and for the first ``k_rem`` of ``eq``
+    (keys at it) counting ``eq_before`` earlier ones, at their position-order slots of ``idx_out_ptr`` after
+    ``gt_before`` + ``min(eq_before, k_rem)`` earlier winners. At most 32767 keys (one scan counts both in 16 bits)."""
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
+    before = tl.cumsum(both, axis=0) - both
+    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
+    take = gt | (eq & (eq_rank < k_rem))
+    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
+    tl.store(idx_out_ptr + slot, payload, mask=take)
+
+
+@triton.jit
 def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
@@ -307,12 +386,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     thr = prefix >> low
     gt = valid & (hi > thr)
     eq = valid & (hi == thr)
-    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
-    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
-    take = gt | (eq & (eq_rank < k_rem))
-    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    tl.store(idx_out_ptr + slot, payload, mask=take)
+    _write_taken(gt, eq, payload, k_rem, gt_before, eq_before, idx_out_ptr)
 
 
 @triton.jit
@@ -325,16 +399,50 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 
 @triton.jit
+def _select_keys_coarse(
+    key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr
+):
+    """Same contract as :func:`_select_keys`, by the coarse digit (:func:`_coarse_digit`, window ``LO``): one
+    256-bin histogram of the tile picks the threshold's bin, whose keys alone are searched for the exact threshold
+    (:func:`_refine_below`); keys in higher bins all win. A saturated threshold bin takes :func:`_select_keys`."""
+    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
+    SIGN: tl.constexpr = -2147483647 - 1
+    ukey = key ^ SIGN  # [ROW] unsigned order as int32 bits
+    digit = _coarse_digit(ukey, LO)  # [ROW]
+    hist = tl.histogram(digit, 256, mask=valid)  # [256]
+    d, above, in_bin = _pick_bin(hist, zero + K, ROW + 1)
+    if _coarse_exact(d):
+        inb = valid & (digit == d)
+        prefix, low, k_rem = _refine_below(ukey, inb, _coarse_prefix(d, LO), K - above, in_bin, BITS, ROW + 1)
+        hk = key >> low
+        thr = (prefix ^ SIGN) >> low
+        gt = (valid & (digit > d)) | (inb & (hk > thr))
+        _write_taken(gt, inb & (hk == thr), payload, k_rem, zero, zero, idx_out_ptr)
+    else:
+        _select_keys(key, valid, payload, zero, idx_out_ptr, K, ROW, BITS)
+
+
+@triton.jit
 def _select_in_registers(
-    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
+    src_ptr,
+    length,
+    idx_out_ptr,
+    K: tl.constexpr,
+    ROW: tl.constexpr,
+    FROM_L2: tl.constexpr,
+    BITS: tl.constexpr,
+    COARSE: tl.constexpr,
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers."""
+    held in registers (``COARSE > 0``: the coarse digit first, window ``COARSE``, :func:`_select_keys_coarse`)."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
+    if COARSE > 0:
+        _select_keys_coarse(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS, COARSE)
+    else:
+        _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -438,6 +546,74 @@ def _select_streaming(
 
 
 @triton.jit
+def _select_streaming_coarse(
+    src_ptr,
+    length,
+    idx_out_ptr,
+    cand_ptr,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CANDS: tl.constexpr,
+    FROM_L2: tl.constexpr,
+    BITS: tl.constexpr,
+    LO: tl.constexpr,
+):
+    """Same contract as :func:`_select_streaming` in three streaming passes, or returns 0 (nothing written) when the
+    threshold's coarse bin is saturated or holds more than ``CANDS`` keys; 1 when done.
+
+    Pass 1: the 256-bin histogram of the coarse digit (:func:`_coarse_digit`, window ``LO``) picks the threshold's
+    bin ``d``. Pass 2 lists the bin's positions (position order) at ``cand_ptr[0:CANDS]``; their keys, gathered into
+    one tile, give the exact threshold (:func:`_refine_below`). Pass 3 writes every key of a higher bin and the bin's
+    keys above the threshold, and the first of those at it, at their position-order slots."""
+    SIGN: tl.constexpr = -2147483647 - 1
+    zero = length * 0
+    o_b = tl.arange(0, BLOCK)
+    hist = tl.zeros([256], dtype=tl.int32)
+    for start in range(0, length, BLOCK):
+        offs = start + o_b
+        m = offs < length
+        ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
+        hist += tl.histogram(_coarse_digit(ukey, LO), 256, mask=m)
+    d, above, in_bin = _pick_bin(hist, zero + K, 2147483647)
+    done = (_coarse_exact(d) & (in_bin <= CANDS)).to(tl.int32)
+    if done != 0:
+        n = zero
+        for start in range(0, length, BLOCK):
+            offs = start + o_b
+            m = offs < length
+            ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
+            c = (m & (_coarse_digit(ukey, LO) == d)).to(tl.int32)
+            tl.store(cand_ptr + n + tl.cumsum(c, axis=0) - c, offs, mask=c != 0)
+            n += tl.sum(c, axis=0)
+        tl.debug_barrier()
+        o_c = tl.arange(0, CANDS)
+        ok = o_c < in_bin
+        pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS] the bin's, position order
+        ckey = _order_key(_load_row(src_ptr + pos, ok, FROM_L2))  # [CANDS]
+        prefix, low, k_rem = _refine_below(ckey ^ SIGN, ok, _coarse_prefix(d, LO), K - above, in_bin, BITS,
+                                           CANDS + 1)  # fmt: skip
+        thr = (prefix ^ SIGN) >> low
+        n_sel = zero
+        n_eq = zero
+        for start in range(0, length, BLOCK):
+            offs = start + o_b
+            m = offs < length
+            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
+            digit = _coarse_digit(key ^ SIGN, LO)
+            hk = key >> low
+            inb = m & (digit == d)
+            gt = ((m & (digit > d)) | (inb & (hk > thr))).to(tl.int32)
+            eq = (inb & (hk == thr)).to(tl.int32)
+            eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
+            take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
+            slot = n_sel + tl.cumsum(take, axis=0) - take
+            tl.store(idx_out_ptr + slot, offs, mask=take != 0)
+            n_sel += tl.sum(take, axis=0)
+            n_eq += tl.sum(eq, axis=0)
+    return done
+
+
+@triton.jit
 def _finish_row(
     src_ptr,
     length,
@@ -499,6 +675,9 @@ def _topk_row(
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
+    COARSE: tl.constexpr,
+    COARSE_CANDS: tl.constexpr,
+    COARSE_BLOCK: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -506,23 +685,29 @@ def _topk_row(
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
     (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
-    int32 receives positions (it is also the
-    selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
+    overflow it; ``BITS``: the digits of the register searches. ``COARSE > 0`` (the coarse digit's window): register
+    rows take :func:`_select_keys_coarse` and streamed rows :func:`_select_streaming_coarse` first (``cand_ptr``
+    [COARSE_CANDS] scratch, ``COARSE_BLOCK`` keys per step), then the filter or the radix passes if it gives up.
+    ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's scratch, so it is always written);
+    with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS, COARSE)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS, COARSE)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
+                if COARSE > 0:
+                    done = _select_streaming_coarse(src_ptr, length, idx_out_ptr, cand_ptr, K, COARSE_BLOCK,
+                                                    COARSE_CANDS, FROM_L2, BITS, COARSE)  # fmt: skip
                 if GROUPS > 0:
-                    done = _select_filtered(
-                        src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
-                    )
+                    if done == 0:
+                        done = _select_filtered(
+                            src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
+                        )
                 if done == 0:
                     _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS)
         tl.debug_barrier()
@@ -721,7 +906,8 @@ def _indexer_topk_kernel(
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
     ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x HIST_REGION | rows x 3 SPLITS | rows x GROUPS]
-    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs)
+    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs);
+    # the coarse digit's (COARSE > 0): the threshold bin's positions [COARSE_CANDS]
     stride_cand,
     stride_l,
     stride_pt,
@@ -749,6 +935,9 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
+    COARSE: tl.constexpr,
+    COARSE_CANDS: tl.constexpr,
+    COARSE_BLOCK: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -778,10 +967,12 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS, COARSE,
+                          COARSE_CANDS, COARSE_BLOCK)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, COARSE, COARSE_CANDS,
+                          COARSE_BLOCK)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -1012,6 +1203,7 @@ def indexer_topk_fwd(
     split_row: int | None = None,
     bits: int | None = None,
     stream_bits: int | None = None,
+    coarse: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1024,7 +1216,8 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`); tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`), ``coarse`` the coarse first digit of rows a program selects alone (:data:`TOPK_COARSE`);
+    tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1071,7 +1264,11 @@ def indexer_topk_fwd(
     region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
-    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
+    use_coarse = TOPK_COARSE if coarse is None else coarse
+    if use_coarse:
+        cand_cols = max(cand_cols, COARSE_CANDS[k])
+    need_cand = groups or use_coarse
+    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if need_cand else lengths
     grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
     _indexer_topk_kernel[(grid,)](
         logits,
@@ -1108,6 +1305,9 @@ def indexer_topk_fwd(
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
+        COARSE=COARSE_EXP_LO * 4 if use_coarse else 0,
+        COARSE_CANDS=COARSE_CANDS[k],
+        COARSE_BLOCK=COARSE_BLOCK_PER_WARP * TOPK_WARPS,
         num_warps=TOPK_WARPS,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
@@ -1115,12 +1315,15 @@ def indexer_topk_fwd(
 
 
 __all__ = [
+    "COARSE_CANDS",
+    "COARSE_EXP_LO",
     "FILTER_TILES",
     "FUSED_ROW_TILES",
     "RADIX_BITS_CHOICES",
     "SPLIT_REG_TILE",
     "STREAM_BITS",
     "TOPK_MAXNREG",
+    "TOPK_COARSE",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
