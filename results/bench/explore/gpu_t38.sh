@@ -36,8 +36,10 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
 DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # `coarse1`: the coarse fp16-like first digit (topk.TOPK_COARSE) and one program per row at B >= 64 (3.8 cubins, native)
-COARSE_VARIANTS=default,coarse,one_w8,coarse1_w8,coarse1_w16,coarse1_w32,coarse1_w16_t16k,coarse1_w32_t16k
-COARSE_SHAPES=64x4096,64x16384,64x65536,128x16384,128x65536
+# (its first run, topk_coarse1_ab-native-h200.json: default,coarse,one_w8,coarse1_w8,coarse1_w16,coarse1_w32,
+# coarse1_w16_t16k,coarse1_w32_t16k at 64x4096,64x16384,64x65536,128x16384)
+COARSE_VARIANTS=default,one_w16_t16k,coarse1_w16_t16k,c10_w16_t16k,c12_w16_t16k,c10_w32_t16k,c12_w32_t16k
+COARSE_SHAPES=64x4096,64x16384,128x16384,32x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -110,7 +112,7 @@ coarse1)  # the coarse-digit A/B from 3.8 cubins (every output checked against t
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout 400 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/coarse1 --ks 512,2048 \
         --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_coarse1_ab-native-h200.json" | cut -c1-200
+        --out "$OUT/topk_coarse1_ab-native-h200-${TAG:-2}.json" | cut -c1-200
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

@@ -98,16 +98,22 @@ VARIANTS = {
     "wide11_splits2": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=2)),
     # (the coarse-digit variants coarse12 ... coarse12_both ran at bec8b17: topk_coarse_ab-native-h200.json; the
     # selection lost everywhere and was removed, see docs/performance.md)
-    # the coarse fp16-like first digit (topk.TOPK_COARSE; twenty-first session): in the launcher's split launches (only
-    # rows a program selects alone take it), and one program per row (splits=1: sglang v2's shape at B = 64, no
-    # barriers) at 8, 16 and 32 warps, with the 4096 register tile or a 16384 one for 16k rows
-    "coarse": (new, dict(coarse=True)),
+    # the coarse fp16-like first digit (topk.TOPK_COARSE_BITS; twenty-first session): in the launcher's split launches
+    # (only rows a program selects alone take it), and one program per row (splits=1: sglang v2's shape at B = 64, no
+    # barriers) at 8, 16 and 32 warps, with the 4096 register tile or a 16384 one for 16k rows; 8-, 10- and 12-bit
+    # digits (more bins: fewer keys in the threshold bin and fewer same-address atomics per warp)
+    "coarse": (new, dict(coarse_bits=8)),
     "one_w8": (new, dict(splits=1)),
-    "coarse1_w8": (new, dict(splits=1, coarse=True)),
-    "coarse1_w16": (new, dict(splits=1, coarse=True, _warps=16)),
-    "coarse1_w32": (new, dict(splits=1, coarse=True, _warps=32)),
-    "coarse1_w16_t16k": (new, dict(splits=1, coarse=True, _warps=16, row_tiles=(4096, 16384))),
-    "coarse1_w32_t16k": (new, dict(splits=1, coarse=True, _warps=32, row_tiles=(4096, 16384))),
+    "coarse1_w8": (new, dict(splits=1, coarse_bits=8)),
+    "coarse1_w16": (new, dict(splits=1, coarse_bits=8, _warps=16)),
+    "coarse1_w32": (new, dict(splits=1, coarse_bits=8, _warps=32)),
+    "coarse1_w16_t16k": (new, dict(splits=1, coarse_bits=8, _warps=16, row_tiles=(4096, 16384))),
+    "coarse1_w32_t16k": (new, dict(splits=1, coarse_bits=8, _warps=32, row_tiles=(4096, 16384))),
+    "one_w16_t16k": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384))),
+    "c10_w16_t16k": (new, dict(splits=1, coarse_bits=10, _warps=16, row_tiles=(4096, 16384))),
+    "c12_w16_t16k": (new, dict(splits=1, coarse_bits=12, _warps=16, row_tiles=(4096, 16384))),
+    "c10_w32_t16k": (new, dict(splits=1, coarse_bits=10, _warps=32, row_tiles=(4096, 16384))),
+    "c12_w32_t16k": (new, dict(splits=1, coarse_bits=12, _warps=32, row_tiles=(4096, 16384))),
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
 }

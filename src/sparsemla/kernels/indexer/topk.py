@@ -142,10 +142,14 @@ SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
 # over the 21 bits below the prefix), and one more pass writes the winners in position order: three reads of a
 # streamed row instead of up to five, and register rows search the candidates instead of the whole tile. A saturated
 # threshold bin, or more than COARSE_CANDS[k] keys in it (streamed rows), takes the radix passes.
+# Wider coarse digits (COARSE_BITS_CHOICES: 6 + mantissa bits) leave fewer keys in the bin and spread the histogram's
+# shared atomics over more bins (fewer same-address conflicts within a warp) for a larger histogram to clear and scan.
 COARSE_EXP_LO = 112
+_EXP_LO = tl.constexpr(COARSE_EXP_LO)
+COARSE_BITS_CHOICES = (8, 10, 12)
 COARSE_CANDS = {512: 2048, 1024: 2048, 2048: 4096}
 COARSE_BLOCK_PER_WARP = 256  # streamed keys per pass step, per warp of the launch
-TOPK_COARSE = False  # the launcher's default (``coarse=None``): off until timed on Triton 3.8 cubins
+TOPK_COARSE_BITS = 0  # the launcher's default (``coarse_bits=None``; 0: off): off until timed on Triton 3.8 cubins
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -313,44 +317,52 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 
 
 @triton.jit
-def _coarse_digit(ukey, LO: tl.constexpr):
-    """8-bit digit of sign-flipped order keys ``ukey`` (int32 bits, unsigned order), non-decreasing in the key: the
-    sign, a window of 32 exponents whose lowest magnitude code (exponent * 4 + top two mantissa bits) is ``LO``, and
-    two mantissa bits. Digits 1..126 and 129..254 are unsaturated (exactly the key's 11-bit prefix); 0, 127, 128
-    and 255 also hold the magnitudes outside the window."""
-    top = (ukey >> 21) & 0x7FF  # [*] sign flipped | 8-bit exponent | 2 mantissa bits (negatives: inverted)
-    nonneg = top >= 1024
-    mag = tl.where(nonneg, top & 0x3FF, 1023 - (top & 0x3FF))  # exponent * 4 + mantissa bits of |value|
-    c = tl.minimum(tl.maximum(mag - LO, 0), 127)
-    return tl.where(nonneg, 128 + c, 127 - c)
+def _coarse_digit(ukey, CB: tl.constexpr):
+    """``CB``-bit digit of sign-flipped order keys ``ukey`` (int32 bits, unsigned order), non-decreasing in the key,
+    read like an fp16 value's top bits: the sign, a window of 32 exponents starting at :data:`COARSE_EXP_LO`, and
+    ``CB - 6`` mantissa bits (truncated). Unsaturated digits are exactly the key's top ``CB + 3`` bits (sign, 8-bit
+    exponent, mantissa bits); the window's four edge digits (:func:`_coarse_exact`) also hold the magnitudes outside
+    it."""
+    MB: tl.constexpr = CB + 2  # magnitude bits of the prefix: 8 exponent + CB - 6 mantissa
+    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
+    LO: tl.constexpr = _EXP_LO << (CB - 6)  # the window's lowest magnitude code
+    top = (ukey >> (32 - CB - 3)) & ((2 << MB) - 1)  # [*] sign flipped | exponent | mantissa bits
+    nonneg = top >= (1 << MB)
+    low_bits = top & ((1 << MB) - 1)
+    mag = tl.where(nonneg, low_bits, ((1 << MB) - 1) - low_bits)  # the |value|'s code (negatives: inverted)
+    c = tl.minimum(tl.maximum(mag - LO, 0), HALF - 1)
+    return tl.where(nonneg, HALF + c, HALF - 1 - c)
 
 
 @triton.jit
-def _coarse_prefix(d, LO: tl.constexpr):
-    """The sign-flipped order-key bits [21, 32) that every key of the unsaturated coarse digit ``d`` shares, in
-    place (the lower bits zero)."""
-    c = tl.where(d >= 128, d - 128, 127 - d)
-    mag = LO + c
-    top = tl.where(d >= 128, 1024 | mag, 1023 - mag)
-    return top << 21
+def _coarse_prefix(d, CB: tl.constexpr):
+    """The sign-flipped order-key bits [29 - CB, 32) that every key of the unsaturated coarse digit ``d`` shares,
+    in place (the lower bits zero)."""
+    MB: tl.constexpr = CB + 2
+    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
+    LO: tl.constexpr = _EXP_LO << (CB - 6)
+    mag = LO + tl.where(d >= HALF, d - HALF, HALF - 1 - d)
+    top = tl.where(d >= HALF, (1 << MB) | mag, ((1 << MB) - 1) - mag)
+    return top << (32 - CB - 3)
 
 
 @triton.jit
-def _coarse_exact(d):
-    """Whether coarse digit ``d`` is unsaturated (one 11-bit key prefix)."""
-    return (d != 0) & (d != 127) & (d != 128) & (d != 255)
+def _coarse_exact(d, CB: tl.constexpr):
+    """Whether coarse digit ``d`` is unsaturated (one key prefix of ``CB + 3`` bits)."""
+    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
+    return (d != 0) & (d != HALF - 1) & (d != HALF) & (d != 2 * HALF - 1)
 
 
 @triton.jit
-def _refine_below(ukey, cand, prefix, k_rem, in_bin, BITS: tl.constexpr, BIG: tl.constexpr):
+def _refine_below(ukey, cand, prefix, k_rem, in_bin, TOP: tl.constexpr, BITS: tl.constexpr, BIG: tl.constexpr):
     """Radix search among the sign-flipped keys ``ukey`` selected by ``cand`` -- ``in_bin`` keys that all share
-    ``prefix``'s bits [21, 32) -- for the ``k_rem``-th largest, over the 21 bits below (``BITS``-bit digits, early
-    stop as in :func:`_radix_threshold`): returns ``(prefix, low, k_rem)`` in the same form as that search."""
+    ``prefix``'s bits [TOP, 32) -- for the ``k_rem``-th largest, over the ``TOP`` bits below (``BITS``-bit digits,
+    early stop as in :func:`_radix_threshold`): returns ``(prefix, low, k_rem)`` in the same form as that search."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    low = k_rem * 0 + 21
+    low = k_rem * 0 + TOP
     more = (in_bin != k_rem).to(tl.int32)  # the whole bin wins: its prefix is the threshold
-    for p in tl.static_range((21 + BITS - 1) // BITS):
-        top = 21 - BITS * p
+    for p in tl.static_range((TOP + BITS - 1) // BITS):
+        top = TOP - BITS * p
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
         if more != 0:
             m = cand & ((ukey >> top) == (prefix >> top))
@@ -400,20 +412,21 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 @triton.jit
 def _select_keys_coarse(
-    key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr, LO: tl.constexpr
+    key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr, CB: tl.constexpr
 ):
-    """Same contract as :func:`_select_keys`, by the coarse digit (:func:`_coarse_digit`, window ``LO``): one
-    256-bin histogram of the tile picks the threshold's bin, whose keys alone are searched for the exact threshold
+    """Same contract as :func:`_select_keys`, by a ``CB``-bit coarse digit (:func:`_coarse_digit`): one histogram of
+    the tile picks the threshold's bin, whose keys alone are searched for the exact threshold
     (:func:`_refine_below`); keys in higher bins all win. A saturated threshold bin takes :func:`_select_keys`."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
     SIGN: tl.constexpr = -2147483647 - 1
     ukey = key ^ SIGN  # [ROW] unsigned order as int32 bits
-    digit = _coarse_digit(ukey, LO)  # [ROW]
-    hist = tl.histogram(digit, 256, mask=valid)  # [256]
+    digit = _coarse_digit(ukey, CB)  # [ROW]
+    hist = tl.histogram(digit, 1 << CB, mask=valid)  # [2 ** CB]
     d, above, in_bin = _pick_bin(hist, zero + K, ROW + 1)
-    if _coarse_exact(d):
+    if _coarse_exact(d, CB):
         inb = valid & (digit == d)
-        prefix, low, k_rem = _refine_below(ukey, inb, _coarse_prefix(d, LO), K - above, in_bin, BITS, ROW + 1)
+        prefix, low, k_rem = _refine_below(ukey, inb, _coarse_prefix(d, CB), K - above, in_bin, 29 - CB, BITS,
+                                           ROW + 1)  # fmt: skip
         hk = key >> low
         thr = (prefix ^ SIGN) >> low
         gt = (valid & (digit > d)) | (inb & (hk > thr))
@@ -435,7 +448,7 @@ def _select_in_registers(
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers (``COARSE > 0``: the coarse digit first, window ``COARSE``, :func:`_select_keys_coarse`)."""
+    held in registers (``COARSE > 0``: a ``COARSE``-bit coarse digit first, :func:`_select_keys_coarse`)."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
@@ -556,33 +569,33 @@ def _select_streaming_coarse(
     CANDS: tl.constexpr,
     FROM_L2: tl.constexpr,
     BITS: tl.constexpr,
-    LO: tl.constexpr,
+    CB: tl.constexpr,
 ):
     """Same contract as :func:`_select_streaming` in three streaming passes, or returns 0 (nothing written) when the
     threshold's coarse bin is saturated or holds more than ``CANDS`` keys; 1 when done.
 
-    Pass 1: the 256-bin histogram of the coarse digit (:func:`_coarse_digit`, window ``LO``) picks the threshold's
-    bin ``d``. Pass 2 lists the bin's positions (position order) at ``cand_ptr[0:CANDS]``; their keys, gathered into
-    one tile, give the exact threshold (:func:`_refine_below`). Pass 3 writes every key of a higher bin and the bin's
+    Pass 1: the histogram of the ``CB``-bit coarse digit (:func:`_coarse_digit`) picks the threshold's bin ``d``.
+    Pass 2 lists the bin's positions (position order) at ``cand_ptr[0:CANDS]``; their keys, gathered into one tile,
+    give the exact threshold (:func:`_refine_below`). Pass 3 writes every key of a higher bin and the bin's
     keys above the threshold, and the first of those at it, at their position-order slots."""
     SIGN: tl.constexpr = -2147483647 - 1
     zero = length * 0
     o_b = tl.arange(0, BLOCK)
-    hist = tl.zeros([256], dtype=tl.int32)
+    hist = tl.zeros([1 << CB], dtype=tl.int32)
     for start in range(0, length, BLOCK):
         offs = start + o_b
         m = offs < length
         ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
-        hist += tl.histogram(_coarse_digit(ukey, LO), 256, mask=m)
+        hist += tl.histogram(_coarse_digit(ukey, CB), 1 << CB, mask=m)
     d, above, in_bin = _pick_bin(hist, zero + K, 2147483647)
-    done = (_coarse_exact(d) & (in_bin <= CANDS)).to(tl.int32)
+    done = (_coarse_exact(d, CB) & (in_bin <= CANDS)).to(tl.int32)
     if done != 0:
         n = zero
         for start in range(0, length, BLOCK):
             offs = start + o_b
             m = offs < length
             ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
-            c = (m & (_coarse_digit(ukey, LO) == d)).to(tl.int32)
+            c = (m & (_coarse_digit(ukey, CB) == d)).to(tl.int32)
             tl.store(cand_ptr + n + tl.cumsum(c, axis=0) - c, offs, mask=c != 0)
             n += tl.sum(c, axis=0)
         tl.debug_barrier()
@@ -590,8 +603,8 @@ def _select_streaming_coarse(
         ok = o_c < in_bin
         pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS] the bin's, position order
         ckey = _order_key(_load_row(src_ptr + pos, ok, FROM_L2))  # [CANDS]
-        prefix, low, k_rem = _refine_below(ckey ^ SIGN, ok, _coarse_prefix(d, LO), K - above, in_bin, BITS,
-                                           CANDS + 1)  # fmt: skip
+        prefix, low, k_rem = _refine_below(ckey ^ SIGN, ok, _coarse_prefix(d, CB), K - above, in_bin, 29 - CB,
+                                           BITS, CANDS + 1)  # fmt: skip
         thr = (prefix ^ SIGN) >> low
         n_sel = zero
         n_eq = zero
@@ -599,7 +612,7 @@ def _select_streaming_coarse(
             offs = start + o_b
             m = offs < length
             key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
-            digit = _coarse_digit(key ^ SIGN, LO)
+            digit = _coarse_digit(key ^ SIGN, CB)
             hk = key >> low
             inb = m & (digit == d)
             gt = ((m & (digit > d)) | (inb & (hk > thr))).to(tl.int32)
@@ -685,7 +698,7 @@ def _topk_row(
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
     (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches. ``COARSE > 0`` (the coarse digit's window): register
+    overflow it; ``BITS``: the digits of the register searches. ``COARSE > 0`` (the coarse digit's width): register
     rows take :func:`_select_keys_coarse` and streamed rows :func:`_select_streaming_coarse` first (``cand_ptr``
     [COARSE_CANDS] scratch, ``COARSE_BLOCK`` keys per step), then the filter or the radix passes if it gives up.
     ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's scratch, so it is always written);
@@ -1203,7 +1216,7 @@ def indexer_topk_fwd(
     split_row: int | None = None,
     bits: int | None = None,
     stream_bits: int | None = None,
-    coarse: bool | None = None,
+    coarse_bits: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1216,8 +1229,8 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`), ``coarse`` the coarse first digit of rows a program selects alone (:data:`TOPK_COARSE`);
-    tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`), ``coarse_bits`` the coarse first digit of rows a program selects alone
+    (:data:`TOPK_COARSE_BITS`; 0: none); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1264,7 +1277,9 @@ def indexer_topk_fwd(
     region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
-    use_coarse = TOPK_COARSE if coarse is None else coarse
+    use_coarse = TOPK_COARSE_BITS if coarse_bits is None else coarse_bits
+    if use_coarse and use_coarse not in COARSE_BITS_CHOICES:
+        raise ValueError(f"coarse_bits must be 0 or one of {COARSE_BITS_CHOICES}, got {use_coarse}")
     if use_coarse:
         cand_cols = max(cand_cols, COARSE_CANDS[k])
     need_cand = groups or use_coarse
@@ -1305,7 +1320,7 @@ def indexer_topk_fwd(
         SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
-        COARSE=COARSE_EXP_LO * 4 if use_coarse else 0,
+        COARSE=use_coarse,
         COARSE_CANDS=COARSE_CANDS[k],
         COARSE_BLOCK=COARSE_BLOCK_PER_WARP * TOPK_WARPS,
         num_warps=TOPK_WARPS,
@@ -1315,6 +1330,7 @@ def indexer_topk_fwd(
 
 
 __all__ = [
+    "COARSE_BITS_CHOICES",
     "COARSE_CANDS",
     "COARSE_EXP_LO",
     "FILTER_TILES",
@@ -1323,7 +1339,7 @@ __all__ = [
     "SPLIT_REG_TILE",
     "STREAM_BITS",
     "TOPK_MAXNREG",
-    "TOPK_COARSE",
+    "TOPK_COARSE_BITS",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
