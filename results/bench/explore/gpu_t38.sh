@@ -38,8 +38,10 @@ DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # `coarse1`: the coarse fp16-like first digit (topk.TOPK_COARSE) and one program per row at B >= 64 (3.8 cubins, native)
 # (its first run, topk_coarse1_ab-native-h200.json: default,coarse,one_w8,coarse1_w8,coarse1_w16,coarse1_w32,
 # coarse1_w16_t16k,coarse1_w32_t16k at 64x4096,64x16384,64x65536,128x16384)
-COARSE_VARIANTS=default,one_w16_t16k,coarse1_w16_t16k,c10_w16_t16k,c12_w16_t16k,c10_w32_t16k,c12_w32_t16k
-COARSE_SHAPES=64x4096,64x16384,128x16384,32x16384
+# (the second, topk_coarse1_ab2-native-h200.json: default,one_w16_t16k,coarse1_w16_t16k,c10_w16_t16k,c12_w16_t16k,
+# c10_w32_t16k,c12_w32_t16k at 64x4096,64x16384,128x16384,32x16384)
+COARSE_VARIANTS=default,one_w16_t16k,one_w32_t16k,one_w16_t16k_b11,s4_r16k_w16,s4_r16k_w16_r64,s4_st16k_w16,s8_r8k_w16
+COARSE_SHAPES=64x4096,64x16384,64x65536,32x65536,8x16384,128x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096

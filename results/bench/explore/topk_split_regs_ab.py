@@ -114,6 +114,19 @@ VARIANTS = {
     "c12_w16_t16k": (new, dict(splits=1, coarse_bits=12, _warps=16, row_tiles=(4096, 16384))),
     "c10_w32_t16k": (new, dict(splits=1, coarse_bits=10, _warps=32, row_tiles=(4096, 16384))),
     "c12_w32_t16k": (new, dict(splits=1, coarse_bits=12, _warps=32, row_tiles=(4096, 16384))),
+    # the coarse digit lost to the plain 8-bit radix in one program (topk_coarse1_ab2-native-h200.json); what won is
+    # one 16-warp program per row with a 16k register tile. Next: 32 warps, 11-bit digits, and 64k rows split into
+    # four 16k spans held in registers (or streamed) by 16-warp participants, or eight 8k spans
+    "one_w32_t16k": (new, dict(splits=1, _warps=32, row_tiles=(4096, 16384))),
+    "one_w16_t16k_b11": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384), bits=11)),
+    "s4_r16k_w16": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                              _warps=16)),  # fmt: skip
+    "s4_r16k_w16_r64": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                  _warps=16, _maxnreg=64)),  # fmt: skip
+    "s4_st16k_w16": (new, dict(splits=4, span=16384, reg_span=0, split_row=16384, row_tiles=(4096, 16384),
+                               _warps=16)),  # fmt: skip
+    "s8_r8k_w16": (new, dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384),
+                             _warps=16)),  # fmt: skip
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
 }
