@@ -40,8 +40,10 @@ DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # coarse1_w16_t16k,coarse1_w32_t16k at 64x4096,64x16384,64x65536,128x16384)
 # (the second, topk_coarse1_ab2-native-h200.json: default,one_w16_t16k,coarse1_w16_t16k,c10_w16_t16k,c12_w16_t16k,
 # c10_w32_t16k,c12_w32_t16k at 64x4096,64x16384,128x16384,32x16384)
-COARSE_VARIANTS=default,one_w16_t16k,one_w32_t16k,one_w16_t16k_b11,s4_r16k_w16,s4_r16k_w16_r64,s4_st16k_w16,s8_r8k_w16
-COARSE_SHAPES=64x4096,64x16384,64x65536,32x65536,8x16384,128x16384
+# (the third, topk_coarse1_ab3-native-h200.json: default,one_w16_t16k,one_w32_t16k,one_w16_t16k_b11,s4_r16k_w16,
+# s4_r16k_w16_r64,s4_st16k_w16,s8_r8k_w16 at 64x4096,64x16384,64x65536,32x65536,8x16384,128x16384)
+COARSE_VARIANTS=default,one_w16_t16k,coarse1_w16_t16k,s4_r16k_w16,s4_r16k_w16_f,s4_r16k_w16_rb11,s4_r16k_w16_c8,s2_r32k_w32
+COARSE_SHAPES=64x16384,64x65536,32x65536,128x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096

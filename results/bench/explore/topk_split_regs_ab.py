@@ -127,6 +127,16 @@ VARIANTS = {
                                _warps=16)),  # fmt: skip
     "s8_r8k_w16": (new, dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384),
                              _warps=16)),  # fmt: skip
+    # fourth round: the 16k spans with the filter (k = 512's 64k lead), 11-bit span digits (three merged passes, not
+    # four), the coarse digit for the solo rows, two 32k register spans per 64k row at 32 warps
+    "s4_r16k_w16_f": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                _warps=16, _filter=True)),  # fmt: skip
+    "s4_r16k_w16_rb11": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                   _warps=16, reg_bits=11)),  # fmt: skip
+    "s4_r16k_w16_c8": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                 _warps=16, coarse_bits=8)),  # fmt: skip
+    "s2_r32k_w32": (new, dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384),
+                              _warps=32)),  # fmt: skip
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
 }

@@ -418,17 +418,18 @@ def _select_keys_coarse(
     the tile picks the threshold's bin, whose keys alone are searched for the exact threshold
     (:func:`_refine_below`); keys in higher bins all win. A saturated threshold bin takes :func:`_select_keys`."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
+    # the digit and the flipped keys are recomputed where used rather than held: a 16k tile keeps only ``key`` live
     SIGN: tl.constexpr = -2147483647 - 1
-    ukey = key ^ SIGN  # [ROW] unsigned order as int32 bits
-    digit = _coarse_digit(ukey, CB)  # [ROW]
-    hist = tl.histogram(digit, 1 << CB, mask=valid)  # [2 ** CB]
+    hist = tl.histogram(_coarse_digit(key ^ SIGN, CB), 1 << CB, mask=valid)  # [2 ** CB]
     d, above, in_bin = _pick_bin(hist, zero + K, ROW + 1)
     if _coarse_exact(d, CB):
-        inb = valid & (digit == d)
-        prefix, low, k_rem = _refine_below(ukey, inb, _coarse_prefix(d, CB), K - above, in_bin, 29 - CB, BITS,
+        prefix, low, k_rem = _refine_below(key ^ SIGN, valid & (_coarse_digit(key ^ SIGN, CB) == d),
+                                           _coarse_prefix(d, CB), K - above, in_bin, 29 - CB, BITS,
                                            ROW + 1)  # fmt: skip
         hk = key >> low
         thr = (prefix ^ SIGN) >> low
+        digit = _coarse_digit(key ^ SIGN, CB)  # [ROW]
+        inb = valid & (digit == d)
         gt = (valid & (digit > d)) | (inb & (hk > thr))
         _write_taken(gt, inb & (hk == thr), payload, k_rem, zero, zero, idx_out_ptr)
     else:
