@@ -275,124 +275,6 @@ def test_topk_digit_widths_on_hard_rows(tri, width):
     assert torch.equal(out, ref)
 
 
-def _coarse_digit_py(x: torch.Tensor, cb: int) -> torch.Tensor:
-    """The coarse digit of fp32 ``x`` written out in torch (int64 arithmetic), to say which rows take which path."""
-    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    bits = torch.where(bits == 0x80000000, 0, bits)  # -0.0 -> +0.0
-    ukey = torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)  # unsigned order
-    mb, half = cb + 2, 1 << (cb - 1)
-    top = ukey >> (29 - cb)
-    low = top & ((1 << mb) - 1)
-    nonneg = top >= (1 << mb)
-    mag = torch.where(nonneg, low, (1 << mb) - 1 - low)
-    c = (mag - (topk.COARSE_EXP_LO << (cb - 6))).clamp(0, half - 1)
-    return torch.where(nonneg, half + c, half - 1 - c)
-
-
-def _coarse_rows(cols: int, k: int, seed: int) -> tuple[torch.Tensor, list[str]]:
-    """Rows for the coarse digit's paths: in-window rows of every sign mix (the digit settles them), a threshold bin
-    that wins whole (k copies of one value above the rest), ties spanning the bin, a threshold above and below the
-    exponent window (saturated bins: the radix passes), one value everywhere (more keys in the bin than a streamed
-    row's candidate tile) and the hard rows of the radix search."""
-    g = torch.Generator().manual_seed(seed)
-    kinds = ["randn", "negative", "mixed", "whole-bin", "ties", "huge", "tiny", "all-equal"]
-    rows = []
-    for kind in kinds:
-        x = torch.randn(cols, generator=g)
-        if kind == "negative":
-            x = -x.abs() - 0.5
-        elif kind == "mixed":
-            x = x * torch.exp2(torch.randint(-12, 12, (cols,), generator=g).float())
-        elif kind == "whole-bin":
-            x = x - 10.0
-            x[torch.randperm(cols, generator=g)[:k]] = 3.0
-        elif kind == "ties":
-            x = torch.round(x * 8) / 8
-        elif kind == "huge":
-            x = x.abs() * 2.0**20 + 2.0**19
-        elif kind == "tiny":
-            x = x * 2.0**-20
-        elif kind == "all-equal":
-            x = torch.full((cols,), 0.75)
-        rows.append(x)
-    hard = _hard_rows([cols] * 6, cols, k, seed)
-    return torch.cat([torch.stack(rows), hard]), kinds + [f"hard{i}" for i in range(6)]
-
-
-def test_coarse_digit_orders_keys_and_names_their_prefix(tri):
-    """The coarse digit never decreases with the value; an unsaturated digit is exactly the key's top CB + 3 bits
-    (``_coarse_prefix`` gives them back), the four edge digits hold everything outside the exponent window."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def digits_kernel(x_ptr, d_ptr, p_ptr, e_ptr, u_ptr, N: tl.constexpr, CB: tl.constexpr):
-        o = tl.arange(0, N)
-        ukey = topk._order_key(tl.load(x_ptr + o)) ^ (-2147483647 - 1)
-        d = topk._coarse_digit(ukey, CB)
-        tl.store(d_ptr + o, d)
-        tl.store(p_ptr + o, topk._coarse_prefix(d, CB))
-        tl.store(e_ptr + o, topk._coarse_exact(d, CB).to(tl.int32))
-        tl.store(u_ptr + o, ukey)
-
-    mags = torch.cat([torch.exp2(torch.arange(-40, 40, 0.37)), torch.tensor([0.0, 1e-38, 3e38, float("inf")])])
-    x = torch.cat([-mags, mags, torch.tensor([-0.0])]).float()
-    x = torch.cat([x, torch.zeros(512 - x.numel())]).sort().values  # N = 512, ascending
-    for cb in topk.COARSE_BITS_CHOICES:
-        d, pre, exact, ukey = (torch.empty(512, dtype=torch.int32) for _ in range(4))
-        digits_kernel[(1,)](x, d, pre, exact, ukey, N=512, CB=cb)
-        assert torch.equal(d.long(), _coarse_digit_py(x, cb)), cb
-        assert bool((d[1:] >= d[:-1]).all()), cb
-        half = 1 << (cb - 1)
-        edges = torch.tensor([0, half - 1, half, 2 * half - 1])
-        assert torch.equal(exact.bool(), ~torch.isin(d, edges)), cb
-        ok = exact.bool()
-        shift = 29 - cb
-        assert torch.equal((ukey[ok] >> shift), (pre[ok] >> shift)) and bool((pre[ok] & ((1 << shift) - 1) == 0).all())
-        window = (x.abs() >= 2.0**-14) & (x.abs() < 2.0**16)  # well inside 2**-15 .. 2**17
-        assert bool(ok[window].all()) and not bool(ok[x.abs() >= 2.0**18].any()), cb
-
-
-@pytest.mark.parametrize("cb", [8, 12], ids=lambda b: f"coarse{b}")
-@pytest.mark.parametrize("where", ["registers", "streaming"])
-def test_topk_coarse_digit_paths(tri, where, cb):
-    """Rows selected by the coarse digit equal the reference in both orders (the -7 poison gone); the rows cover the
-    digit's own path and both fallbacks (a saturated threshold bin; a streamed bin over its candidate tile)."""
-    k = 512
-    cols = 3000 if where == "registers" else 2 * topk.COARSE_CANDS[k] + 500
-    logits, kinds = _coarse_rows(cols, k, seed=cb)
-    lengths = torch.full((logits.shape[0],), cols, dtype=torch.int32)
-    lengths[-1] = k + 1  # one row just over k
-    tiles = (4096, 4096) if where == "registers" else (1024, 1024)
-    ref = indexer_topk_reference(logits, lengths, k)
-    for srt in (False, True) if (where, cb) == ("registers", 8) else (False,):  # the sort is the same code after
-        out = torch.full((len(kinds), k), -7, dtype=torch.int32)
-        topk.indexer_topk_fwd(logits, lengths, k, out=out, row_tiles=tiles, coarse_bits=cb, sorted=srt)
-        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
-        bad = [kinds[i] for i in range(len(kinds)) if not torch.equal(out[i], expect[i])]
-        assert not bad, f"sorted={srt}: {bad}"
-    # which path each row took, from the digit written out in torch
-    half = 1 << (cb - 1)
-    took = {}
-    for i, kind in enumerate(kinds):
-        row = logits[i, : lengths[i]]
-        digit = _coarse_digit_py(row, cb)
-        d = int(digit[torch.sort(row, descending=True, stable=True).indices[k - 1]])
-        saturated = d in (0, half - 1, half, 2 * half - 1)
-        over = where == "streaming" and int((digit == d).sum()) > topk.COARSE_CANDS[k]
-        took[kind] = "saturated" if saturated else "over" if over else "coarse"
-    assert took["randn"] == took["negative"] == took["mixed"] == took["whole-bin"] == "coarse"
-    assert took["huge"] == took["tiny"] == "saturated"
-    if where == "streaming":
-        assert took["all-equal"] == "over"
-
-
-def test_coarse_bits_are_checked(tri):
-    logits = torch.randn(2, 600)
-    with pytest.raises(ValueError, match="coarse_bits"):
-        topk.indexer_topk_fwd(logits, torch.tensor([600, 600]), 512, coarse_bits=9)
-
-
 @pytest.mark.parametrize(
     ("k", "tiles", "filt"),
     [(512, (1024, 1024), (1024, 1024)), (1024, (2048, 2048), (2048, 2048))],
@@ -480,6 +362,43 @@ def test_logits_config_per_code_path(arch):
             assert cfg.num_splits == min(256, -(-info.num_sms * 8 // batch))
     assert triton_mod.choose_logits_config(dev.target("sm_89"), 64, 1, 64).num_splits == 8  # 142 SMs
     assert triton_mod.choose_logits_config(dev.INTERPRETER, 64, 1, 64).swap_ab is False
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90", "sm_120"])
+def test_wide_launch_where_measured_faster(arch):
+    """The wide launch (16-warp programs, 16k register tiles and spans) takes >= WIDE_MIN_ROWS rows of at most
+    WIDE_MAX_COLS for k = 512 and 2048; fewer rows, longer ones, k = 1024, the interpreter and explicit knobs keep the
+    8-warp launch, whose choices are unchanged."""
+    info = dev.TARGETS[arch]
+    for k in (512, 2048):
+        one = topk.choose_topk_launch(64, 16384, k, info)
+        assert one == topk.TopkLaunch(1, 16384, 16384, 16384, (4096, 16384), topk.WIDE_WARPS, True)
+        assert topk.choose_topk_launch(topk.WIDE_MIN_ROWS, 65536, k, info).splits == 4
+        assert topk.choose_topk_launch(256, 40000, k, info).splits == 4  # 40000 / 16384 -> 3, a power of two: 4
+        for rows, cols in ((topk.WIDE_MIN_ROWS - 1, 65536), (64, topk.WIDE_MAX_COLS + 1)):
+            narrow = topk.choose_topk_launch(rows, cols, k, info)
+            splits = topk.topk_splits(rows, cols, info)
+            span = topk.topk_span(rows, splits, info)
+            assert narrow == topk.TopkLaunch(splits, span, topk._reg_tile(k, span), topk.SPLIT_SPAN,
+                                             topk._topk_row_tiles(rows, info.num_sms), topk.TOPK_WARPS)  # fmt: skip
+        assert not topk.choose_topk_launch(64, 16384, k, info, wide=False).wide
+    assert not topk.choose_topk_launch(64, 16384, 1024, info).wide
+    assert not topk.choose_topk_launch(64, 16384, 512, dev.INTERPRETER).wide
+    assert not topk.topk_wide(64, 16384, 512, dataclasses.replace(info, num_sms=2))  # a row's spans co-resident
+    assert topk._filter_choice(512, 512, 4, 16384, True, True, info, None, launch_wide=True) == (0, 1, 0)
+
+
+def test_topk_wide_launch_on_the_interpreter(tri):
+    """The wide launch forced under the interpreter (rows of up to 16k, one program each: its 16k register tile next
+    to the 4k one) equals the reference on the rows built to break the search, in both orders."""
+    k = 512
+    lengths = [0, 1, k - 1, k, k + 1, 3000, 4096, 4097, 9000, 16384]
+    logits = _hard_rows(lengths, 16384, k, seed=5)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    ref = indexer_topk_reference(logits, lens, k)
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32)
+    topk.indexer_topk_fwd(logits, lens, k, out=out, wide=True, sorted=False)
+    assert torch.equal(out, torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1))
 
 
 def test_filter_tiles_are_checked():

@@ -281,6 +281,47 @@ def test_topk_split_many_rows_and_graph_replay():
         assert torch.equal(few_out.cpu(), _by_position(indexer_topk_reference(few.cpu(), few_lens.cpu(), k)))
 
 
+@pytest.mark.parametrize("sort", [True, False], ids=["by-value", "by-position"])
+@pytest.mark.parametrize("cols", [16384, 65536], ids=["one-program", "16k-spans"])
+@pytest.mark.parametrize("k", [512, 2048])
+def test_topk_wide_launch(k, cols, sort):
+    """The wide launch the launcher takes at >= WIDE_MIN_ROWS rows: 16-warp programs, rows of up to 16k in one
+    register tile, longer ones in 16k register spans. Lengths around k and the span edges, heavy ties, all-equal and
+    -inf rows; exact against the reference, the workspace left at zero, and a captured graph replayed with new
+    lengths equal to eager calls."""
+    info = topk.dev.device_info(torch.device(DEV))
+    rows = topk.WIDE_MIN_ROWS + 3
+    launch = topk.choose_topk_launch(rows, cols, k, info)
+    assert launch.wide and launch.splits == cols // topk.WIDE_SPAN
+    lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, cols]
+    lengths = torch.tensor([min(n, cols) for n in lengths] * 3, dtype=torch.int32)[:rows]
+    logits = _tied_rows(rows, cols, seed=k + cols)
+    logits[-2] = 0.25  # all equal: the first k positions win
+    logits[-1] = float("-inf")
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    dl, dn = logits.to(DEV), lengths.to(DEV)
+    topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
+    ref = indexer_topk_reference(logits, lengths, k)
+    assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
+    ws = topk._SPLIT_WS.bufs.get(torch.device(DEV, torch.cuda.current_device()))
+    assert ws is None or int(ws.abs().sum()) == 0
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
+    new = torch.randint(0, cols + 1, (rows,), generator=torch.Generator().manual_seed(cols), dtype=torch.int32)
+    dn.copy_(new)
+    out.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = indexer_topk_reference(logits, new, k)
+    assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
+
+
 def test_sglang_topk_transform_contract():
     """sglang's topk_transform_paged contract: page-table slots (-1 padded) and raw positions; v2 raw mode."""
     g = torch.Generator().manual_seed(5)

@@ -35,15 +35,11 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 # B = 128 H = 64 (83.5 / 102.1 us); this one asks the same of the large and prefill-sized rows before the choice moves.
 DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
 DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
-# `coarse1`: the coarse fp16-like first digit (topk.TOPK_COARSE) and one program per row at B >= 64 (3.8 cubins, native)
-# (its first run, topk_coarse1_ab-native-h200.json: default,coarse,one_w8,coarse1_w8,coarse1_w16,coarse1_w32,
-# coarse1_w16_t16k,coarse1_w32_t16k at 64x4096,64x16384,64x65536,128x16384)
-# (the second, topk_coarse1_ab2-native-h200.json: default,one_w16_t16k,coarse1_w16_t16k,c10_w16_t16k,c12_w16_t16k,
-# c10_w32_t16k,c12_w32_t16k at 64x4096,64x16384,128x16384,32x16384)
-# (the third, topk_coarse1_ab3-native-h200.json: default,one_w16_t16k,one_w32_t16k,one_w16_t16k_b11,s4_r16k_w16,
-# s4_r16k_w16_r64,s4_st16k_w16,s8_r8k_w16 at 64x4096,64x16384,64x65536,32x65536,8x16384,128x16384)
-COARSE_VARIANTS=default,one_w16_t16k,coarse1_w16_t16k,s4_r16k_w16,s4_r16k_w16_f,s4_r16k_w16_rb11,s4_r16k_w16_c8,s2_r32k_w32
-COARSE_SHAPES=64x16384,64x65536,32x65536,128x16384
+# `wide`: the launcher's wide launch (topk.TopkLaunch, default since the twenty-first session) against the 8-warp
+# launch before it, forced (wide=False). The rounds that chose it (`coarse1` at 464c4ec..650bc78, the coarse-digit
+# and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
+WIDE_VARIANTS=default,narrow
+WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -106,17 +102,17 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
-build-coarse1)  # the cubins of `coarse1` (~48 launches)
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/coarse1 \
-        --ks 512,2048 --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES"
+build-wide)  # the cubins of `wide`
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/wide \
+        --ks 512,2048 --variants "$WIDE_VARIANTS" --shapes "$WIDE_SHAPES"
     ;;
-coarse1)  # the coarse-digit A/B from 3.8 cubins (every output checked against torch.topk)
+wide)  # the wide launch's A/B from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 400 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/coarse1 --ks 512,2048 \
-        --variants "$COARSE_VARIANTS" --shapes "$COARSE_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_coarse1_ab-native-h200-${TAG:-2}.json" | cut -c1-200
+    timeout 300 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/wide --ks 512,2048 \
+        --variants "$WIDE_VARIANTS" --shapes "$WIDE_SHAPES" --code "$SHA" \
+        --out "$OUT/topk_wide_ab-native-h200.json" | cut -c1-200
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

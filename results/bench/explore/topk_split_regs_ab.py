@@ -98,25 +98,12 @@ VARIANTS = {
     "wide11_splits2": (new, dict(bits=11, reg_bits=11, stream_bits=11, splits=2)),
     # (the coarse-digit variants coarse12 ... coarse12_both ran at bec8b17: topk_coarse_ab-native-h200.json; the
     # selection lost everywhere and was removed, see docs/performance.md)
-    # the coarse fp16-like first digit (topk.TOPK_COARSE_BITS; twenty-first session): in the launcher's split launches
-    # (only rows a program selects alone take it), and one program per row (splits=1: sglang v2's shape at B = 64, no
-    # barriers) at 8, 16 and 32 warps, with the 4096 register tile or a 16384 one for 16k rows; 8-, 10- and 12-bit
-    # digits (more bins: fewer keys in the threshold bin and fewer same-address atomics per warp)
-    "coarse": (new, dict(coarse_bits=8)),
+    # (the coarse fp16-like first digit -- coarse, coarse1_w8/16/32, coarse1_w16/32_t16k, c10_/c12_w16/32_t16k,
+    # s4_r16k_w16_c8 -- ran at 464c4ec..650bc78: topk_coarse1_ab*-native-h200.json; it lost to the plain radix
+    # everywhere and was removed.) One program per row at 16 / 32 warps with a 16k register tile (splits=1), and
+    # 64k rows in 16k / 8k spans held in registers (or streamed) by 16-warp participants: the wide launch's candidates
     "one_w8": (new, dict(splits=1)),
-    "coarse1_w8": (new, dict(splits=1, coarse_bits=8)),
-    "coarse1_w16": (new, dict(splits=1, coarse_bits=8, _warps=16)),
-    "coarse1_w32": (new, dict(splits=1, coarse_bits=8, _warps=32)),
-    "coarse1_w16_t16k": (new, dict(splits=1, coarse_bits=8, _warps=16, row_tiles=(4096, 16384))),
-    "coarse1_w32_t16k": (new, dict(splits=1, coarse_bits=8, _warps=32, row_tiles=(4096, 16384))),
     "one_w16_t16k": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384))),
-    "c10_w16_t16k": (new, dict(splits=1, coarse_bits=10, _warps=16, row_tiles=(4096, 16384))),
-    "c12_w16_t16k": (new, dict(splits=1, coarse_bits=12, _warps=16, row_tiles=(4096, 16384))),
-    "c10_w32_t16k": (new, dict(splits=1, coarse_bits=10, _warps=32, row_tiles=(4096, 16384))),
-    "c12_w32_t16k": (new, dict(splits=1, coarse_bits=12, _warps=32, row_tiles=(4096, 16384))),
-    # the coarse digit lost to the plain 8-bit radix in one program (topk_coarse1_ab2-native-h200.json); what won is
-    # one 16-warp program per row with a 16k register tile. Next: 32 warps, 11-bit digits, and 64k rows split into
-    # four 16k spans held in registers (or streamed) by 16-warp participants, or eight 8k spans
     "one_w32_t16k": (new, dict(splits=1, _warps=32, row_tiles=(4096, 16384))),
     "one_w16_t16k_b11": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384), bits=11)),
     "s4_r16k_w16": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
@@ -127,22 +114,21 @@ VARIANTS = {
                                _warps=16)),  # fmt: skip
     "s8_r8k_w16": (new, dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384),
                              _warps=16)),  # fmt: skip
-    # fourth round: the 16k spans with the filter (k = 512's 64k lead), 11-bit span digits (three merged passes, not
-    # four), the coarse digit for the solo rows, two 32k register spans per 64k row at 32 warps
     "s4_r16k_w16_f": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
                                 _warps=16, _filter=True)),  # fmt: skip
     "s4_r16k_w16_rb11": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
                                    _warps=16, reg_bits=11)),  # fmt: skip
-    "s4_r16k_w16_c8": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
-                                 _warps=16, coarse_bits=8)),  # fmt: skip
     "s2_r32k_w32": (new, dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384),
                               _warps=32)),  # fmt: skip
+    # the launch before the wide shape (twenty-first session), forced
+    "narrow": (new, dict(wide=False)),
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
 }
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}
+WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in (old, new)}
 
 
 def fused(name: str) -> bool:
@@ -168,12 +154,16 @@ def variant(name: str, k: int) -> tuple:
     if kw.pop("_filter", False):
         kw["filter_tiles"] = new.FILTER_TILES[k]
     mod.TOPK_WARPS = kw.pop("_warps", WARPS[mod])  # read at every launch, graph capture included
+    if hasattr(mod, "WIDE_WARPS"):  # a wide launch's (twenty-first session) warps: the same override
+        mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
+    if hasattr(mod, "WIDE_WARPS"):
+        mod.WIDE_WARPS = WIDE[mod]
 
 
 SHAPES = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
@@ -248,10 +238,12 @@ for b, ctx in SHAPES:
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run
                 exact, us1, us20, err = False, None, None, repr(exc)[:300]
             restore(mod)
-            splits = kw.get("splits", new.topk_splits(b, CAP, info))  # the variant's own, else the launcher's
+            launch = new.choose_topk_launch(b, CAP, k, info, kw.get("wide"))  # the launcher's, unless the variant's
+            splits = kw.get("splits", launch.splits)
+            span = kw.get("span", launch.span if "splits" not in kw else new.topk_span(b, splits, info))
             row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
-                       us_graph20=us20 and round(us20, 2), exact=exact, splits=splits,
-                       span=kw.get("span", new.topk_span(b, splits, info)), error=err)  # fmt: skip
+                       us_graph20=us20 and round(us20, 2), exact=exact, splits=splits, span=span,
+                       wide=launch.wide, error=err)  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
             save(rows, replayed)  # after every row: a run cut by its timeout keeps what it measured

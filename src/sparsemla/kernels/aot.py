@@ -348,7 +348,7 @@ def cases() -> dict[str, Callable[[], object]]:
         for ctx in INDEXER_CONTEXTS:
             out[f"indexer_logits B{b} ctx{ctx // 1024}k"] = _indexer_case(b, ctx, fused=False)
             out[f"indexer_fused_top512 B{b} ctx{ctx // 1024}k"] = _indexer_case(b, ctx, fused=True)
-    for rows, cols in ((1, 4096), (64, 16384), (256, 65536)):
+    for rows, cols in ((1, 4096), (8, 65536), (64, 16384), (256, 65536)):  # 8 rows: the 8-warp split launch
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
     out.update(prefill_cases())

@@ -32,6 +32,11 @@ has started before it: no deadlock while the SMs hold at least ``splits`` progra
 programs one after another, so it always uses one program per row (tests/test_topk_split_threads.py runs split launches
 there with one thread per program).
 
+Wide launches (:class:`TopkLaunch`, :func:`topk_wide`): with at least ``WIDE_MIN_ROWS`` rows of at most
+``WIDE_MAX_COLS`` positions, each program is ``WIDE_WARPS`` warps, a row of up to ``WIDE_SPAN`` positions is held in
+one program's register tile, and a longer one is shared by participants that each hold a ``WIDE_SPAN`` span in
+registers (the split protocol above, no filter). Fewer rows, longer rows and k = 1024 keep the 8-warp launch.
+
 Two-pass filter (long rows): instead of four radix passes over the whole row, one pass keeps the maximum of each of
 ``GROUPS`` strided groups (position mod GROUPS); the radix prefix ``t`` of the k-th largest maximum bounds the
 threshold from below (k groups have a key >= ``t``), a second pass lists the keys >= ``t`` in position order, and the
@@ -44,6 +49,8 @@ same set; sglang's top-k leaves the order unspecified and its consumer is order-
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -131,25 +138,20 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # SPLIT_REG_TILE[k]: whether split participants hold spans in registers.
 SPLIT_REG_TILE = {512: True, 1024: False, 2048: True}
 SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
-# Coarse first digit (one-program launches, ``coarse``): an 8-bit digit of the fp32 value read like an fp16 one -- the
-# sign, a 5-bit window of exponents (COARSE_EXP_LO .. +31, biased fp32 exponents: magnitudes 2**-15 .. 2**17) and the
-# top two mantissa bits, truncated, so that an unsaturated bin is exactly one 11-bit prefix of the order key (values
-# outside the window saturate into the window's edge bins). Real indexer logits use few exponents, so the fp32 key's
-# own top byte (sign and seven exponent bits) leaves thousands of keys in the threshold bin of a 64k row; this digit
-# leaves about as many as an 11-bit one (CPU, real logits, results/bench/explore/topk_coarse_bins_fp16-cpu-2026-12-04
-# .json: 64k rows, k = 2048: 754-1,573 keys against 5,426-30,593), with 256 bins. One histogram pass picks the
-# threshold bin; the keys above it all win; the exact threshold is found among the bin's keys only (three radix passes
-# over the 21 bits below the prefix), and one more pass writes the winners in position order: three reads of a
-# streamed row instead of up to five, and register rows search the candidates instead of the whole tile. A saturated
-# threshold bin, or more than COARSE_CANDS[k] keys in it (streamed rows), takes the radix passes.
-# Wider coarse digits (COARSE_BITS_CHOICES: 6 + mantissa bits) leave fewer keys in the bin and spread the histogram's
-# shared atomics over more bins (fewer same-address conflicts within a warp) for a larger histogram to clear and scan.
-COARSE_EXP_LO = 112
-_EXP_LO = tl.constexpr(COARSE_EXP_LO)
-COARSE_BITS_CHOICES = (8, 10, 12)
-COARSE_CANDS = {512: 2048, 1024: 2048, 2048: 4096}
-COARSE_BLOCK_PER_WARP = 256  # streamed keys per pass step, per warp of the launch
-TOPK_COARSE_BITS = 0  # the launcher's default (``coarse_bits=None``; 0: off): off until timed on Triton 3.8 cubins
+# Wide launches (TopkLaunch.wide): at least WIDE_MIN_ROWS rows of at most WIDE_MAX_COLS, k with a span tile
+# (SPLIT_REG_TILE): WIDE_WARPS-warp programs, a row of up to WIDE_SPAN keys held in one program's register tile
+# (TOPK_ROW_TILES' large tile raised to WIDE_SPAN), longer rows split into WIDE_SPAN spans held in registers by
+# WIDE_WARPS-warp participants. sglang v2's shape at B = 64 (one 1024-thread CTA per row), with our radix search.
+# H200, Triton 3.8 cubins, CUDA-graph replay of 20 calls, real logits, every output exact
+# (results/bench/explore/topk_coarse1_ab3-native-h200.json, _ab4): against the launcher's choice before (8 warps, 4096
+# tiles and spans, 8 participants per 64k row), B = 64 k = 512 4k 8.3 -> 8.0 us, 16k 19.5 -> 16.4, 64k 41.9 -> 44.2
+# (the one loss: two waves of participants); k = 2048 4k 7.4 -> 7.3, 16k 19.6 -> 18.0, 64k 59.6 -> 49.0; B = 32 64k
+# 31.8 -> 23.1 / 34.0 -> 26.4; B = 128 16k 31.0 -> 18.7 / 32.1 -> 19.0; B = 8 lost (16k 11.5 -> 16.1: 8 SMs busy).
+# Longer rows (256k) were not measured this way and keep the launch before.
+WIDE_MIN_ROWS = 32
+WIDE_MAX_COLS = 65536
+WIDE_SPAN = 16384
+WIDE_WARPS = 16
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -317,78 +319,6 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 
 
 @triton.jit
-def _coarse_digit(ukey, CB: tl.constexpr):
-    """``CB``-bit digit of sign-flipped order keys ``ukey`` (int32 bits, unsigned order), non-decreasing in the key,
-    read like an fp16 value's top bits: the sign, a window of 32 exponents starting at :data:`COARSE_EXP_LO`, and
-    ``CB - 6`` mantissa bits (truncated). Unsaturated digits are exactly the key's top ``CB + 3`` bits (sign, 8-bit
-    exponent, mantissa bits); the window's four edge digits (:func:`_coarse_exact`) also hold the magnitudes outside
-    it."""
-    MB: tl.constexpr = CB + 2  # magnitude bits of the prefix: 8 exponent + CB - 6 mantissa
-    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
-    LO: tl.constexpr = _EXP_LO << (CB - 6)  # the window's lowest magnitude code
-    top = (ukey >> (32 - CB - 3)) & ((2 << MB) - 1)  # [*] sign flipped | exponent | mantissa bits
-    nonneg = top >= (1 << MB)
-    low_bits = top & ((1 << MB) - 1)
-    mag = tl.where(nonneg, low_bits, ((1 << MB) - 1) - low_bits)  # the |value|'s code (negatives: inverted)
-    c = tl.minimum(tl.maximum(mag - LO, 0), HALF - 1)
-    return tl.where(nonneg, HALF + c, HALF - 1 - c)
-
-
-@triton.jit
-def _coarse_prefix(d, CB: tl.constexpr):
-    """The sign-flipped order-key bits [29 - CB, 32) that every key of the unsaturated coarse digit ``d`` shares,
-    in place (the lower bits zero)."""
-    MB: tl.constexpr = CB + 2
-    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
-    LO: tl.constexpr = _EXP_LO << (CB - 6)
-    mag = LO + tl.where(d >= HALF, d - HALF, HALF - 1 - d)
-    top = tl.where(d >= HALF, (1 << MB) | mag, ((1 << MB) - 1) - mag)
-    return top << (32 - CB - 3)
-
-
-@triton.jit
-def _coarse_exact(d, CB: tl.constexpr):
-    """Whether coarse digit ``d`` is unsaturated (one key prefix of ``CB + 3`` bits)."""
-    HALF: tl.constexpr = tl.constexpr(1) << (CB - 1)
-    return (d != 0) & (d != HALF - 1) & (d != HALF) & (d != 2 * HALF - 1)
-
-
-@triton.jit
-def _refine_below(ukey, cand, prefix, k_rem, in_bin, TOP: tl.constexpr, BITS: tl.constexpr, BIG: tl.constexpr):
-    """Radix search among the sign-flipped keys ``ukey`` selected by ``cand`` -- ``in_bin`` keys that all share
-    ``prefix``'s bits [TOP, 32) -- for the ``k_rem``-th largest, over the ``TOP`` bits below (``BITS``-bit digits,
-    early stop as in :func:`_radix_threshold`): returns ``(prefix, low, k_rem)`` in the same form as that search."""
-    NB: tl.constexpr = tl.constexpr(1) << BITS
-    low = k_rem * 0 + TOP
-    more = (in_bin != k_rem).to(tl.int32)  # the whole bin wins: its prefix is the threshold
-    for p in tl.static_range((TOP + BITS - 1) // BITS):
-        top = TOP - BITS * p
-        shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
-        if more != 0:
-            m = cand & ((ukey >> top) == (prefix >> top))
-            hist = tl.histogram((ukey >> shift) & (NB - 1), NB, mask=m)  # [NB]
-            d, above, n_in = _pick_bin(hist, k_rem, BIG)
-            k_rem -= above
-            prefix = prefix | (d << shift)
-            low = k_rem * 0 + shift
-            more = (n_in != k_rem).to(tl.int32)
-    return prefix, low, k_rem
-
-
-@triton.jit
-def _write_taken(gt, eq, payload, k_rem, gt_before, eq_before, idx_out_ptr):
-    """Writes ``payload`` where ``gt`` (keys above the threshold: all win) and for the first ``k_rem`` of ``eq``
-    (keys at it) counting ``eq_before`` earlier ones, at their position-order slots of ``idx_out_ptr`` after
-    ``gt_before`` + ``min(eq_before, k_rem)`` earlier winners. At most 32767 keys (one scan counts both in 16 bits)."""
-    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
-    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
-    take = gt | (eq & (eq_rank < k_rem))
-    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    tl.store(idx_out_ptr + slot, payload, mask=take)
-
-
-@triton.jit
 def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
@@ -398,7 +328,12 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     thr = prefix >> low
     gt = valid & (hi > thr)
     eq = valid & (hi == thr)
-    _write_taken(gt, eq, payload, k_rem, gt_before, eq_before, idx_out_ptr)
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
+    before = tl.cumsum(both, axis=0) - both
+    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
+    take = gt | (eq & (eq_rank < k_rem))
+    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
+    tl.store(idx_out_ptr + slot, payload, mask=take)
 
 
 @triton.jit
@@ -411,52 +346,16 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 
 @triton.jit
-def _select_keys_coarse(
-    key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr, CB: tl.constexpr
-):
-    """Same contract as :func:`_select_keys`, by a ``CB``-bit coarse digit (:func:`_coarse_digit`): one histogram of
-    the tile picks the threshold's bin, whose keys alone are searched for the exact threshold
-    (:func:`_refine_below`); keys in higher bins all win. A saturated threshold bin takes :func:`_select_keys`."""
-    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
-    # the digit and the flipped keys are recomputed where used rather than held: a 16k tile keeps only ``key`` live
-    SIGN: tl.constexpr = -2147483647 - 1
-    hist = tl.histogram(_coarse_digit(key ^ SIGN, CB), 1 << CB, mask=valid)  # [2 ** CB]
-    d, above, in_bin = _pick_bin(hist, zero + K, ROW + 1)
-    if _coarse_exact(d, CB):
-        prefix, low, k_rem = _refine_below(key ^ SIGN, valid & (_coarse_digit(key ^ SIGN, CB) == d),
-                                           _coarse_prefix(d, CB), K - above, in_bin, 29 - CB, BITS,
-                                           ROW + 1)  # fmt: skip
-        hk = key >> low
-        thr = (prefix ^ SIGN) >> low
-        digit = _coarse_digit(key ^ SIGN, CB)  # [ROW]
-        inb = valid & (digit == d)
-        gt = (valid & (digit > d)) | (inb & (hk > thr))
-        _write_taken(gt, inb & (hk == thr), payload, k_rem, zero, zero, idx_out_ptr)
-    else:
-        _select_keys(key, valid, payload, zero, idx_out_ptr, K, ROW, BITS)
-
-
-@triton.jit
 def _select_in_registers(
-    src_ptr,
-    length,
-    idx_out_ptr,
-    K: tl.constexpr,
-    ROW: tl.constexpr,
-    FROM_L2: tl.constexpr,
-    BITS: tl.constexpr,
-    COARSE: tl.constexpr,
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers (``COARSE > 0``: a ``COARSE``-bit coarse digit first, :func:`_select_keys_coarse`)."""
+    held in registers."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    if COARSE > 0:
-        _select_keys_coarse(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS, COARSE)
-    else:
-        _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -560,74 +459,6 @@ def _select_streaming(
 
 
 @triton.jit
-def _select_streaming_coarse(
-    src_ptr,
-    length,
-    idx_out_ptr,
-    cand_ptr,
-    K: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CANDS: tl.constexpr,
-    FROM_L2: tl.constexpr,
-    BITS: tl.constexpr,
-    CB: tl.constexpr,
-):
-    """Same contract as :func:`_select_streaming` in three streaming passes, or returns 0 (nothing written) when the
-    threshold's coarse bin is saturated or holds more than ``CANDS`` keys; 1 when done.
-
-    Pass 1: the histogram of the ``CB``-bit coarse digit (:func:`_coarse_digit`) picks the threshold's bin ``d``.
-    Pass 2 lists the bin's positions (position order) at ``cand_ptr[0:CANDS]``; their keys, gathered into one tile,
-    give the exact threshold (:func:`_refine_below`). Pass 3 writes every key of a higher bin and the bin's
-    keys above the threshold, and the first of those at it, at their position-order slots."""
-    SIGN: tl.constexpr = -2147483647 - 1
-    zero = length * 0
-    o_b = tl.arange(0, BLOCK)
-    hist = tl.zeros([1 << CB], dtype=tl.int32)
-    for start in range(0, length, BLOCK):
-        offs = start + o_b
-        m = offs < length
-        ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
-        hist += tl.histogram(_coarse_digit(ukey, CB), 1 << CB, mask=m)
-    d, above, in_bin = _pick_bin(hist, zero + K, 2147483647)
-    done = (_coarse_exact(d, CB) & (in_bin <= CANDS)).to(tl.int32)
-    if done != 0:
-        n = zero
-        for start in range(0, length, BLOCK):
-            offs = start + o_b
-            m = offs < length
-            ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ SIGN  # [BLOCK]
-            c = (m & (_coarse_digit(ukey, CB) == d)).to(tl.int32)
-            tl.store(cand_ptr + n + tl.cumsum(c, axis=0) - c, offs, mask=c != 0)
-            n += tl.sum(c, axis=0)
-        tl.debug_barrier()
-        o_c = tl.arange(0, CANDS)
-        ok = o_c < in_bin
-        pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS] the bin's, position order
-        ckey = _order_key(_load_row(src_ptr + pos, ok, FROM_L2))  # [CANDS]
-        prefix, low, k_rem = _refine_below(ckey ^ SIGN, ok, _coarse_prefix(d, CB), K - above, in_bin, 29 - CB,
-                                           BITS, CANDS + 1)  # fmt: skip
-        thr = (prefix ^ SIGN) >> low
-        n_sel = zero
-        n_eq = zero
-        for start in range(0, length, BLOCK):
-            offs = start + o_b
-            m = offs < length
-            key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [BLOCK]
-            digit = _coarse_digit(key ^ SIGN, CB)
-            hk = key >> low
-            inb = m & (digit == d)
-            gt = ((m & (digit > d)) | (inb & (hk > thr))).to(tl.int32)
-            eq = (inb & (hk == thr)).to(tl.int32)
-            eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
-            take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
-            slot = n_sel + tl.cumsum(take, axis=0) - take
-            tl.store(idx_out_ptr + slot, offs, mask=take != 0)
-            n_sel += tl.sum(take, axis=0)
-            n_eq += tl.sum(eq, axis=0)
-    return done
-
-
-@triton.jit
 def _finish_row(
     src_ptr,
     length,
@@ -689,9 +520,6 @@ def _topk_row(
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
-    COARSE: tl.constexpr,
-    COARSE_CANDS: tl.constexpr,
-    COARSE_BLOCK: tl.constexpr,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -699,29 +527,23 @@ def _topk_row(
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
     (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches. ``COARSE > 0`` (the coarse digit's width): register
-    rows take :func:`_select_keys_coarse` and streamed rows :func:`_select_streaming_coarse` first (``cand_ptr``
-    [COARSE_CANDS] scratch, ``COARSE_BLOCK`` keys per step), then the filter or the radix passes if it gives up.
-    ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's scratch, so it is always written);
-    with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
+    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
+    int32 receives positions (it is also the
+    selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS, COARSE)
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS, COARSE)
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
-                if COARSE > 0:
-                    done = _select_streaming_coarse(src_ptr, length, idx_out_ptr, cand_ptr, K, COARSE_BLOCK,
-                                                    COARSE_CANDS, FROM_L2, BITS, COARSE)  # fmt: skip
                 if GROUPS > 0:
-                    if done == 0:
-                        done = _select_filtered(
-                            src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
-                        )
+                    done = _select_filtered(
+                        src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
+                    )
                 if done == 0:
                     _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS)
         tl.debug_barrier()
@@ -920,8 +742,7 @@ def _indexer_topk_kernel(
     idx_ptr,  # int32 [rows, K] positions (always written: it is also the compaction scratch)
     slot_ptr,  # int32 [rows, K] page-table slots (WRITE_SLOTS only)
     ws_ptr,  # int32 (SPLITS > 1): [ticket | rows counters | rows x HIST_REGION | rows x 3 SPLITS | rows x GROUPS]
-    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs);
-    # the coarse digit's (COARSE > 0): the threshold bin's positions [COARSE_CANDS]
+    cand_ptr,  # int32 [rows, stride_cand] filter scratch (GROUPS > 0): the row's list [CANDS] (+ SPLITS slabs)
     stride_cand,
     stride_l,
     stride_pt,
@@ -949,9 +770,6 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
-    COARSE: tl.constexpr,
-    COARSE_CANDS: tl.constexpr,
-    COARSE_BLOCK: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -981,12 +799,10 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS, COARSE,
-                          COARSE_CANDS, COARSE_BLOCK)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, COARSE, COARSE_CANDS,
-                          COARSE_BLOCK)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -1080,13 +896,17 @@ def _filter_choice(
     wide: bool,
     info: dev.DeviceInfo,
     tiles: tuple[int, int] | None,
+    launch_wide: bool = False,
 ) -> tuple[int, int, int]:
     """``(GROUPS, CANDS, min_span)`` of a launch, from shapes only: explicit ``tiles`` filter every row past the
     register tiles (``min_span`` 0); by default only split launches (``wide``: rows may be longer than a span) of at
-    least :data:`FILTER_MIN_PROGRAMS_PER_SM` programs per SM filter, rows whose span reaches :data:`FILTER_MIN_SPAN`."""
+    least :data:`FILTER_MIN_PROGRAMS_PER_SM` programs per SM filter, rows whose span reaches :data:`FILTER_MIN_SPAN`;
+    wide launches (``launch_wide``, :class:`TopkLaunch`) never."""
     if tiles is not None:
         groups, cands = _filter_tiles(k, row_max, tiles) if stream or (splits > 1 and wide) else (0, 1)
         return groups, cands, 0
+    if launch_wide:  # its 16k register spans beat the filter (topk_coarse1_ab4-native-h200.json: 64k 46.7 / 51.1 us)
+        return 0, 1, 0
     if splits > 1 and wide and rows * splits >= FILTER_MIN_PROGRAMS_PER_SM * info.num_sms:
         groups, cands = _filter_tiles(k, row_max, None)
         return groups, cands, FILTER_MIN_SPAN[k]
@@ -1170,6 +990,48 @@ def _reg_tile(k: int, span: int) -> int:
     return span
 
 
+@dataclass(frozen=True)
+class TopkLaunch:
+    """Launch shape of the top-k kernel, from shapes and the device only (graph-safe): ``splits`` programs that may
+    share a row, the shortest participant ``span``, the participants' register tile ``reg_span`` (0: spans stream),
+    ``split_row`` (longer rows are split), the one-program register tiles ``row_tiles`` (small, large), ``num_warps``
+    and ``wide`` (see :data:`WIDE_MIN_ROWS`)."""
+
+    splits: int
+    span: int
+    reg_span: int
+    split_row: int
+    row_tiles: tuple[int, int]
+    num_warps: int
+    wide: bool = False
+
+
+def topk_wide(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> bool:
+    """Whether a launch takes the wide shape (:data:`WIDE_MIN_ROWS`): enough rows to busy the SMs with one program
+    each, rows short enough to be held in at most ``WIDE_MAX_COLS // WIDE_SPAN`` register spans, and a ``k`` whose
+    spans are held in registers. Never under the interpreter (no split rows there)."""
+    return (
+        info is not dev.INTERPRETER
+        and rows >= WIDE_MIN_ROWS
+        and n_cols <= WIDE_MAX_COLS
+        and SPLIT_REG_TILE[k]
+        and info.num_sms >= WIDE_MAX_COLS // WIDE_SPAN  # a row's participants are resident at once (one per SM)
+    )
+
+
+def choose_topk_launch(rows: int, n_cols: int, k: int, info: dev.DeviceInfo, wide: bool | None = None) -> TopkLaunch:
+    """The top-k kernel's launch for ``rows`` rows of capacity ``n_cols`` and ``k`` on ``info``: the wide shape
+    where :func:`topk_wide` (or ``wide``, forced by tests and sweeps), else 8-warp programs with :func:`topk_splits`,
+    :func:`topk_span`, :func:`_reg_tile` and :func:`_topk_row_tiles`."""
+    if topk_wide(rows, n_cols, k, info) if wide is None else wide:
+        splits = 1 if n_cols <= WIDE_SPAN else triton.next_power_of_2(triton.cdiv(n_cols, WIDE_SPAN))
+        reg_span = WIDE_SPAN if SPLIT_REG_TILE[k] else 0
+        return TopkLaunch(splits, WIDE_SPAN, reg_span, WIDE_SPAN, (TOPK_ROW_TILES[0], WIDE_SPAN), WIDE_WARPS, True)
+    splits = topk_splits(rows, n_cols, info)
+    span = topk_span(rows, splits, info)
+    return TopkLaunch(splits, span, _reg_tile(k, span), SPLIT_SPAN, _topk_row_tiles(rows, info.num_sms), TOPK_WARPS)
+
+
 class _SplitWorkspace:
     """Grow-only, zero-filled int32 workspace per device for split rows: the start ticket, per-row arrival counters,
     histograms, span counts and group maxima. Every launch leaves all of it at zero (launches with other row counts
@@ -1217,7 +1079,7 @@ def indexer_topk_fwd(
     split_row: int | None = None,
     bits: int | None = None,
     stream_bits: int | None = None,
-    coarse_bits: int | None = None,
+    wide: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1230,8 +1092,8 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`), ``coarse_bits`` the coarse first digit of rows a program selects alone
-    (:data:`TOPK_COARSE_BITS`; 0: none); tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`) and ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`);
+    tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1258,33 +1120,32 @@ def indexer_topk_fwd(
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
     info = dev.launch_info(logits.device)
-    n_split = topk_splits(rows, logits.shape[1], info) if splits is None else splits
+    if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
+        wide = False  # explicit knobs tune the 8-warp launch (tests and sweeps); ``wide=True`` with them: the wide one
+    launch = choose_topk_launch(rows, logits.shape[1], k, info, wide)
+    n_split = launch.splits if splits is None else splits
     if n_split < 1 or n_split & (n_split - 1) or (n_split > 1 and info is dev.INTERPRETER):
         raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
-    span = topk_span(rows, n_split, info) if span is None else span
+    if span is None:
+        span = launch.span if splits is None or launch.wide else topk_span(rows, n_split, info)
     if span < 1:
         raise ValueError(f"span must be >= 1, got {span}")
-    reg_span = _reg_tile(k, span) if reg_span is None else reg_span
+    if reg_span is None:
+        reg_span = launch.reg_span if span == launch.span else _reg_tile(k, span)
     reg_bits = split_reg_bits() if reg_bits is None else reg_bits
     stream_bits = STREAM_BITS if stream_bits is None else stream_bits
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
-    tiles = row_tiles or _topk_row_tiles(rows, info.num_sms)
+    tiles = row_tiles or launch.row_tiles
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
-                                             filter_tiles)  # fmt: skip
+                                             filter_tiles, launch.wide)  # fmt: skip
     bits = radix_bits(k, groups) if bits is None else bits
     _check_bits(bits=bits, reg_bits=reg_bits, stream_bits=stream_bits)
     region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
-    use_coarse = TOPK_COARSE_BITS if coarse_bits is None else coarse_bits
-    if use_coarse and use_coarse not in COARSE_BITS_CHOICES:
-        raise ValueError(f"coarse_bits must be 0 or one of {COARSE_BITS_CHOICES}, got {use_coarse}")
-    if use_coarse:
-        cand_cols = max(cand_cols, COARSE_CANDS[k])
-    need_cand = groups or use_coarse
-    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if need_cand else lengths
+    cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
     grid = rows * (n_split + 1) if n_split > 1 else rows  # split launches: a solo program per row + participants
     _indexer_topk_kernel[(grid,)](
         logits,
@@ -1318,33 +1179,33 @@ def indexer_topk_fwd(
         RADIX=bits,
         REG_SPAN=reg_span if n_split > 1 else 0,
         REG_BITS=reg_bits,
-        SPLIT_ROW=SPLIT_SPAN if split_row is None else max(split_row, 0),
+        SPLIT_ROW=launch.split_row if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
-        COARSE=use_coarse,
-        COARSE_CANDS=COARSE_CANDS[k],
-        COARSE_BLOCK=COARSE_BLOCK_PER_WARP * TOPK_WARPS,
-        num_warps=TOPK_WARPS,
+        num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
     return out
 
 
 __all__ = [
-    "COARSE_BITS_CHOICES",
-    "COARSE_CANDS",
-    "COARSE_EXP_LO",
     "FILTER_TILES",
     "FUSED_ROW_TILES",
     "RADIX_BITS_CHOICES",
     "SPLIT_REG_TILE",
     "STREAM_BITS",
     "TOPK_MAXNREG",
-    "TOPK_COARSE_BITS",
     "TOPK_ROW_TILES",
     "TOPK_SIZES",
     "TOPK_WARPS",
+    "WIDE_MAX_COLS",
+    "WIDE_MIN_ROWS",
+    "WIDE_SPAN",
+    "WIDE_WARPS",
+    "TopkLaunch",
+    "choose_topk_launch",
     "indexer_topk_fwd",
     "topk_span",
     "topk_splits",
+    "topk_wide",
 ]

@@ -192,9 +192,6 @@ def _indexer_logits_kernel(
                     1,
                     TOPK_RADIX,
                     TOPK_STREAM_BITS,
-                    0,
-                    1,
-                    1,
                 )
             tl.store(count_ptr + i_b, 0)  # ready for the next launch (CUDA-graph replays included)
 
