@@ -194,6 +194,19 @@ def _by_position(ref: torch.Tensor) -> torch.Tensor:
     return torch.where(pos == big, -1, pos)
 
 
+def _captured(call) -> torch.cuda.CUDAGraph:  # noqa: ANN001
+    """``call`` warmed up on a side stream (launch-time allocations happen outside the capture), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 def _split_rows(k: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows for the split path: lengths around k and the span edges, long rows with heavy ties, an all-equal row, a
     row of -inf, a row of NaN-free random logits."""
@@ -266,14 +279,7 @@ def test_topk_split_many_rows_and_graph_replay():
 
     few, few_lens = logits[:8].contiguous(), lens[:8].clone()
     few_out = torch.full((8, k), -7, dtype=torch.int32, device=DEV)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        topk.indexer_topk_fwd(few, few_lens, k, out=few_out, sorted=False)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        topk.indexer_topk_fwd(few, few_lens, k, out=few_out, sorted=False)
+    graph = _captured(lambda: topk.indexer_topk_fwd(few, few_lens, k, out=few_out, sorted=False))
     for new in ([cols] * 8, [0, 1, 511, 512, 513, 5000, 20000, cols]):
         few_lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
@@ -305,14 +311,7 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
     ws = topk._SPLIT_WS.bufs.get(torch.device(DEV, torch.cuda.current_device()))
     assert ws is None or int(ws.abs().sum()) == 0
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
+    graph = _captured(lambda: topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort))
     new = torch.randint(0, cols + 1, (rows,), generator=torch.Generator().manual_seed(cols), dtype=torch.int32)
     dn.copy_(new)
     out.fill_(-7)
