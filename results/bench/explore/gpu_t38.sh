@@ -40,6 +40,9 @@ DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
 WIDE_VARIANTS=default,narrow
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
+# `wide2`: the next candidates (explore README, twenty-first session): 16k rows in two 8k or four 4k register spans
+WIDE2_VARIANTS=default,sp8k_dual,sp4k_dual,sp8k_s8
+WIDE2_SHAPES=64x4096,64x16384,64x65536,32x16384,128x16384,16x16384,8x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -113,6 +116,18 @@ wide)  # the wide launch's A/B from 3.8 cubins (every output checked against tor
     timeout 300 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/wide --ks 512,2048 \
         --variants "$WIDE_VARIANTS" --shapes "$WIDE_SHAPES" --code "$SHA" \
         --out "$OUT/topk_wide_ab-native-h200.json" | cut -c1-200
+    ;;
+build-wide2)  # the cubins of `wide2`
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/wide2 \
+        --ks 512,2048 --variants "$WIDE2_VARIANTS" --shapes "$WIDE2_SHAPES"
+    ;;
+wide2)  # the next wide-launch candidates from 3.8 cubins (every output checked against torch.topk)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout 300 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/wide2 --ks 512,2048 \
+        --variants "$WIDE2_VARIANTS" --shapes "$WIDE2_SHAPES" --code "$SHA" \
+        --out "$OUT/topk_wide2_ab-native-h200.json" | cut -c1-200
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

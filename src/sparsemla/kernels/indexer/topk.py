@@ -770,6 +770,7 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
+    REG_SPAN_SMALL: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -824,8 +825,17 @@ def _indexer_topk_kernel(
                 in_regs = (span <= REG_SPAN).to(tl.int32)
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
-                    phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
+                    small = n * 0
+                    if REG_SPAN_SMALL > 0:  # a second, smaller span tile: short spans do not pay for the large one
+                        small = (span <= REG_SPAN_SMALL).to(tl.int32)
+                    if small != 0:
+                        if REG_SPAN_SMALL > 0:
+                            phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx,
+                                                            K, REG_SPAN_SMALL, SPLITS, REG_BITS, HIST_REGION,
+                                                            phase)  # fmt: skip
+                    else:
+                        phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
+                                                        REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
                                       STREAM_BITS, HIST_REGION, phase)  # fmt: skip
@@ -1080,6 +1090,7 @@ def indexer_topk_fwd(
     bits: int | None = None,
     stream_bits: int | None = None,
     wide: bool | None = None,
+    reg_span_small: int = 0,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1092,8 +1103,9 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`) and ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`);
-    tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`) and
+    ``reg_span_small`` a second, smaller span tile for spans that fit it (0: none); tests and sweeps use these to
+    reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1136,6 +1148,8 @@ def indexer_topk_fwd(
     stream_bits = STREAM_BITS if stream_bits is None else stream_bits
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
+    if reg_span_small and (reg_span_small & (reg_span_small - 1) or not 0 < reg_span_small < reg_span):
+        raise ValueError(f"reg_span_small must be 0 or a power of two below reg_span={reg_span}, got {reg_span_small}")
     tiles = row_tiles or launch.row_tiles
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
@@ -1182,6 +1196,7 @@ def indexer_topk_fwd(
         SPLIT_ROW=launch.split_row if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
+        REG_SPAN_SMALL=reg_span_small if n_split > 1 and reg_span > 0 else 0,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
