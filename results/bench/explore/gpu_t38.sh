@@ -40,8 +40,9 @@ DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
 WIDE_VARIANTS=default,narrow
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
-# `wide2`: the next candidates (explore README, twenty-first session): 16k rows in two 8k or four 4k register spans
-WIDE2_VARIANTS=default,sp8k_dual,sp4k_dual,sp8k_s8
+# `wide2`: the next candidates (explore README, twenty-first session): 16k rows in two 8k or four 4k register spans,
+# and the two-level winner scan of rows held in one program's registers
+WIDE2_VARIANTS=default,sp8k_dual,sp4k_dual,sp8k_s8,c2d_16,c2d_32,c2d_64
 WIDE2_SHAPES=64x4096,64x16384,64x65536,32x16384,128x16384,16x16384,8x16384
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused

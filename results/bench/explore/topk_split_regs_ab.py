@@ -129,6 +129,11 @@ VARIANTS = {
                             row_tiles=(4096, 4096), _warps=16)),  # fmt: skip
     "sp8k_s8": (new, dict(splits=8, span=8192, reg_span=8192, split_row=8192, row_tiles=(4096, 8192),
                           _warps=16)),  # fmt: skip
+    # and the winner compaction (~45 % of the wide launch's executed instructions, topk_ncu_lines-*.json) as per-row
+    # totals and in-row scans over rows of 16 / 32 / 64 keys (compact_cols) instead of one 16k-wide scan
+    "c2d_16": (new, dict(compact_cols=16)),
+    "c2d_32": (new, dict(compact_cols=32)),
+    "c2d_64": (new, dict(compact_cols=64)),
     # the launch before the wide shape (twenty-first session), forced
     "narrow": (new, dict(wide=False)),
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
