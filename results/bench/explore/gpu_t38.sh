@@ -50,10 +50,23 @@ FUSED_SHAPES=1x4096,8x4096
 # (the `coarse` mode, the coarse-digit A/B, ran at bec8b17: topk_coarse_ab-native-h200.json; the selection lost and
 # was removed)
 
+ab_build() {  # NAME: the cubins of the top-k A/B NAME (its ${NAME^^}_VARIANTS x _SHAPES) into .gpu-cubins/NAME
+    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES"
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins ".gpu-cubins/$1" \
+        --ks 512,2048 --variants "${!variants}" --shapes "${!shapes}"
+}
+ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine, every output checked against torch.topk
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout "$3" python3 results/bench/explore/topk_split_regs_ab.py --cubins ".gpu-cubins/$1" --ks 512,2048 \
+        --variants "${!variants}" --shapes "${!shapes}" --code "$SHA" --out "$OUT/$2" | cut -c1-200
+}
+
 case "${1:-}" in
 build-ab)  # the cubins of `run` (the digit-width A/B of session 17, concluded; 27 MB: build only to rerun it)
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/ab \
-        --ks 512,2048 --variants "$AB_VARIANTS" --shapes "$AB_SHAPES"
+    ab_build ab
     ;;
 build)  # what the other modes replay (carry limit: 64 MiB with the tree and .gpu; `run` needs `build-ab` too)
     export PYTHONPATH=src:.
@@ -62,8 +75,7 @@ build)  # what the other modes replay (carry limit: 64 MiB with the tree and .gp
     $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
     $py -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
     $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
-    $py results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/fused --ks 512,2048 \
-        --variants "$FUSED_VARIANTS" --shapes "$FUSED_SHAPES"
+    ab_build fused
     $py results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfg89o --path sm89 \
         --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" | grep -v '^\['
     du -sh .gpu-cubins
@@ -106,37 +118,17 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
-build-wide)  # the cubins of `wide`
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/wide \
-        --ks 512,2048 --variants "$WIDE_VARIANTS" --shapes "$WIDE_SHAPES"
+build-wide | build-wide2)  # the cubins of `wide` / `wide2`
+    ab_build "${1#build-}"
     ;;
-wide)  # the wide launch's A/B from 3.8 cubins (every output checked against torch.topk)
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 300 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/wide --ks 512,2048 \
-        --variants "$WIDE_VARIANTS" --shapes "$WIDE_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_wide_ab-native-h200.json" | cut -c1-200
+wide)  # the wide launch's A/B from 3.8 cubins
+    ab_run wide topk_wide_ab-native-h200.json 300
     ;;
-build-wide2)  # the cubins of `wide2`
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins .gpu-cubins/wide2 \
-        --ks 512,2048 --variants "$WIDE2_VARIANTS" --shapes "$WIDE2_SHAPES"
+wide2)  # the next wide-launch candidates from 3.8 cubins
+    ab_run wide2 topk_wide2_ab-native-h200.json 300
     ;;
-wide2)  # the next wide-launch candidates from 3.8 cubins (every output checked against torch.topk)
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 300 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/wide2 --ks 512,2048 \
-        --variants "$WIDE2_VARIANTS" --shapes "$WIDE2_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_wide2_ab-native-h200.json" | cut -c1-200
-    ;;
-fused)  # the fused logits + top-k launch from 3.8 cubins (every output checked against torch.topk)
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 150 python3 results/bench/explore/topk_split_regs_ab.py --cubins .gpu-cubins/fused --ks 512,2048 \
-        --variants "$FUSED_VARIANTS" --shapes "$FUSED_SHAPES" --code "$SHA" \
-        --out "$OUT/topk_fused_ab-native-h200.json" | cut -c1-200
+fused)  # the fused logits + top-k launch from 3.8 cubins
+    ab_run fused topk_fused_ab-native-h200.json 150
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"

@@ -329,7 +329,14 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     gt = valid & (hi > thr)
     eq = valid & (hi == thr)
     both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
+    _store_winners(gt, eq, tl.cumsum(both, axis=0) - both, payload, k_rem, gt_before, eq_before, idx_out_ptr)
+
+
+@triton.jit
+def _store_winners(gt, eq, before, payload, k_rem, gt_before, eq_before, idx_out_ptr):
+    """Stores ``payload`` where a key wins: every key above the threshold (``gt``) and the first ``k_rem`` at it
+    (``eq``), at its position-order slot of ``idx_out_ptr``. ``before``: the keys above / at the threshold earlier in
+    this tile, packed ``above | at << 16``; ``gt_before`` / ``eq_before``: those in earlier spans of the row."""
     eq_rank = eq_before + (before >> 16)  # ties before this one in the row
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
@@ -362,10 +369,7 @@ def _write_winners_rows(
     both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (16-bit fields: ROW <= 32768)
     totals = tl.sum(both, axis=1)  # [R]
     before = (tl.cumsum(totals, axis=0) - totals)[:, None] + tl.cumsum(both, axis=1) - both  # [R, COLS]
-    eq_rank = before >> 16  # ties before this one in the row
-    take = gt | (eq & (eq_rank < k_rem))
-    slot = (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    tl.store(idx_out_ptr + slot, offs, mask=take)
+    _store_winners(gt, eq, before, offs, k_rem, 0, 0, idx_out_ptr)
 
 
 @triton.jit
