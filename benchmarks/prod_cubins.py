@@ -13,6 +13,13 @@ longer on 3.6), so timings taken there describe a compiler production does not r
   is launched from its cubin through the CUDA driver (``cuModuleLoadData`` / ``cuLaunchKernel`` on torch's current
   stream, so CUDA-graph capture records it); a launch with no cubin raises instead of silently timing Triton 3.6.
 
+Occupancy of another GPU (``Replayer(..., occupancy_of=dev.target("sm_89"))``): the mma.sync code that sm_80..sm_120
+get runs on the H200, but an H200 SM holds 228 KB of shared memory where an sm_86/89/120 SM holds 100 KB, so a block
+of 84 KB runs two per SM here and one there. With ``occupancy_of`` every replayed launch asks for more dynamic shared
+memory than it uses, just enough that an H200 SM holds as many of its blocks as that target's SM would
+(:func:`padded_shared`; ``Replayer.occupancy`` records per kernel the blocks per SM of the target and the ones the
+driver reports for the padded launch). What stays the H200's: SM count, clocks, L2 and memory bandwidth.
+
 Keys are computed by :func:`launch_key` on both sides from the call's own arguments (kernel name, constexpr values,
 launch options, and per runtime argument the class Triton specialises on: dtype and 16-byte alignment of tensors,
 ints equal to 1 / divisible by 16 / needing 64 bits), so the two Triton versions never have to agree on internals.
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gzip
 import hashlib
 import inspect
@@ -211,16 +219,23 @@ class _Driver:
             self.lib.cuGetErrorString(rc, ctypes.byref(msg))
             raise RuntimeError(f"{what} failed: CUDA error {rc} {(msg.value or b'').decode()}")
 
-    def function(self, entry: dict, cubin: bytes) -> ctypes.c_void_p:
+    def function(self, entry: dict, cubin: bytes, shared: int) -> ctypes.c_void_p:
         if entry["key"] not in self.functions:
             module, func = ctypes.c_void_p(), ctypes.c_void_p()
             self.check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
             self.check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, entry["name"].encode()),
                        "cuModuleGetFunction")  # fmt: skip
-            if entry["shared"] > 49152:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                self.check(self.lib.cuFuncSetAttribute(func, 8, entry["shared"]), "cuFuncSetAttribute")
+            if shared > 49152:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                self.check(self.lib.cuFuncSetAttribute(func, 8, shared), "cuFuncSetAttribute")
             self.functions[entry["key"]] = func
         return self.functions[entry["key"]]
+
+    def blocks_per_sm(self, func: ctypes.c_void_p, threads: int, shared: int) -> int:
+        """The driver's count of blocks of ``func`` one SM holds (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+        n = ctypes.c_int()
+        occupancy = self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        self.check(occupancy(ctypes.byref(n), func, ctypes.c_int(threads), ctypes.c_size_t(shared)), "cuOccupancy")
+        return n.value
 
     def launch(self, func: ctypes.c_void_p, grid: tuple[int, int, int], threads: int, shared: int,
                stream: int, params: list) -> None:  # fmt: skip
@@ -228,6 +243,28 @@ class _Driver:
         self.check(self.lib.cuLaunchKernel(func, *(ctypes.c_uint(g) for g in grid), ctypes.c_uint(threads),
                                            ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
                                            ctypes.c_void_p(stream), holders, None), "cuLaunchKernel")  # fmt: skip
+
+
+@functools.cache
+def physical_gpu(device: torch.device) -> dev.DeviceInfo:
+    """The GPU itself (no ``dev.assume``, no ``TRITON_OVERRIDE_ARCH``): what the driver schedules blocks on."""
+    props = torch.cuda.get_device_properties(device)
+    return dev.DeviceInfo(
+        (props.major, props.minor), props.shared_memory_per_block_optin, props.multi_processor_count,
+        props.shared_memory_per_multiprocessor, props.name, props.max_threads_per_multi_processor,
+    )  # fmt: skip
+
+
+def padded_shared(shared: int, threads: int, target: dev.DeviceInfo, real: dev.DeviceInfo) -> int:
+    """The dynamic shared memory to launch a block of ``threads`` threads that uses ``shared`` bytes with, on
+    ``real``, so that one of ``real``'s SMs holds no more such blocks than one of ``target``'s
+    (:func:`sparsemla.kernels.device.resident_blocks`); ``shared`` itself where ``real`` holds no more anyway."""
+    want = dev.resident_blocks(target, shared, threads)
+    if want == 0:
+        raise ValueError(f"a block of {threads} threads and {shared} B of shared memory does not fit {target.name}")
+    if dev.resident_blocks(real, shared, threads) <= want:
+        return shared
+    return min(real.smem_per_block, real.smem_per_sm // want - dev.SMEM_RESERVED_PER_BLOCK)
 
 
 def pack_params(entry: dict, bound: dict[str, object], scratch: list[int]) -> list:
@@ -273,8 +310,11 @@ class Replayer:
     that compiler was given -- also those of kernels outside ``kernels``, which then run on this machine's Triton with
     the other compiler's choices: replay every kernel whose launcher reads the version."""
 
-    def __init__(self, cubin_dir: Path, kernels: set[str] | None = None) -> None:
-        self.cubin_dir, self.kernels = cubin_dir, kernels
+    def __init__(self, cubin_dir: Path, kernels: set[str] | None = None,
+                 occupancy_of: dev.DeviceInfo | None = None) -> None:  # fmt: skip
+        self.cubin_dir, self.kernels, self.occupancy_of = cubin_dir, kernels, occupancy_of
+        # kernel name -> {"shared", "launched_shared", "target_blocks_per_sm", "blocks_per_sm"} (with occupancy_of)
+        self.occupancy: dict[str, list[dict]] = {}
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
         self.compiler = compiler_version(self.manifest)
         self.code_path = manifest_path(self.manifest)
@@ -318,10 +358,19 @@ class Replayer:
                 scratch.append(0)
         if self.driver is None:
             self.driver = _Driver()
-        func = self.driver.function(entry, gzip.decompress((self.cubin_dir / entry["cubin"]).read_bytes()))
+        threads, shared = 32 * entry["num_warps"], entry["shared"]
+        if self.occupancy_of is not None:
+            shared = padded_shared(shared, threads, self.occupancy_of, physical_gpu(device))
+        fresh = entry["key"] not in self.driver.functions
+        func = self.driver.function(entry, gzip.decompress((self.cubin_dir / entry["cubin"]).read_bytes()), shared)
+        if fresh and self.occupancy_of is not None:
+            self.occupancy.setdefault(entry["name"], []).append({
+                "shared": entry["shared"], "threads": threads, "launched_shared": shared,
+                "target_blocks_per_sm": dev.resident_blocks(self.occupancy_of, entry["shared"], threads),
+                "blocks_per_sm": self.driver.blocks_per_sm(func, threads, shared),
+            })  # fmt: skip
         stream = torch.cuda.current_stream(device).cuda_stream
-        self.driver.launch(func, g, 32 * entry["num_warps"], entry["shared"], stream,
-                           pack_params(entry, bound, scratch))  # fmt: skip
+        self.driver.launch(func, g, threads, shared, stream, pack_params(entry, bound, scratch))
         self.counts[entry["name"]] = self.counts.get(entry["name"], 0) + 1
 
     def __enter__(self) -> dict[str, int]:
@@ -344,14 +393,16 @@ class Replayer:
 
 
 @contextlib.contextmanager
-def replay(cubin_dir: Path, kernels: set[str] | None = None) -> Iterator[dict[str, int]]:
-    """Within the block, launches of ``kernels`` (None: all) run from ``cubin_dir``'s cubins (:class:`Replayer`);
-    yields a dict counting the replayed launches per kernel name."""
-    with Replayer(cubin_dir, kernels) as counts:
+def replay(cubin_dir: Path, kernels: set[str] | None = None,
+           occupancy_of: dev.DeviceInfo | None = None) -> Iterator[dict[str, int]]:  # fmt: skip
+    """Within the block, launches of ``kernels`` (None: all) run from ``cubin_dir``'s cubins (:class:`Replayer`; with
+    ``occupancy_of``, padded to that GPU's blocks per SM); yields a dict counting the replayed launches per kernel."""
+    with Replayer(cubin_dir, kernels, occupancy_of) as counts:
         yield counts
 
 
 __all__ = [
-    "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "path_dir",
+    "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "padded_shared",
+    "path_dir",
     "path_info", "replay", "require", "source_hash",
 ]  # fmt: skip

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import prod_cubins
 from sparsemla import flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,3 +303,39 @@ def test_indexer_builds_from_an_unfilled_cache_of_the_timed_layout():
     filled = indexer.gpu_indexer_cache(3, torch.device("cpu"), torch.Generator().manual_seed(0))
     empty = indexer.unfilled_indexer_cache(3)
     assert (filled.shape, filled.dtype, filled.stride()) == (empty.shape, empty.dtype, empty.stride())
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_120"])
+def test_padded_launches_hold_the_targets_blocks_per_sm_on_an_h200(target):
+    """The occupancy emulation: a block padded for ``target`` runs as many per H200 SM as it would per ``target``
+    SM (or fewer where the H200's own limit is lower), over shared sizes and block widths the kernels use."""
+    from sparsemla.kernels import device as dev
+
+    tgt, h200 = dev.target(target), dev.target("sm_90")
+    checked = 0
+    for warps in (1, 2, 4, 8, 16, 32):
+        threads = 32 * warps
+        for shared in (0, 64, 16_384, 30_000, 50_176, 67_584, 83_968, 98_432, 101_376, 131_072, 166_912):
+            want = dev.resident_blocks(tgt, shared, threads)
+            if want == 0:
+                with pytest.raises(ValueError, match="does not fit"):
+                    prod_cubins.padded_shared(shared, threads, tgt, h200)
+                continue
+            padded = prod_cubins.padded_shared(shared, threads, tgt, h200)
+            assert shared <= padded <= h200.smem_per_block
+            got = dev.resident_blocks(h200, padded, threads)
+            assert got == min(want, dev.resident_blocks(h200, shared, threads)), (warps, shared, padded)
+            checked += 1
+    assert checked > 40
+
+
+def test_resident_blocks_follows_the_cuda_occupancy_rules():
+    from sparsemla.kernels import device as dev
+
+    sm89, h200 = dev.target("sm_89"), dev.target("sm_90")
+    assert dev.resident_blocks(sm89, 83_968, 256) == 1  # 84 KB + 1 KB reserved: one per 100 KB SM
+    assert dev.resident_blocks(h200, 83_968, 256) == 2
+    assert dev.resident_blocks(sm89, 50_176, 128) == 2  # exactly 2 x (49 KB + 1 KB)
+    assert dev.resident_blocks(sm89, 4_096, 512) == 3  # 1,536 threads per SM
+    assert dev.resident_blocks(h200, 4_096, 512) == 4
+    assert dev.resident_blocks(sm89, 102_400, 128) == 0  # over the per-block budget

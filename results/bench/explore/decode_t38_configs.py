@@ -37,6 +37,12 @@ p.add_argument("--shapes", default="8x64,32x64,64x64,128x64,8x128,32x128,64x128,
 p.add_argument("--extra", type=int, default=512)
 p.add_argument("--only-t38", action="store_true", help="GPU: skip the Triton 3.6 rows (their compiles take minutes)")
 p.add_argument(
+    "--occupancy-of",
+    default="",
+    help="GPU: also time each config's 3.8 cubins with that target's blocks per SM (prod_cubins.padded_shared) and "
+    "its shared memory per SM in the launcher's split count, on the H200's SMs (rows us_t38occ)",
+)
+p.add_argument(
     "--path",
     default="native",
     help="code path: native, or sm89 (build here; on the GPU run the script "
@@ -77,12 +83,29 @@ if args.build_cubins:
 if not (args.cubins and args.out):
     sys.exit("--cubins DIR and --out F are required on the GPU (or --build-cubins DIR here)")
 
+from dataclasses import replace  # noqa: E402
+
 from triton.testing import do_bench  # noqa: E402
 
 from benchmarks import prod_cubins  # noqa: E402
+from sparsemla.kernels import device as dev  # noqa: E402
 from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference  # noqa: E402
 
 replayer = prod_cubins.Replayer(Path(args.cubins))
+occ_replayer, occ_info = None, None
+if args.occupancy_of:
+    occ_target = dev.target(args.occupancy_of)
+    occ_replayer = prod_cubins.Replayer(Path(args.cubins), occupancy_of=occ_target)
+    gpu = prod_cubins.physical_gpu(torch.device("cuda"))
+    occ_info = replace(occ_target, num_sms=gpu.num_sms, name=f"{gpu.name} with {occ_target.name}'s blocks per SM")
+
+
+@contextlib.contextmanager
+def occupancy_matched():
+    with dev.assume(occ_info), occ_replayer:
+        yield
+
+
 rows: list[dict] = []
 for shape in SHAPES:
     sets = [make_inputs(shape, seed=100 * shape.B + i) for i in range(2)]
@@ -90,8 +113,12 @@ for shape in SHAPES:
     for spec in CONFIGS:
         cfg = config(spec)
         row: dict = dict(B=shape.B, H=shape.H, extra=shape.extra_topk, cfg=spec)
-        variants = (("t38", lambda: replayer), ("t36", contextlib.nullcontext))
-        for name, ctx in variants[:1] if args.only_t38 else variants:
+        variants = [("t38", lambda: replayer)]
+        if occ_replayer is not None:
+            variants.append(("t38occ", occupancy_matched))
+        if not args.only_t38:
+            variants.append(("t36", contextlib.nullcontext))
+        for name, ctx in variants:
             try:
 
                 def call(kw: dict, ctx=ctx, cfg=cfg) -> torch.Tensor:
@@ -114,7 +141,8 @@ for shape in SHAPES:
         rows.append(row)
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                     code=args.code, cubins=args.cubins, code_path=replayer.code_path,
-                    replayed=replayer.counts)  # fmt: skip
+                    replayed=replayer.counts, occupancy_of=args.occupancy_of or None,
+                    occupancy=occ_replayer.occupancy if occ_replayer else None)  # fmt: skip
         Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     del sets
     torch.cuda.empty_cache()

@@ -35,6 +35,11 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 # B = 128 H = 64 (83.5 / 102.1 us); this one asks the same of the large and prefill-sized rows before the choice moves.
 DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
 DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
+# `occ`: V4 decode tiles in the sm_89 path timed twice from 3.8 cubins: with the H200's blocks per SM (two 84 KB
+# blocks, where an sm_86/89/120 SM holds one) and padded to sm_89's (prod_cubins.padded_shared, the launcher sized for
+# sm_89's shared memory per SM on the H200's SMs), to choose the mma.sync tiles by the occupancy those GPUs have
+DCFGOCC=auto,32:16:4:1:1c,32:32:4:1:1c,16:16:4:1:1c,16:32:4:1:1c,16:64:8:1:1c,32:32:8:1:1c,64:16:4:1:1c
+DCFGOCC_SHAPES=1x64,8x64,64x64,128x64,1024x64,8192x64,64x8,1024x8,8192x8,128x128
 # `wide`: the launcher's wide launch (topk.TopkLaunch, default since the twenty-first session) against the 8-warp
 # launch before it, forced (wide=False). The rounds that chose it (`coarse1` at 464c4ec..650bc78, the coarse-digit
 # and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
@@ -118,6 +123,18 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
+build-occ)  # the cubins of `occ`
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfgocc \
+        --path sm89 --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" | grep -v '^\['
+    ;;
+occ)  # the occupancy-matched sm_89-path decode tiles
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout "${OCC_LIMIT_S:-400}" python3 results/bench/explore/decode_t38_configs.py \
+        --path sm89 --cubins .gpu-cubins/dcfgocc --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" --only-t38 \
+        --occupancy-of sm_89 --code "$SHA" --out "$OUT/decode_t38_configs_sm89_occupancy-h200.json" | cut -c1-200
+    ;;
 build-wide | build-wide2)  # the cubins of `wide` / `wide2`
     ab_build "${1#build-}"
     ;;
@@ -140,7 +157,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|run|paths|v32|opaque|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ|build-wide2|run|paths|v32|opaque|occ|wide2|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
