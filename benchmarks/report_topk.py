@@ -18,6 +18,7 @@ COLUMNS = (
     ("sparsemla_split", "native", "ours split (native)"),
     ("sparsemla_split", "sm89", "ours split (sm_89 path)"),
     ("sparsemla_split_t38", "native", "ours split, Triton 3.8 (native)"),
+    ("sparsemla_split_t38", "sm89", "ours split, Triton 3.8 (sm_89 path)"),
     ("sparsemla_split_sorted", "native", "ours split sorted (native)"),
     ("sparsemla_split_sorted", "sm89", "ours split sorted (sm_89 path)"),
     ("torch_topk", "native", "torch.topk"),

@@ -10,10 +10,11 @@ width ``cap = max(length, 64k)``, every row of a batch at the real ``length``) i
   launch (``fuse=True``), the launcher's own choice (``fuse=None``: at cap >= 64k the logits launch then the split
   top-k) and the logits launch alone, side by side -- logits + top-k times, not top-k times (the fused top-k runs
   in the tail of the logits programs, so "fused minus logits" is no top-k cost).
-* ``sparsemla_split_t38`` (with ``--cubins DIR``, native path only): ``sparsemla_split`` with its top-k kernel
+* ``sparsemla_split_t38`` (with ``--cubins DIR``, in every code path): ``sparsemla_split`` with its top-k kernel
   compiled by Triton 3.8 -- what production runs (sglang 0.5.23's torch 2.14.1 installs it; the GPU machine has 3.6,
-  which lowers ``tl.histogram`` to other code) -- on the build machine for sm_90 (``--build-cubins DIR``, no GPU,
-  the same shapes) and launched here from its cubins (``benchmarks/prod_cubins.py``). ``sparsemla_fused_t38``: the
+  which lowers ``tl.histogram`` to other code) -- on the build machine for sm_90 in that code path (``--build-cubins
+  DIR --paths native,sm89``, no GPU, the same shapes; ``sm89``: the mma.sync code of sm_80..sm_120) and launched here
+  from its cubins (``benchmarks/prod_cubins.py``). ``sparsemla_fused_t38``: the
   same for ``sparsemla_fused`` (its logits kernel and any top-k launch it makes).
 * ``torch_topk``: ``torch.topk(logits[:, :length], min(k, length), sorted=False)``, positions only.
 * ``sglang_jit_v1`` / ``sglang_jit_v2``: sglang 0.5.23's ``topk_transform_paged`` (``deepseek_v4/topk_v1.cuh``,
@@ -66,11 +67,11 @@ PROVIDERS: dict[str, str] = {
     "positions: what the plugin's sglang top-k hooks call), page-table slots written",
     "sparsemla_split_sorted": "the same, sorted=True (by value desc, position asc)",
     "sparsemla_split_t38": "sparsemla_split with its top-k kernel compiled by Triton 3.8 (production: sglang 0.5.23's "
-    "torch 2.14.1) for sm_90 on the build machine (--build-cubins) and launched from those cubins on the GPU "
-    "(benchmarks/prod_cubins.py; native path only)",
+    "torch 2.14.1) for sm_90 in the row's code path on the build machine (--build-cubins) and launched from those "
+    "cubins on the GPU (benchmarks/prod_cubins.py)",
     "sparsemla_fused": "indexer_logits_topk_fwd(fuse=True, sorted=False): logits + top-k in one launch (length 4k)",
     "sparsemla_fused_t38": "sparsemla_fused with its kernels compiled by Triton 3.8 for sm_90 here and launched from "
-    "those cubins (as sparsemla_split_t38; native path only)",
+    "those cubins (as sparsemla_split_t38)",
     "sparsemla_logits_topk": "indexer_logits_topk_fwd with the launcher's choice (fuse=None; at cap >= 64k the logits "
     "launch then the split top-k), sorted=False (length 4k)",
     "sparsemla_logits": "indexer_logits_fwd alone, the logits the two rows above include (length 4k)",
@@ -524,12 +525,12 @@ def time_sglang(run: PathRun, shapes: list[Shape], wanted: list[str], src: Path,
         progress.advance(task)
 
 
-def build_cubins_for(cfg: dict, out_dir: Path) -> int:
+def build_cubins_for(cfg: dict, out_dir: Path, code_path: str = "native") -> int:
     """No GPU: compile the launches ``sparsemla_split`` makes at every (B, length, k) of ``cfg``, and
-    ``sparsemla_fused`` at FUSED_LENGTH, with this machine's Triton (3.8 in production's environment) for sm_90 into
-    ``out_dir`` (benchmarks/prod_cubins.py). The launchers' choices come from shapes and the H200's facts only, and the
-    inputs have the GPU run's shapes, dtypes and strides (an unfilled cache of as many pages), so the GPU run makes the
-    same launches. Returns how many cubins were added."""
+    ``sparsemla_fused`` at FUSED_LENGTH, with this machine's Triton (3.8 in production's environment) for sm_90 in
+    ``code_path`` into ``out_dir`` (benchmarks/prod_cubins.py). The launchers' choices come from shapes and the
+    H200's facts only, and the inputs have the GPU run's shapes, dtypes and strides (an unfilled cache of as many
+    pages), so the GPU run makes the same launches. Returns how many cubins were added."""
     import torch
 
     from benchmarks import prod_cubins
@@ -558,7 +559,7 @@ def build_cubins_for(cfg: dict, out_dir: Path) -> int:
 
     kv = unfilled_indexer_cache(max(cfg["B"]) * -(-max(cfg["lengths"]) // IDX_PAGE))  # the GPU run's page count
 
-    return len(prod_cubins.build(workload, out_dir))
+    return len(prod_cubins.build(workload, out_dir, code_path))
 
 
 def run_path(
@@ -572,14 +573,14 @@ def run_path(
     from sparsemla.kernels.layouts import IDX_PAGE
 
     device = torch.device("cuda")
-    if path != "native":  # the cubins are the native (sm_90) code
-        chosen = [p for p in chosen if p not in PATH_INDEPENDENT and p not in T38_KERNELS]
+    if path != "native":
+        chosen = [p for p in chosen if p not in PATH_INDEPENDENT]
     replayers = {}
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        native = prod_cubins.path_dir(cubins, "native")  # the 3.8 providers run in the native path only
-        replayers = {p: prod_cubins.Replayer(native, T38_KERNELS[p]) for p in T38_KERNELS if p in chosen}
+        mine = prod_cubins.path_dir(cubins, path)  # this code path's 3.8 cubins
+        replayers = {p: prod_cubins.Replayer(mine, T38_KERNELS[p]) for p in T38_KERNELS if p in chosen}
     sgl_wanted = [p for p in chosen if p in SGLANG_PROVIDERS]
     build_proc, build_out = None, out.with_suffix(".sglang.json")
     if sgl_wanted:  # builds while our providers are timed (its own process: no CUDA calls beside a graph capture)
@@ -738,10 +739,11 @@ def main(
     merge: list[Path] = typer.Option(None, help="Join these per-path result JSONs into one (no GPU needed)."),
     build_cubins: Path = typer.Option(
         None,
-        help="No GPU: compile the *_t38 providers' launches of these shapes with this Triton (sm_90) into DIR/native.",
+        help="No GPU: compile the *_t38 providers' launches of these shapes with this Triton (sm_90) into DIR/<path> "
+        "for every --paths.",
     ),
     cubins: Path = typer.Option(
-        None, help="GPU: also time the *_t38 providers from DIR/native (made by --build-cubins; native path only)."
+        None, help="GPU: also time the *_t38 providers from DIR/<path> (made by --build-cubins) in every code path."
     ),
 ) -> None:
     """Time every top-k provider in each code path on the current CUDA GPU and write one JSON with target verdicts."""
@@ -767,14 +769,15 @@ def main(
 
         from benchmarks import prod_cubins
 
-        where = prod_cubins.path_dir(build_cubins, "native")
-        added = build_cubins_for(cfg, where)
-        print(f"{added} cubins added to {where} (Triton {triton.__version__}, sm_90)")
+        for code_path in path_list:
+            where = prod_cubins.path_dir(build_cubins, code_path)
+            added = build_cubins_for(cfg, where, code_path)
+            print(f"{added} cubins added to {where} (Triton {triton.__version__}, {code_path} path on sm_90)")
         return
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        prod_cubins.require(cubins, ["native"])  # the 3.8 providers run in the native path only
+        prod_cubins.require(cubins, path_list)
         chosen = [*chosen, *(p for p in T38_KERNELS if p not in chosen)]
     elif wrong := [p for p in chosen if p in T38_KERNELS]:
         fail(f"{', '.join(wrong)} needs --cubins DIR",

@@ -137,16 +137,19 @@ BUILD_CHILD = """
 import json, sys
 from pathlib import Path
 from benchmarks import topk
-out = Path(sys.argv[1])
-added = topk.build_cubins_for({"B": [1], "lengths": [4096], "k": [512]}, out)
+out, code_path = Path(sys.argv[1]), sys.argv[2]
+added = topk.build_cubins_for({"B": [1], "lengths": [4096], "k": [512]}, out, code_path)
 manifest = json.loads((out / "manifest.json").read_text())
-print(json.dumps(dict(added=added, kernels=sorted(e["name"] for e in manifest.values()))))
+print(json.dumps(dict(added=added, kernels=sorted(e["name"] for e in manifest.values()),
+                      paths=sorted({e["code_path"] for e in manifest.values()}))))
 """
 
 
-def test_build_cubins_compiles_the_split_and_the_fused_launches(tmp_path):
-    """--build-cubins makes what both Triton 3.8 providers replay: the split top-k launch and, at the fused length,
-    the fused logits launch (Triton's compiler in a child process: this session's kernels are interpreted)."""
+@pytest.mark.parametrize("code_path", ["native", "sm89"])
+def test_build_cubins_compiles_the_split_and_the_fused_launches(tmp_path, code_path):
+    """--build-cubins makes what both Triton 3.8 providers replay in each code path: the split top-k launch and, at
+    the fused length, the fused logits launch (Triton's compiler in a child process: this session's kernels are
+    interpreted)."""
     import subprocess
     import sys
 
@@ -156,12 +159,12 @@ def test_build_cubins_compiles_the_split_and_the_fused_launches(tmp_path):
     (tmp_path / "child.py").write_text(BUILD_CHILD)
     env = flags.child_env({"TRITON_INTERPRET": None, "PYTHONPATH": f"{root}:{root / 'src'}",
                            "TRITON_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
-    proc = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cubins")], env=env,
+    proc = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "cubins"), code_path], env=env,
                           capture_output=True, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "_indexer_topk_kernel" in got["kernels"] and "_indexer_logits_kernel" in got["kernels"]
-    assert got["added"] == len(got["kernels"])
+    assert got["added"] == len(got["kernels"]) and got["paths"] == [code_path]
 
 
 def test_child_argv_replaces_the_parents_path_options():

@@ -259,25 +259,6 @@ def test_topk_every_path_at_tile_edges(tri):
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
 
 
-@pytest.mark.parametrize("cols", [16, 64], ids=lambda c: f"rows-of-{c}")
-def test_topk_two_level_winner_scan(tri, cols):
-    """``compact_cols``: the register rows' winners written through per-row totals and in-row scans equal the
-    reference at k, k + 1, the tile edges and on the rows built to break the search (ties at the threshold split
-    across rows: the smaller positions win), by position and by value."""
-    k = 512
-    lengths = [k + 1, 1023, 1024, 1500, 2047, 2048, 2600, 3000]
-    logits = _hard_rows(lengths, 3000, k, seed=cols)
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    ref = indexer_topk_reference(logits, lens, k)
-    for srt in (False, True):
-        out = torch.full((len(lengths), k), -7, dtype=torch.int32)
-        topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 2048), compact_cols=cols, sorted=srt)
-        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
-        assert torch.equal(out, expect), f"sorted={srt}"
-    with pytest.raises(ValueError, match="compact_cols"):
-        topk.indexer_topk_fwd(logits, lens, k, compact_cols=24)
-
-
 @pytest.mark.parametrize("width", [4, 11, 12], ids=lambda w: f"{w}bit")
 def test_topk_digit_widths_on_hard_rows(tri, width):
     """Every digit width agrees with the reference on the rows built to break the search (ties, +-0.0, +-inf, all

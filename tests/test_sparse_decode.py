@@ -174,6 +174,27 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_config(h200, 64, rows=8).block_n == 64
 
 
+def test_programs_per_sm_follow_each_targets_shared_memory():
+    """The split count fills SMs x resident programs: opaque mma.sync tiles are sized exactly (an sm_86/89/120 SM,
+    100 KB, holds two 16 x 32 programs of 50,176 B and one 32 x 32 of 67,584 B; an A100 two of those), registers cap
+    them at two (an H200 holds two, as its sm_89-path split counts were measured); from 256 programs an SM that holds
+    one 32 x 32 program gets 32 x 16 tiles, one that holds two keeps 32 x 32."""
+    h200, sm89, sm80 = dev.target("sm_90"), dev.target("sm_89"), dev.target("sm_80")
+    h200_as_sm89 = dev.running_as(h200, (8, 9))
+    c16x32 = sd_triton.choose_tiles(sm89, 8, rows=64)
+    c32x32 = sd_triton.choose_tiles(sm89, 64, rows=64)
+    assert (c16x32.block_h, c16x32.block_n, c32x32.block_h, c32x32.block_n) == (16, 32, 32, 32)
+    assert [sd_triton.shared_bytes(c, sm89) for c in (c16x32, c32x32)] == [50_176, 67_584]  # the compiler's figures
+    assert [sd_triton.resident_programs(c16x32, i) for i in (sm89, dev.target("sm_120"), h200_as_sm89)] == [2, 2, 2]
+    assert [sd_triton.resident_programs(c32x32, i) for i in (sm89, sm80, h200_as_sm89)] == [1, 2, 2]
+    for info, big_tiles in ((sm89, False), (dev.target("sm_86"), False), (dev.target("sm_120"), False),
+                            (sm80, True), (h200_as_sm89, True)):  # fmt: skip
+        assert sd_triton.choose_tiles(info, 64, rows=64).block_n == 32  # 128 programs
+        assert sd_triton.choose_tiles(info, 64, rows=128).block_n == (32 if big_tiles else 16), info.name
+        assert sd_triton.choose_tiles(info, 128, rows=8192).block_n == (32 if big_tiles else 16), info.name
+        assert sd_triton.choose_tiles(info, 64, rows=1).block_n == 16  # <= 2 programs: short tiles everywhere
+
+
 @pytest.mark.parametrize("splits,heads", [(2, 64), (20, 64), (132, 128), (7, 8)])
 def test_combine_blocks_cover_all_splits(splits, heads):
     block_s, block_h, block_d = sd_triton.combine_blocks(splits, heads)

@@ -161,6 +161,25 @@ def test_other_configs_match_reference(nan_empty, cfg, splits):
     check(kw, out, lse)
 
 
+@pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_120"])
+@pytest.mark.parametrize(
+    "batch,heads", [(16, 16), (64, 8), (64, 128), (128, 64)], ids=["B16-H16", "B64-H8", "B64-H128", "B128-H64"]
+)
+def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batch, heads):
+    """The tiles and split counts the launcher picks for another GPU's shared memory per SM (on this GPU's SMs): 32 x
+    16 tiles from 256 programs where an SM holds one 32 x 32 program, split counts from the opaque tiles' exact
+    size (test_programs_per_sm_follow_each_targets_shared_memory) compute the same function."""
+    from dataclasses import replace
+
+    from sparsemla.kernels import device as dev
+
+    kw = make_case(batch, heads, 128, 512, sink=True, invalid=0.05, seed=batch + heads)
+    here = dev.device_info(kw["q"].device)
+    with dev.assume(replace(dev.target(target), num_sms=here.num_sms)):
+        out, lse = api.sparse_decode(**kw)
+    check(kw, out, lse)
+
+
 @pytest.mark.parametrize("dv_split", [1, 2])
 def test_integer_dequant_is_bit_identical_on_every_byte(dv_split):
     """The integer e4m3 -> bf16 path equals the conversion-unit path bit for bit: NoPE bytes drawn from all 254

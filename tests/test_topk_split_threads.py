@@ -167,15 +167,6 @@ def test_split_rows_are_exact_and_leave_the_workspace_at_zero(threaded, spans, b
     _check(threaded, _rows(n, bits)[[0, 1, 2, 5]], lens, k, **kw)
 
 
-def test_split_rows_with_two_span_tiles(threaded):
-    """A second, smaller span tile (``reg_span_small``): rows whose spans fit it take it, longer spans the large one,
-    in one launch (8-bit digits, by position)."""
-    n, k = 4500, 512
-    lens = torch.tensor([n, 1900, 2047, 3073], dtype=torch.int32)  # spans of 1125 (the large tile), 475, 512, 769 keys
-    _check(threaded, _rows(n, 8)[[0, 1, 2, 5]], lens, k, splits=4, span=512, split_row=0, filter_tiles=(0, 0),
-           reg_span=2048, reg_span_small=1024, reg_bits=8, sorted=False)  # fmt: skip
-
-
 def test_split_rows_with_wide_digits(threaded):
     """11-bit digits (2048-bin merged histograms, three passes at most) at k = 512 and 2048, both span kinds."""
     n = 4500

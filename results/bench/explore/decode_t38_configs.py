@@ -54,7 +54,13 @@ SHAPES = [Shape(*(int(x) for x in s.split("x")), 128, args.extra) for s in args.
 CONFIGS = args.configs.split(",")
 
 
+def splits(spec: str) -> int | str:
+    """``.../sN``: N splits instead of the launcher's count."""
+    return int(spec.split("/s")[1]) if "/s" in spec else "auto"
+
+
 def config(spec: str) -> T.DecodeConfig | None:
+    spec = spec.split("/s")[0]
     if spec == "auto":
         return None
     bh, bn, w, st, dv = (int(x) for x in spec.rstrip("c").split(":"))
@@ -63,15 +69,23 @@ def config(spec: str) -> T.DecodeConfig | None:
 
 
 if args.build_cubins:
+    from dataclasses import replace
+
     from benchmarks import prod_cubins
     from sparsemla.kernels import aot
+    from sparsemla.kernels import device as dev
 
     out_dir = Path(args.build_cubins)
     for spec in CONFIGS:
 
         def workload(spec: str = spec) -> None:
             for shape in SHAPES:
-                T.sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), config=config(spec))
+                kw = make_inputs(shape, 0, "cpu", fill=False)
+                T.sparse_decode_fwd(**kw, config=config(spec), num_splits=splits(spec))
+                if args.occupancy_of:  # the launches the occupancy-matched rows make (the target's split counts)
+                    gpu = prod_cubins.path_info(args.path)[0]
+                    with dev.assume(replace(dev.target(args.occupancy_of), num_sms=gpu.num_sms)):
+                        T.sparse_decode_fwd(**kw, config=config(spec), num_splits=splits(spec))
 
         added = prod_cubins.build(workload, out_dir, args.path)
         for entry in added:
@@ -121,9 +135,9 @@ for shape in SHAPES:
         for name, ctx in variants:
             try:
 
-                def call(kw: dict, ctx=ctx, cfg=cfg) -> torch.Tensor:
+                def call(kw: dict, ctx=ctx, cfg=cfg, spec=spec) -> torch.Tensor:
                     with ctx():
-                        return T.sparse_decode_fwd(**kw, config=cfg)[0]
+                        return T.sparse_decode_fwd(**kw, config=cfg, num_splits=splits(spec))[0]
 
                 out = call(sets[0]).float()
                 row[f"err_{name}"] = float((out - ref).norm() / ref.norm())

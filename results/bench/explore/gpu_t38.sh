@@ -40,15 +40,26 @@ DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
 # sm_89's shared memory per SM on the H200's SMs), to choose the mma.sync tiles by the occupancy those GPUs have
 DCFGOCC=auto,32:16:4:1:1c,32:32:4:1:1c,16:16:4:1:1c,16:32:4:1:1c,16:64:8:1:1c,32:32:8:1:1c,64:16:4:1:1c
 DCFGOCC_SHAPES=1x64,8x64,64x64,128x64,1024x64,8192x64,64x8,1024x8,8192x8,128x128
+# `occ2` (after `occ`, decode_t38_configs_sm89_occupancy-h200.json): the split counts (`/sN`: N splits) and the
+# 16-head 64-token tile at 8 and 16 heads between 32 and 512 rows, occupancy-matched to sm_89 only
+DCFGOCC2=auto,auto/s4,16:64:8:1:1c,16:64:8:1:1c/s4,16:32:4:1:1c/s4,32:16:4:1:1c,32:32:4:1:1c/s2
+DCFGOCC2_SHAPES=32x8,64x8,128x8,256x8,512x8,64x16,256x16,32x64,64x64,256x64
+# `occ3`: the launcher after `occ` / `occ2` (exact shared memory of the opaque tiles in the split count, 32 x 16 tiles
+# from 256 programs where an SM holds one 32 x 32 program) against its choices before, forced (`/sN`), at sm_89's and
+# at sm_80's blocks per SM
+DCFGOCC3_89=auto,16:32:4:1:1c/s1,16:32:4:1:1c/s2,16:32:4:1:1c/s4,16:32:4:1:1c/s8,32:32:4:1:1c/s1
+DCFGOCC3_89_SHAPES=16x8,32x8,64x8,128x8,64x16,128x64,64x128,256x64,1024x64
+DCFGOCC3_80=auto,32:32:4:1:1c/s1,32:32:4:1:1c/s3,32:32:4:1:1c/s6,32:32:4:1:1c/s16
+DCFGOCC3_80_SHAPES=2x64,8x64,16x64,32x64,8x128,16x128
 # `wide`: the launcher's wide launch (topk.TopkLaunch, default since the twenty-first session) against the 8-warp
 # launch before it, forced (wide=False). The rounds that chose it (`coarse1` at 464c4ec..650bc78, the coarse-digit
 # and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
 WIDE_VARIANTS=default,narrow
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
-# `wide2`: the next candidates (explore README, twenty-first session): 16k rows in two 8k or four 4k register spans,
-# and the two-level winner scan of rows held in one program's registers
-WIDE2_VARIANTS=default,sp8k_dual,sp4k_dual,sp8k_s8,c2d_16,c2d_32,c2d_64
-WIDE2_SHAPES=64x4096,64x16384,64x65536,32x16384,128x16384,16x16384,8x16384
+# (`wide2` and `wide3`, the twenty-second session's candidates -- 16k rows in two 8k or four 4k register spans, 64k
+# rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,
+# topk_wide3_ab-native-h200.json; the 4k spans won only where 16 - 32 rows of 16k leave SMs idle and lost on 64k rows
+# of the same capacity, the rest lost or tied: concluded and removed with the code of 4ef5688 / 5421507)
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -79,7 +90,7 @@ build)  # what the other modes replay (carry limit: 64 MiB with the tree and .gp
     $py -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}" --paths native,sm89
     $py -m benchmarks.indexer --build-cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89
     $py -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
-    $py -m benchmarks.topk --build-cubins .gpu-cubins/topk ${TOPK[@]+"${TOPK[@]}"}
+    $py -m benchmarks.topk --build-cubins .gpu-cubins/topk --paths native,sm89 ${TOPK[@]+"${TOPK[@]}"}
     ab_build fused
     $py results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfg89o --path sm89 \
         --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" | grep -v '^\['
@@ -123,9 +134,45 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
+build-topk)  # the cubins of `formal` (both code paths)
+    PYTHONPATH=src:. .venv/bin/python -m benchmarks.topk --build-cubins .gpu-cubins/topk --paths native,sm89 \
+        ${TOPK[@]+"${TOPK[@]}"}
+    du -sh .gpu-cubins/topk
+    ;;
 build-occ)  # the cubins of `occ`
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfgocc \
         --path sm89 --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" | grep -v '^\['
+    ;;
+build-occ2)  # the cubins of `occ2`
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfgocc2 \
+        --path sm89 --configs "$DCFGOCC2" --shapes "$DCFGOCC2_SHAPES" --occupancy-of sm_89 | grep -v '^\['
+    ;;
+build-occ3)
+    for t in 89 80; do
+        cfgs="DCFGOCC3_${t}" shapes="DCFGOCC3_${t}_SHAPES"
+        PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --path sm89 \
+            --build-cubins ".gpu-cubins/dcfgocc3_$t" --configs "${!cfgs}" --shapes "${!shapes}" --occupancy-of "sm_$t" \
+            | grep -v '^\['
+    done
+    ;;
+occ3)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    for t in 89 80; do
+        cfgs="DCFGOCC3_${t}" shapes="DCFGOCC3_${t}_SHAPES"
+        TRITON_OVERRIDE_ARCH=sm89 timeout 200 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
+            --cubins ".gpu-cubins/dcfgocc3_$t" --configs "${!cfgs}" --shapes "${!shapes}" --only-t38 \
+            --occupancy-of "sm_$t" --code "$SHA" --out "$OUT/decode_t38_configs_occupancy3_sm$t-h200.json" | cut -c1-200
+    done
+    ;;
+occ2)  # occupancy-matched rows only
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout "${OCC_LIMIT_S:-300}" python3 results/bench/explore/decode_t38_configs.py \
+        --path sm89 --cubins .gpu-cubins/dcfgocc2 --configs "$DCFGOCC2" --shapes "$DCFGOCC2_SHAPES" --only-t38 \
+        --occupancy-of sm_89 --code "$SHA" --out "$OUT/decode_t38_configs_sm89_occupancy2-h200.json" | cut -c1-200
     ;;
 occ)  # the occupancy-matched sm_89-path decode tiles
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -135,14 +182,11 @@ occ)  # the occupancy-matched sm_89-path decode tiles
         --path sm89 --cubins .gpu-cubins/dcfgocc --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" --only-t38 \
         --occupancy-of sm_89 --code "$SHA" --out "$OUT/decode_t38_configs_sm89_occupancy-h200.json" | cut -c1-200
     ;;
-build-wide | build-wide2)  # the cubins of `wide` / `wide2`
+build-wide)  # the cubins of `wide`
     ab_build "${1#build-}"
     ;;
 wide)  # the wide launch's A/B from 3.8 cubins
     ab_run wide topk_wide_ab-native-h200.json 300
-    ;;
-wide2)  # the next wide-launch candidates from 3.8 cubins
-    ab_run wide2 topk_wide2_ab-native-h200.json 300
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
@@ -151,13 +195,11 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    cubins=()
-    [ "$2" = native ] && cubins=(--cubins .gpu-cubins/topk)
-    timeout 570 python3 -m benchmarks.topk --paths "$2" ${cubins[@]+"${cubins[@]}"} --git-sha "$SHA" \
+    timeout 570 python3 -m benchmarks.topk --paths "$2" --cubins .gpu-cubins/topk --git-sha "$SHA" \
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ|build-wide2|run|paths|v32|opaque|occ|wide2|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ|build-occ2|build-occ3|build-topk|run|paths|v32|opaque|occ|occ2|occ3|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -120,20 +120,9 @@ VARIANTS = {
                                    _warps=16, reg_bits=11)),  # fmt: skip
     "s2_r32k_w32": (new, dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384),
                               _warps=32)),  # fmt: skip
-    # next (after the ncu profile: a 16-warp program is instruction-bound on its 16k keys, and 64 rows leave 68 SMs
-    # idle): 16k rows in two 8k register spans (or four 4k ones) through a second, smaller span tile
-    # (reg_span_small), 64k rows still in four 16k spans; or 64k rows in eight 8k spans
-    "sp8k_dual": (new, dict(splits=4, span=8192, reg_span=16384, reg_span_small=8192, split_row=8192,
-                            row_tiles=(4096, 8192), _warps=16)),  # fmt: skip
-    "sp4k_dual": (new, dict(splits=4, span=4096, reg_span=16384, reg_span_small=4096, split_row=4096,
-                            row_tiles=(4096, 4096), _warps=16)),  # fmt: skip
-    "sp8k_s8": (new, dict(splits=8, span=8192, reg_span=8192, split_row=8192, row_tiles=(4096, 8192),
-                          _warps=16)),  # fmt: skip
-    # and the winner compaction (~45 % of the wide launch's executed instructions, topk_ncu_lines-*.json) as per-row
-    # totals and in-row scans over rows of 16 / 32 / 64 keys (compact_cols) instead of one 16k-wide scan
-    "c2d_16": (new, dict(compact_cols=16)),
-    "c2d_32": (new, dict(compact_cols=32)),
-    "c2d_64": (new, dict(compact_cols=64)),
+    # (the twenty-second session's `wide2` / `wide3` variants -- 16k rows in two 8k or four 4k register spans through
+    # a second span tile, 64k rows in eight 8k spans, the two-level winner scan -- ran at 02f172c with the code of
+    # 51ef8e4: topk_wide2_ab-native-h200.json, topk_wide3_ab-native-h200.json; concluded and removed)
     # the launch before the wide shape (twenty-first session), forced
     "narrow": (new, dict(wide=False)),
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)

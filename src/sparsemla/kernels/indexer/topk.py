@@ -329,14 +329,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     gt = valid & (hi > thr)
     eq = valid & (hi == thr)
     both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    _store_winners(gt, eq, tl.cumsum(both, axis=0) - both, payload, k_rem, gt_before, eq_before, idx_out_ptr)
-
-
-@triton.jit
-def _store_winners(gt, eq, before, payload, k_rem, gt_before, eq_before, idx_out_ptr):
-    """Stores ``payload`` where a key wins: every key above the threshold (``gt``) and the first ``k_rem`` at it
-    (``eq``), at its position-order slot of ``idx_out_ptr``. ``before``: the keys above / at the threshold earlier in
-    this tile, packed ``above | at << 16``; ``gt_before`` / ``eq_before``: those in earlier spans of the row."""
+    before = tl.cumsum(both, axis=0) - both
     eq_rank = eq_before + (before >> 16)  # ties before this one in the row
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
@@ -353,49 +346,16 @@ def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: t
 
 
 @triton.jit
-def _write_winners_rows(
-    src_ptr, length, prefix, low, k_rem, idx_out_ptr, ROW: tl.constexpr, COLS: tl.constexpr, FROM_L2: tl.constexpr
-):
-    """:func:`_write_winners` for ``src_ptr[0:length]`` (``length <= ROW``) with the row re-read as a
-    [ROW // COLS, COLS] tile: a winner's slot is the winners of the rows before its own (one scan over the
-    ROW // COLS row totals) plus those before it in its row (a scan of COLS keys), instead of one ROW-wide scan."""
-    R: tl.constexpr = ROW // COLS
-    offs = tl.arange(0, R)[:, None] * COLS + tl.arange(0, COLS)[None, :]  # [R, COLS] positions
-    valid = offs < length
-    hk = _order_key(_load_row(src_ptr + offs, valid, FROM_L2)) >> low  # [R, COLS]
-    thr = prefix >> low
-    gt = valid & (hk > thr)
-    eq = valid & (hk == thr)
-    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both (16-bit fields: ROW <= 32768)
-    totals = tl.sum(both, axis=1)  # [R]
-    before = (tl.cumsum(totals, axis=0) - totals)[:, None] + tl.cumsum(both, axis=1) - both  # [R, COLS]
-    _store_winners(gt, eq, before, offs, k_rem, 0, 0, idx_out_ptr)
-
-
-@triton.jit
 def _select_in_registers(
-    src_ptr,
-    length,
-    idx_out_ptr,
-    K: tl.constexpr,
-    ROW: tl.constexpr,
-    FROM_L2: tl.constexpr,
-    BITS: tl.constexpr,
-    COMPACT_COLS: tl.constexpr,
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers. ``COMPACT_COLS > 0``: the winners are written by :func:`_write_winners_rows` (the row read
-    again as rows of that many keys) instead of one ROW-wide scan."""
-    tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
+    held in registers."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    if COMPACT_COLS > 0:
-        prefix, low, k_rem = _threshold_prefix(key, valid, length * 0, K, ROW, BITS)
-        _write_winners_rows(src_ptr, length, prefix, low, k_rem, idx_out_ptr, ROW, COMPACT_COLS, FROM_L2)
-    else:
-        _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -560,7 +520,6 @@ def _topk_row(
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
-    COMPACT_COLS: tl.constexpr = 0,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -568,17 +527,16 @@ def _topk_row(
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
     (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches;
-    ``COMPACT_COLS``: see :func:`_select_in_registers`. ``idx_out_ptr`` [K]
+    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
     int32 receives positions (it is also the
     selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
     ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS, COMPACT_COLS)
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS, COMPACT_COLS)
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
@@ -812,8 +770,6 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
-    REG_SPAN_SMALL: tl.constexpr,
-    COMPACT_COLS: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -843,11 +799,10 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS,
-                          COMPACT_COLS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, COMPACT_COLS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -869,17 +824,8 @@ def _indexer_topk_kernel(
                 in_regs = (span <= REG_SPAN).to(tl.int32)
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
-                    small = n * 0
-                    if REG_SPAN_SMALL > 0:  # a second, smaller span tile: short spans do not pay for the large one
-                        small = (span <= REG_SPAN_SMALL).to(tl.int32)
-                    if small != 0:
-                        if REG_SPAN_SMALL > 0:
-                            phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx,
-                                                            K, REG_SPAN_SMALL, SPLITS, REG_BITS, HIST_REGION,
-                                                            phase)  # fmt: skip
-                    else:
-                        phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                        REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
+                    phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
                                       STREAM_BITS, HIST_REGION, phase)  # fmt: skip
@@ -1134,8 +1080,6 @@ def indexer_topk_fwd(
     bits: int | None = None,
     stream_bits: int | None = None,
     wide: bool | None = None,
-    reg_span_small: int = 0,
-    compact_cols: int = 0,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1148,10 +1092,8 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`) and
-    ``reg_span_small`` a second, smaller span tile for spans that fit it (0: none) and ``compact_cols`` the row
-    width of the two-level winner scan of rows a program holds in registers (0: one scan over the tile); tests and
-    sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`) and ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`);
+    tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1194,10 +1136,6 @@ def indexer_topk_fwd(
     stream_bits = STREAM_BITS if stream_bits is None else stream_bits
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
-    if compact_cols and (compact_cols & (compact_cols - 1) or not 16 <= compact_cols <= 256):
-        raise ValueError(f"compact_cols must be 0 or a power of two in [16, 256], got {compact_cols}")
-    if reg_span_small and (reg_span_small & (reg_span_small - 1) or not 0 < reg_span_small < reg_span):
-        raise ValueError(f"reg_span_small must be 0 or a power of two below reg_span={reg_span}, got {reg_span_small}")
     tiles = row_tiles or launch.row_tiles
     row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
     groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
@@ -1244,8 +1182,6 @@ def indexer_topk_fwd(
         SPLIT_ROW=launch.split_row if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
-        REG_SPAN_SMALL=reg_span_small if n_split > 1 and reg_span > 0 else 0,
-        COMPACT_COLS=compact_cols,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )

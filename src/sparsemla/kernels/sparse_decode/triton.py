@@ -80,6 +80,13 @@ class DecodeConfig:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
 
+# mma.sync targets, H > 16: from this many programs (rows x 32-head blocks) the 32 x 16 tile, where an SM holds one
+# 32 x 32 program only (choose_tiles). sm_89 path on the H200 at sm_89's blocks per SM, 3.8 cubins
+# (results/bench/explore/decode_t38_configs_sm89_occupancy-h200.json): H=64 B=128 153.5 -> 143.8 us, B=1024 1112 ->
+# 1061, 8192 rows 8605 -> 8242, H=128 B=128 288 -> 262; B=64 (128 programs) 79.0 against 103.4: the 32 x 32 tile.
+MMA_SMALL_TILE_BUSY = 256
+
+
 def tile_chunks_first() -> bool:
     """Whether the gathered tile is built chunks-first ([NC, BLOCK_N, 64]) so that the compiling Triton lays its lanes
     over tokens (``_load_kv_tile``): Triton >= 3.8. Read at every launch from ``device.TRITON_VERSION`` (a replay of
@@ -121,12 +128,13 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
     memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
-    ``(block_h + block_n) x 1 KB`` + P through its opaque move (:func:`opaque_tile_default`; the tiles below were
-    chosen, and :func:`shared_bytes` sizes them, with the tile staged twice), so a 64-head x 64-token tile needs
-    196,608 / 139,264 B. Within the budget,
-    H > 16: 32-head blocks, 16-token tiles (64 KB) while ``rows x head blocks <= 2``, 32-token tiles (96 KB) above.
-    One pipeline stage: a second one doubles the gathered tile's staging buffers and does not fit. Measured in the
-    sm_89 code path on the H200 (docs/performance.md).
+    ``(block_h + block_n) x 1 KB`` + P through its opaque move (:func:`opaque_tile_default`, :func:`shared_bytes`), so
+    a 64-head x 64-token tile needs 196,608 / 139,264 B. Within the budget,
+    H > 16: 32-head blocks, 16-token tiles (49 KB) while ``rows x head blocks <= 2``, 32-token tiles (66 KB) above,
+    and 16-token tiles again from :data:`MMA_SMALL_TILE_BUSY` programs where an SM holds only one 32-token program
+    (100 KB of shared memory per SM: sm_86/89/120; an A100 holds two). One pipeline stage: a second one doubles the
+    gathered tile's staging buffers and does not fit. Measured in the sm_89 code path on the H200, at its own and at
+    sm_89's blocks per SM (``benchmarks/prod_cubins.py``'s occupancy emulation; docs/performance.md).
 
     Interpreter: small tiles (its dots run in fp32 on the CPU)."""
     if info is dev.INTERPRETER:
@@ -136,7 +144,11 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
     if not info.has_wgmma:
         busy = rows * triton.cdiv(num_heads, 32)
-        return DecodeConfig(32, 16 if busy <= 2 else 32, 4, 1, partial_bf16=True, int_dequant=True)
+        small = DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True)
+        big = replace(small, block_n=32)
+        if busy <= 2 or (busy >= MMA_SMALL_TILE_BUSY and resident_programs(big, info) < 2):
+            return small
+        return big
     busy = rows * triton.cdiv(num_heads, 64)
     if busy >= 8:
         # sm_100 (tcgen05): the 64-token tile spilled 304 B per thread there (ahead of time), 32 tokens 160 B
@@ -150,16 +162,33 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
 
 
 def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
-    """Estimated shared memory of the main kernel with ``cfg`` on ``info`` (it sizes how many programs an SM holds,
-    hence the split count; the ahead-of-time compile reports the exact figure): the bf16 tiles the dots read, q
-    [block_h, 512] and the gathered rows [block_n, 512], the rows twice where both dots stage them (mma.sync, which
-    wgmma targets also use below 64 heads, unless a program owns one half of V), plus ~1.5 KB per token and extra
-    pipeline stage for the raw rows in flight."""
+    """Shared memory of the main kernel with ``cfg`` on ``info`` (it sizes how many programs an SM holds, hence the
+    split count; the ahead-of-time compile reports the exact figure, tests/test_aot.py holds the two together): the
+    bf16 tiles the dots read, q [block_h, 512] and the gathered rows [block_n, 512]. Through the opaque move
+    (:func:`opaque_tile_default`) the rows are stored once, plus P [block_h, block_n] bf16: exact (16 x 32: 50,176 B,
+    32 x 32: 67,584 B). Otherwise an estimate: the rows twice where both dots stage them (mma.sync, unless a program
+    owns one half of V), plus ~1.5 KB per token and extra pipeline stage for the raw rows in flight."""
     wgmma = wgmma_tile(cfg, info)
-    # mma.sync configurations are sized with the tile staged twice, as they were measured: through the opaque move
-    # (opaque_tile_default) Triton stores it once, so this overstates them by block_n KB and keeps their split counts
+    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+    if opaque and not wgmma:
+        return (cfg.block_h + cfg.block_n) * V4_DIM * 2 + cfg.block_h * cfg.block_n * 2
     tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
     return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
+
+
+def resident_programs(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
+    """Programs of ``cfg`` one SM of ``info`` holds at once (the split count fills ``SMs x this``). Opaque mma.sync
+    tiles: by their exact shared memory (:func:`sparsemla.kernels.device.resident_blocks`) and registers (ahead of
+    time: ~128 a thread for 16 x 16 tiles and 8-warp tiles, 176-255 for 4-warp tiles of >= 512 scores; 64K per SM
+    on every target), so an sm_86/89/120 SM holds two 16 x 32 programs and an H200 two, as measured. Other tiles:
+    ``smem_per_sm`` over :func:`shared_bytes`' estimate, the split counts they were measured with."""
+    shared = shared_bytes(cfg, info)
+    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+    if not opaque or wgmma_tile(cfg, info):
+        return max(1, info.smem_per_sm // shared)
+    threads = cfg.num_warps * 32
+    regs = 255 if cfg.num_warps == 4 and cfg.block_h * cfg.block_n >= 512 else 128
+    return max(1, min(dev.resident_blocks(info, shared, threads), 65_536 // (threads * regs)))
 
 
 def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, slots: int, override: int | str = "auto") -> int:
@@ -582,8 +611,8 @@ def sparse_decode_fwd(
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
     max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
-    resident = max(1, info.smem_per_sm // shared_bytes(cfg, info))  # programs one SM holds at once
-    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, info.num_sms * resident, num_splits)
+    slots = info.num_sms * resident_programs(cfg, info)
+    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, slots, num_splits)
     aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
     aligned = aligned and page_stride_x % 16 == 0
 
@@ -647,6 +676,7 @@ __all__ = [
     "choose_num_splits",
     "flops_and_bytes",
     "opaque_tile_default",
+    "resident_programs",
     "shared_bytes",
     "sparse_decode_fwd",
 ]
