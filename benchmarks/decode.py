@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import typer
 
 from benchmarks import paths as code_paths
 from sparsemla import artifacts
+from sparsemla.kernels import device as dev
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_NOPE_DIM, V4_NUM_SCALES, V4_SCALE_BYTES, v4_page_bytes
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -264,10 +265,13 @@ def bench_shape(
     splits: int | str,
     code_path: str = "native",
     replayer: Any = None,
+    occupancy: tuple[Any, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Rows (µs) of every provider on one shape, and each provider's relative error against sparsemla's output.
     ``replayer`` (a :class:`benchmarks.prod_cubins.Replayer`): also ``sparsemla_t38`` / ``sparsemla_t38_graph``, the
-    same calls launched from Triton 3.8 cubins."""
+    same calls launched from Triton 3.8 cubins. ``occupancy`` (a Replayer made with ``occupancy_of``, and the
+    DeviceInfo the launcher is given: that target's facts on this GPU's SMs): also ``sparsemla_t38occ_graph``, the
+    same calls at that target's blocks per SM."""
     from triton.testing import do_bench
 
     from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
@@ -284,6 +288,14 @@ def bench_shape(
                 return sparse_decode_fwd(**kw, num_splits=splits)
 
         fns["sparsemla_t38"] = [lambda kw=kw: from_cubins(kw) for kw in sets]
+    if occupancy is not None:
+        occ_replayer, occ_info = occupancy
+
+        def at_target_occupancy(kw: dict) -> Any:
+            with dev.assume(occ_info), occ_replayer:  # the target's facts, its blocks per SM (padded launches)
+                return sparse_decode_fwd(**kw, num_splits=splits)
+
+        fns["sparsemla_t38occ"] = [lambda kw=kw: at_target_occupancy(kw) for kw in sets]
     if "sglang_triton" in providers and sglang_fn is not None and shape.is_target and shape.B <= 128:
         fns["sglang_triton"] = [
             lambda kw=kw: sglang_fn(
@@ -306,7 +318,7 @@ def bench_shape(
     if "reference" in providers and shape.is_target and shape.B <= 128:
         fns["reference"] = [lambda kw=kw: sparse_decode_reference(**kw) for kw in sets]
 
-    for name in ("sparsemla", "sparsemla_t38"):
+    for name in ("sparsemla", "sparsemla_t38", "sparsemla_t38occ"):
         if name in fns:
             fns[f"{name}_graph"] = fns[name]  # same calls, one CUDA-graph replay per repetition
     errs: dict[str, float] = {}
@@ -316,10 +328,10 @@ def bench_shape(
         out = calls[0]()[0][:, :, : shape.H]
         if ours is not None and not name.endswith("_graph"):
             errs[name] = rel_err(out, ours)
-        if name == "sparsemla_t38":  # eager replay = ctypes driver calls from Python: host time production never pays
+        if name in ("sparsemla_t38", "sparsemla_t38occ"):  # eager replay = ctypes calls from Python: host time
             continue
         runs = [graphed(c) for c in calls] if name.endswith("_graph") else calls
-        if name == "sparsemla_t38_graph" and any(r is c for r, c in zip(runs, calls, strict=True)):
+        if "_t38" in name and any(r is c for r, c in zip(runs, calls, strict=True)):
             raise RuntimeError("a Triton 3.8 replay did not capture into a CUDA graph: its eager time is Python's")
         state = {"i": 0}
 
@@ -397,6 +409,11 @@ def main(
     cubins: Path = typer.Option(
         None, help="GPU: also time sparsemla_t38[_graph] from DIR/<path>'s Triton 3.8 cubins in each code path."
     ),
+    occupancy_of: str = typer.Option(
+        "",
+        help="A target (sm_89): in the paths other than native, also time sparsemla_t38occ_graph, the 3.8 cubins at "
+        "that target's blocks per SM and with its facts on this GPU's SMs (with --build-cubins: build those launches).",
+    ),
 ) -> None:
     """Time every provider over the shape grid in each code path and write the JSON (needs a CUDA GPU)."""
     import sys
@@ -409,19 +426,34 @@ def main(
         path_list = code_paths.parse(paths)
     except ValueError as exc:
         fail(str(exc), "e.g. --paths native,sm89")
+    occ_target = None
+    if occupancy_of:
+        try:
+            occ_target = dev.target(occupancy_of)
+        except ValueError as exc:
+            fail(f"--occupancy-of: {exc}", "e.g. --occupancy-of sm_89")
+        if cubins is None and build_cubins is None:
+            fail("--occupancy-of needs --cubins DIR (or --build-cubins DIR)", "its provider replays Triton 3.8 cubins")
     if build_cubins is not None:
         import triton
 
         from benchmarks import prod_cubins
         from sparsemla.kernels.sparse_decode.triton import sparse_decode_fwd
 
-        def workload() -> None:
+        def workload(occ_info: object = None) -> None:
             for shape in shapes:
-                sparse_decode_fwd(**make_inputs(shape, 0, "cpu", fill=False), num_splits=split_arg)
+                kw = make_inputs(shape, 0, "cpu", fill=False)
+                sparse_decode_fwd(**kw, num_splits=split_arg)
+                if occ_info is not None:  # the launches the occupancy-matched provider makes (the target's splits)
+                    with dev.assume(occ_info):
+                        sparse_decode_fwd(**kw, num_splits=split_arg)
 
         for code_path in path_list:
+            occ_info = None
+            if occ_target is not None and code_path != "native":
+                occ_info = replace(occ_target, num_sms=prod_cubins.path_info(code_path)[0].num_sms)
             where = prod_cubins.path_dir(build_cubins, code_path)
-            added = prod_cubins.build(workload, where, code_path)
+            added = prod_cubins.build(lambda occ_info=occ_info: workload(occ_info), where, code_path)
             print(f"{len(added)} cubins added to {where} (Triton {triton.__version__}, {code_path} path on sm_90)")
         return
     if cubins is not None:
@@ -453,15 +485,22 @@ def main(
         provs = [p for p in provs if p == "sparsemla"]  # the baselines do not change with Triton's target
     sglang_fn = load_sglang_triton(sglang_src) if "sglang_triton" in provs and sglang_src.exists() else None
     flash_mla, _ = load_flash_mla(torch.device("cuda"))
-    replayer = None
+    replayer, occupancy = None, None
     if cubins is not None:
         from benchmarks import prod_cubins
 
         replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))  # this code path's cubins
+        if occ_target is not None and code_path != "native":
+            here = prod_cubins.physical_gpu(torch.device("cuda"))
+            occupancy = (
+                prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path), occupancy_of=occ_target),
+                replace(occ_target, num_sms=here.num_sms, name=f"{here.name} at {occ_target.name}'s blocks per SM"),
+            )
     rows, checks = [], []
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
         for shape in shapes:
-            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path, replayer)
+            r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path, replayer,
+                                  occupancy)  # fmt: skip
             rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]
             checks.append({**shape.__dict__, "rel_err_vs_sparsemla": errs})
             print(json.dumps(r), flush=True)
@@ -488,6 +527,12 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, check
             "Triton 3.8 (production's) on the build machine (`--build-cubins`), in that code path for this GPU, "
             "and launched from those cubins (benchmarks/prod_cubins.py)"
         )
+    if any("_t38occ" in r["provider"] for r in rows):
+        method += (
+            "; `sparsemla_sm89path_t38occ_graph` = the sm_89 path's 3.8 cubins at sm_89's blocks per SM (each "
+            "launch asks for enough dynamic shared memory that an SM of this GPU holds as many programs as an sm_89 "
+            "SM, 100 KB, would: prod_cubins.padded_shared) with the launcher given sm_89's facts on this GPU's SMs"
+        )
     write_doc(path, "decode", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
 
 
@@ -511,8 +556,6 @@ def write_doc(
 ) -> None:
     """The JSON of a kernel benchmark run (decode, prefill): the device, versions and ceilings, then the rows."""
     import triton
-
-    from sparsemla.kernels import device as dev
 
     doc = {
         "op": op,

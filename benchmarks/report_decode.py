@@ -81,6 +81,7 @@ def decode_section(data: dict) -> str:
     out += _prefill_lines(cells)
     out += t38_lines()
     out += anatomy_lines()
+    out += occupancy_lines()
     out += _projection_lines(cells, data)
     out += _sweep_lines(data.get("sweep"))
     cols = [c for c in COLUMNS if any(c in v for v in cells.values())]
@@ -127,15 +128,24 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
     data = json.loads(files[-1].read_text())
     cells = cells_by(data["rows"], ("extra_topk", "H", "B", "swa_topk"))
     h, swa, x = TARGET_SHAPE
+    occ = any("sparsemla_sm89path_t38occ_graph" in v for v in cells.values())
     out = [
         "",
         f"**Triton 3.8 (production's compiler), both code paths** (graph replay, µs; {data['gpu']}, commit "
         f"`{data['git_sha'][:10]}`, {data.get('date', '')[:10]}; `3.8` = kernels compiled by Triton 3.8 on the build "
         "machine for that code path and launched from their cubins, `3.6` = the GPU machine's Triton in the same run; "
-        f"`{files[-1].relative_to(explore.parents[2])}`):",
+        f"`{files[-1].relative_to(explore.parents[2])}`"
+        + (
+            "; `at sm_89's occupancy` = the sm_89 path's 3.8 cubins with as many programs per SM as an sm_89 SM holds "
+            "and the launcher given sm_89's facts: `benchmarks/prod_cubins.py`, `padded_shared`"
+            if occ
+            else ""
+        )
+        + "):",
         "",
-        "| H | B | wgmma 3.6 | wgmma 3.8 | sm_89 path 3.6 | sm_89 path 3.8 | sm_89 / wgmma (3.8) | sm_89 limit (3.8) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| H | B | wgmma 3.6 | wgmma 3.8 | sm_89 path 3.6 | sm_89 path 3.8 | sm_89 / wgmma (3.8) | sm_89 limit (3.8) |"
+        + (" at sm_89's occupancy (3.8) |" if occ else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if occ else ""),
     ]
     for (x_, h_, b_, swa_), v in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         if (x_, swa_) != (x, swa):
@@ -151,7 +161,7 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
         out.append(
             f"| {h_} | {b_} | {fmt_us(v.get('sparsemla_graph'))} | {fmt_us(nat)} "
             f"| {fmt_us(v.get('sparsemla_sm89path_graph'))} | {fmt_us(s89)} "
-            f"| {ratio_txt} | {lim_txt} |"
+            f"| {ratio_txt} | {lim_txt} |" + (f" {fmt_us(v.get('sparsemla_sm89path_t38occ_graph'))} |" if occ else "")
         )
     return out
 
@@ -167,10 +177,51 @@ ANATOMY_NOTE = (
     "and ~40 % fewer loop instructions on every mma.sync target; the launcher applies it wherever the dots are "
     "mma.sync (`opaque_tile_default`). wgmma reads its operands from shared memory: unchanged. What remains on "
     "mma.sync: Triton gives the two chained dots one layout with the 4 warps along the 512 output columns, so every "
-    "warp still re-reads the whole q (32 KB) from shared memory each tile. The H200 holds 3 programs of 67,584 B "
-    "per SM where an sm_86 / 89 / 120 part (100 KB per SM) holds one, so the sm_89 path's times on the H200 flatter "
-    "those GPUs more with the move than without."
+    "warp still re-reads the whole q (32 KB) from shared memory each tile. An H200 SM holds two programs of 67,584 B "
+    "(registers bound it) where an sm_86 / 89 / 120 part (100 KB per SM) holds one, so the sm_89 path's times on the "
+    "H200 flatter those GPUs more with the move than without (measured at their blocks per SM below)."
 )
+
+
+OCCUPANCY_NOTE = (
+    "`auto` is the launcher since 18ebfcc: the opaque mma.sync tiles sized exactly in the split count (an sm_86 / 89 "
+    "/ 120 SM holds two 16 x 32 programs of 50,176 B, an A100 SM two 32 x 32 of 67,584 B), and 32 x 16 tiles from 256 "
+    "programs where an SM holds one 32 x 32 program. Before it the launcher chose, for sm_89's facts on these 132 SMs: "
+    "16 x 32 tiles with half the splits at H <= 16 (16 / 32 / 64 / 128 rows: 8 / 4 / 2 / 1 splits, the `/sN` "
+    "columns) and the 32 x 32 tile at >= 256 programs (`32:32:4:1:1c/s1`); for sm_80's, 32 x 32 tiles with half the "
+    "splits from 8 rows (8 x 64: 8, 16 x 64: 4, 32 x 64: 2, 8 x 128: 4, 16 x 128: 2; the forced counts measured "
+    "bracket them). The H200's own choices (both code paths) did not change."
+)
+
+
+def occupancy_lines(explore: Path = EXPLORE) -> list[str]:
+    """The sm_89 path at other GPUs' blocks per SM (``gpu_t38.sh occ3``: 3.8 cubins, each launch asking for enough
+    dynamic shared memory that an H200 SM holds as many of its programs as the target's SM would, the launcher
+    configured with the target's facts on the H200's SMs): the launcher's choice against forced ones."""
+    files = sorted(explore.glob("decode_t38_configs_occupancy3_sm*-h200.json"))
+    if not files:
+        return []
+    out = [
+        "",
+        "**The sm_89 path at those GPUs' blocks per SM** (an H200 SM holds two 67,584 B programs where an sm_86 / 89 "
+        "/ 120 SM, 100 KB, holds one: `benchmarks/prod_cubins.py` pads every replayed launch's dynamic shared memory "
+        "so that an H200 SM holds as many programs as the target's, and the launcher is configured with that target's "
+        "facts on the H200's 132 SMs; Triton 3.8 cubins, CUDA-graph replay, H200 clocks, L2 and bandwidth), µs; "
+        "`bh:bn:warps:stages:dv[c]/sN` = a forced tile and split count; fastest in bold:",
+    ]
+    for f in files:
+        data = json.loads(f.read_text())
+        rows, target = data["rows"], data["meta"].get("occupancy_of") or "?"
+        cfgs = list(dict.fromkeys(r["cfg"] for r in rows))
+        cells = {(r["B"], r["H"], r["cfg"]): r.get("us_t38occ") for r in rows}
+        out += ["", f"{target} (`{f.relative_to(explore.parents[2])}`, commit `{data['meta'].get('code')}`):", ""]
+        out += ["| B | H | " + " | ".join(f"`{c}`" for c in cfgs) + " |", "|---|---|" + "---|" * len(cfgs)]
+        for b, h in dict.fromkeys((r["B"], r["H"]) for r in rows):
+            vals = [cells.get((b, h, c)) for c in cfgs]
+            best = min((v for v in vals if v is not None), default=None)
+            txt = [f"**{fmt_us(v)}**" if v is not None and v == best else fmt_us(v) for v in vals]
+            out.append(f"| {b} | {h} | " + " | ".join(txt) + " |")
+    return [*out, "", OCCUPANCY_NOTE]
 
 
 def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> list[str]:
@@ -254,10 +305,15 @@ def _prefill_lines(cells: dict) -> list[str]:
 
 def _projection_lines(cells: dict, data: dict) -> list[str]:
     """A PROJECTION (not a measurement) of the target shapes on GPUs this project has not run on: the bytes floor at
-    the GPU's bandwidth, and the sm_89-path time measured on the H200 scaled by waves: the same configuration's
-    programs over the GPU's SMs x programs per SM (from its shared memory per SM) against the H200's."""
+    the GPU's bandwidth, and the sm_89-path time measured on the H200 scaled by waves: the measured configuration's
+    programs over the GPU's SMs x programs per SM (``resident_programs``: its shared memory per SM) against the
+    H200's. (Where that GPU's own choice differs -- 32 x 16 tiles from 256 programs on 100 KB SMs -- it was measured
+    faster at that GPU's blocks per SM, results/bench/explore/decode_t38_configs_occupancy3_sm89-h200.json: the
+    projection keeps the measured configuration.)"""
+    from dataclasses import replace
+
     from sparsemla.kernels import device as dev
-    from sparsemla.kernels.sparse_decode.triton import choose_config, flops_and_bytes, shared_bytes
+    from sparsemla.kernels.sparse_decode.triton import choose_config, flops_and_bytes
 
     h200 = data.get("device") or {}
     if not h200:
@@ -266,12 +322,15 @@ def _projection_lines(cells: dict, data: dict) -> list[str]:
     h, swa, x = TARGET_SHAPE
     lines = ["", "**Projection (not a measurement)** for the target shapes on the GPUs this project is for, µs: "
              "`floor` = KV bytes / the GPU's DRAM bandwidth; `projected` = max(floor, the sm_89-path graph replay "
-             "measured above x the ratio of waves: programs / (SMs x programs that fit one SM's shared memory), that "
-             "GPU against the H200). It ignores clock and L2 differences: a scale, not a promise.", ""]  # fmt: skip
+             "measured above x the ratio of waves: programs / (SMs x programs that fit one SM's shared memory) of the "
+             "measured configuration, that GPU against the H200). It ignores clock and L2 differences: a scale, not a "
+             "promise.", ""]  # fmt: skip
     lines += ["| GPU | SMs | TB/s | " + " | ".join(f"B={b} floor / projected" for b in TARGETS) + " |"]
     lines += ["|---|---|---|" + "---|" * len(TARGETS)]
+    measured = dev.running_as(dev.target("sm_90"), (8, 9))  # what the sm_89 path configures on the H200
+    here = replace(measured, num_sms=h200_sms, smem_per_sm=h200_smem)
     for name, key, sms, bw in PROJECTED:
-        target = dev.TARGETS[key]
+        target = replace(dev.TARGETS[key], num_sms=sms)
         cells_txt = []
         for b in TARGETS:
             v = cells.get((x, h, b, swa), {})
@@ -281,23 +340,22 @@ def _projection_lines(cells: dict, data: dict) -> list[str]:
             if s89 is None:
                 cells_txt.append(f"{fmt_us(floor)} / -")
                 continue
-            cfg = choose_config(target, h, b)
+            cfg = choose_config(measured, h, b)
             shape = (b, -(-h // cfg.block_h) * cfg.dv_split, -(-swa // cfg.block_n) + -(-x // cfg.block_n))
-            need = shared_bytes(cfg, target)
-            scale = _waves(shape, need, sms, target.smem_per_sm) / _waves(shape, need, h200_sms, h200_smem)
+            scale = _waves(shape, cfg, target) / _waves(shape, cfg, here)
             cells_txt.append(f"{fmt_us(floor)} / {fmt_us(max(floor, s89 * scale))}")
         lines.append(f"| {name} | {sms} | {bw / 1e12:.2f} | " + " | ".join(cells_txt) + " |")
     return lines
 
 
-def _waves(shape: tuple[int, int, int], need: int, sms: int, smem_per_sm: int) -> int:
-    """Waves of programs of a decode launch (rows, head blocks, tiles) on ``sms`` SMs holding ``smem_per_sm``."""
-    from sparsemla.kernels.sparse_decode.triton import choose_num_splits
+def _waves(shape: tuple[int, int, int], cfg: object, info: object) -> int:
+    """Waves of programs of a decode launch (rows, head blocks, tiles) of ``cfg`` on ``info``'s SMs."""
+    from sparsemla.kernels.sparse_decode.triton import choose_num_splits, resident_programs
 
     rows, blocks, tiles = shape
-    resident = max(1, smem_per_sm // need)
-    programs = rows * blocks * choose_num_splits(rows, blocks, tiles, sms * resident)
-    return -(-programs // (sms * resident))
+    slots = info.num_sms * resident_programs(cfg, info)
+    programs = rows * blocks * choose_num_splits(rows, blocks, tiles, slots)
+    return -(-programs // slots)
 
 
 def _sweep_lines(sweep: dict | None) -> list[str]:

@@ -50,50 +50,10 @@ def _cell(row: dict | None) -> str:
     return f"{fmt_us(row.get('us_graph'))} / {fmt_us(row.get('us_graph20'))}{mark}"
 
 
-EXPLORE = Path("results/bench/explore")
-
-
-def topk_section(data: dict, explore: Path | None = EXPLORE) -> str:
-    """The section for one formal run, then :func:`wide_followup` from ``explore`` (None: none)."""
-    return _formal_section(data) + (wide_followup(data, explore) if explore else "")
-
-
-def wide_followup(data: dict, explore: Path) -> str:
-    """The wide launch's A/B (``topk_wide_ab-*.json``: the launcher's default against the 8-warp launch before it,
-    forced, in one run) while it is newer than the formal run ``data``: the formal run then timed the launch before."""
-    files = sorted(explore.glob("topk_wide_ab-*.json"))
-    runs = [(f, json.loads(f.read_text())) for f in files]
-    runs = [(f, r) for f, r in runs if r["meta"].get("date", "") > data.get("date", "")]
-    if not runs:
-        return ""
-    out = [
-        "",
-        "**After this run: the wide launch** (`topk.TopkLaunch`, the launcher's default at >= 32 rows of <= 64k "
-        "positions, k = 512 and 2048: 16-warp programs, a row of up to 16k keys in one register tile, longer rows in "
-        "16k register spans). The launcher's default (`wide`) against the launch the formal run timed (`8-warp`, "
-        "forced) in one run each, real logits, page-table width 64k, CUDA-graph replay of 20 calls (µs), every "
-        "output exact (`≠`: not):",
-        "",
-        "| run | path | kernels | B | length | k | default's launch | default | 8-warp |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for f, run in runs:
-        meta = run["meta"]
-        kernels = "Triton 3.8 cubins" if "cubins" in meta.get("topk_kernel", "") else f"Triton {meta.get('triton')}"
-        cells: dict[tuple, dict[str, dict]] = {}
-        for r in run["rows"]:
-            cells.setdefault((r["B"], r["ctx"], r["k"]), {})[r["variant"]] = r
-        for (b, ctx, k), v in sorted(cells.items()):
-            wide, narrow = v.get("default"), v.get("narrow")
-            if not wide or not narrow:
-                continue
-            mark = "" if wide.get("exact") and narrow.get("exact") else " ≠"
-            out.append(
-                f"| `{f.name}` | {meta.get('path')} | {kernels} | {b} | {ctx} | {k} | "
-                f"{'wide' if wide.get('wide') else '8-warp'} | {fmt_us(wide.get('us_graph20'))}{mark} | "
-                f"{fmt_us(narrow.get('us_graph20'))} |"
-            )
-    return "\n".join(out) + "\n"
+def topk_section(data: dict) -> str:
+    """The section for one formal run. (The wide launch's A/B, shown here while the formal run predated it, went when
+    the formal run of 41beb73 timed that launch as the default.)"""
+    return _formal_section(data)
 
 
 def _formal_section(data: dict) -> str:

@@ -199,7 +199,7 @@ def test_section_renders_a_synthetic_json():
 
 def test_section_names_the_triton38_column_and_where_its_code_came_from():
     data = _synthetic_json()
-    assert "Triton 3.8" not in report_topk.topk_section(data, explore=None)  # no such rows: no column, no note
+    assert "Triton 3.8" not in report_topk.topk_section(data)  # no such rows: no column, no note
     data["rows"] = [*SYNTHETIC, _row(topk.T38, 64, 4096, 512, 6.0)]
     data["triton38_cubins"] = {"dir": ".gpu-cubins/topk", "triton": ["3.8.0"], "targets": ["cuda:90"]}
     md = report_topk.topk_section(data)
@@ -273,21 +273,3 @@ def test_a_run_without_sglangs_jit_points_to_the_newest_run_that_timed_it(tmp_pa
     line = report_topk._last_jit_run(tmp_path)
     assert "explore/topk-abc1234-h200-2026-12-01.json" in line and "`abc1234`" in line
     assert "v2, k = 2048, B = 64: 3.5 / 7.2 µs graph20 at 4k / 16k" in line  # sorted by length
-
-
-def test_wide_launch_followup_shows_only_while_newer_than_the_formal_run(tmp_path):
-    """The wide launch's A/B renders under the formal section while it is newer than the formal run, with the
-    default's launch named per row; a formal run made after it hides it."""
-    rows = [
-        {"B": 64, "ctx": 16384, "k": 512, "variant": "default", "us_graph20": 16.4, "exact": True, "wide": True},
-        {"B": 64, "ctx": 16384, "k": 512, "variant": "narrow", "us_graph20": 19.4, "exact": True, "wide": False},
-        {"B": 8, "ctx": 16384, "k": 512, "variant": "default", "us_graph20": 11.5, "exact": False, "wide": False},
-        {"B": 8, "ctx": 16384, "k": 512, "variant": "narrow", "us_graph20": 11.4, "exact": True, "wide": False},
-    ]
-    meta = {"date": "2026-12-04T18:20", "path": "native", "topk_kernel": "Triton 3.8 cubins from DIR", "triton": "3.6"}
-    (tmp_path / "topk_wide_ab-native-h200.json").write_text(json.dumps({"meta": meta, "rows": rows}))
-    md = report_topk.topk_section({**_synthetic_json(), "date": "2026-12-04"}, explore=tmp_path)
-    assert "**After this run: the wide launch**" in md
-    assert "| native | Triton 3.8 cubins | 64 | 16384 | 512 | wide | 16.4 | 19.4 |" in md
-    assert "| 8 | 16384 | 512 | 8-warp | 11.5 ≠ | 11.4 |" in md
-    assert "After this run" not in report_topk.topk_section({**_synthetic_json(), "date": "2026-12-05"}, tmp_path)

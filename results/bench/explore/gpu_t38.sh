@@ -27,7 +27,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 AB_VARIANTS=default,bits11,reg11,stream11,wide8,wide11,wide11_nofilter,splits2,wide11_splits2,wide11_splits4,wide11_splits16
 AB_SHAPES=64x4096,64x16384,64x65536,1x4096,1x65536,8x16384
-DECODE=(--batches 1,8,32,64,128 --heads 64,128 --extra-topks 512 --prefill-rows 1024,8192)
+# --occupancy-of: the sm_89 path also at sm_89's blocks per SM (sparsemla_sm89path_t38occ_graph; native ignores it)
+DECODE=(--batches 1,8,32,64,128 --heads 8,64,128 --extra-topks 512 --prefill-rows 1024,8192 --occupancy-of sm_89)
 INDEXER=(--batches 1,64 --ctxs 4096,16384,65536 --caps 65536 --providers sparsemla_graph,sparsemla_topk_graph)
 TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every replayed launch has its cubin
 # `opaque`: V4 decode tiles that the opaque bf16 move lets fit (one shared copy of the gathered tile), sm_89 path.
@@ -195,7 +196,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 570 python3 -m benchmarks.topk --paths "$2" --cubins .gpu-cubins/topk --git-sha "$SHA" \
+    timeout "${FORMAL_LIMIT_S:-570}" python3 -m benchmarks.topk --paths "$2" --cubins .gpu-cubins/topk --git-sha "$SHA" \
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)

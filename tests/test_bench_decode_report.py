@@ -1,0 +1,29 @@
+"""benchmarks/report_decode.py's explore tables on synthetic JSON (no GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import report_decode
+
+
+def test_occupancy_lines_render_each_targets_run_with_the_fastest_in_bold(tmp_path: Path):
+    explore = tmp_path / "results" / "bench" / "explore"
+    explore.mkdir(parents=True)
+    assert report_decode.occupancy_lines(explore) == []  # no run: no section
+    rows = [
+        {"B": 64, "H": 8, "cfg": "auto", "us_t38": 32.0, "us_t38occ": 33.2},
+        {"B": 64, "H": 8, "cfg": "16:32:4:1:1c/s2", "us_t38": 32.5, "us_t38occ": 41.4},
+        {"B": 128, "H": 64, "cfg": "auto", "us_t38": 101.0, "us_t38occ": 150.0},
+        {"B": 128, "H": 64, "cfg": "16:32:4:1:1c/s2", "us_t38": 99.0, "us_t38occ": 147.0},
+        {"B": 128, "H": 64, "cfg": "32:32:4:1:1c/s1", "us_t38": 98.0, "error_t38occ": "no cubin"},
+    ]
+    meta = {"occupancy_of": "sm_89", "code": "abc1234"}
+    (explore / "decode_t38_configs_occupancy3_sm89-h200.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    md = "\n".join(report_decode.occupancy_lines(explore))
+    assert "sm_89 (`results/bench/explore/decode_t38_configs_occupancy3_sm89-h200.json`, commit `abc1234`)" in md
+    assert "| B | H | `auto` | `16:32:4:1:1c/s2` | `32:32:4:1:1c/s1` |" in md
+    assert "| 64 | 8 | **33.2** | 41.4 | - |" in md  # the target-occupancy times, not the H200's
+    assert "| 128 | 64 | 150 | **147** | - |" in md  # a failed or missing cell is `-`
+    assert report_decode.OCCUPANCY_NOTE in md
