@@ -27,3 +27,16 @@ def test_occupancy_lines_render_each_targets_run_with_the_fastest_in_bold(tmp_pa
     assert "| 64 | 8 | **33.2** | 41.4 | - |" in md  # the target-occupancy times, not the H200's
     assert "| 128 | 64 | 150 | **147** | - |" in md  # a failed or missing cell is `-`
     assert report_decode.OCCUPANCY_NOTE in md
+
+
+def test_occupancy_provider_needs_a_known_target_and_cubins():
+    """`--occupancy-of` is refused loudly (exit 2, what to fix) for an unknown target or without 3.8 cubins."""
+    from typer.testing import CliRunner
+
+    from benchmarks import decode
+
+    runner = CliRunner()
+    bad = runner.invoke(decode.app, ["--occupancy-of", "sm_99", "--cubins", "x"])
+    assert bad.exit_code == 2 and "unknown target" in bad.output
+    alone = runner.invoke(decode.app, ["--occupancy-of", "sm_89"])
+    assert alone.exit_code == 2 and "--occupancy-of needs --cubins" in alone.output

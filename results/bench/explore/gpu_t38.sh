@@ -36,15 +36,8 @@ TOPK=()  # the formal run's own grid (benchmarks/topk.py defaults), so every rep
 # B = 128 H = 64 (83.5 / 102.1 us); this one asks the same of the large and prefill-sized rows before the choice moves.
 DCFG89O=auto,32:64:4:1:1c,32:64:8:1:1c,16:64:8:1:1c
 DCFG89O_SHAPES=64x64,128x64,256x64,1024x64,8192x64,128x128,1024x8
-# `occ`: V4 decode tiles in the sm_89 path timed twice from 3.8 cubins: with the H200's blocks per SM (two 84 KB
-# blocks, where an sm_86/89/120 SM holds one) and padded to sm_89's (prod_cubins.padded_shared, the launcher sized for
-# sm_89's shared memory per SM on the H200's SMs), to choose the mma.sync tiles by the occupancy those GPUs have
-DCFGOCC=auto,32:16:4:1:1c,32:32:4:1:1c,16:16:4:1:1c,16:32:4:1:1c,16:64:8:1:1c,32:32:8:1:1c,64:16:4:1:1c
-DCFGOCC_SHAPES=1x64,8x64,64x64,128x64,1024x64,8192x64,64x8,1024x8,8192x8,128x128
-# `occ2` (after `occ`, decode_t38_configs_sm89_occupancy-h200.json): the split counts (`/sN`: N splits) and the
-# 16-head 64-token tile at 8 and 16 heads between 32 and 512 rows, occupancy-matched to sm_89 only
-DCFGOCC2=auto,auto/s4,16:64:8:1:1c,16:64:8:1:1c/s4,16:32:4:1:1c/s4,32:16:4:1:1c,32:32:4:1:1c/s2
-DCFGOCC2_SHAPES=32x8,64x8,128x8,256x8,512x8,64x16,256x16,32x64,64x64,256x64
+# (`occ` and `occ2`, the twenty-second session's occupancy-matched sweeps of the sm_89 path's decode tiles and split
+# counts, ran at 02f172c: decode_t38_configs_sm89_occupancy-h200.json, _occupancy2-h200.json; concluded in 18ebfcc)
 # `occ3`: the launcher after `occ` / `occ2` (exact shared memory of the opaque tiles in the split count, 32 x 16 tiles
 # from 256 programs where an SM holds one 32 x 32 program) against its choices before, forced (`/sN`), at sm_89's and
 # at sm_80's blocks per SM
@@ -71,6 +64,20 @@ ab_build() {  # NAME: the cubins of the top-k A/B NAME (its ${NAME^^}_VARIANTS x
     local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES"
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins ".gpu-cubins/$1" \
         --ks 512,2048 --variants "${!variants}" --shapes "${!shapes}"
+}
+occ_build() {  # VAR TARGET: the cubins of the decode configs ${VAR} x ${VAR}_SHAPES (sm_89 path, TARGET's launches)
+    local shapes="${1}_SHAPES"
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --path sm89 \
+        --build-cubins ".gpu-cubins/${1,,}" --configs "${!1}" --shapes "${!shapes}" --occupancy-of "$2" | grep -v '^\['
+}
+occ_run() {  # VAR TARGET JSON LIMIT_S: those configs in the sm_89 path at the H200's and at TARGET's blocks per SM
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    local shapes="${1}_SHAPES"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout "$4" python3 results/bench/explore/decode_t38_configs.py --path sm89 \
+        --cubins ".gpu-cubins/${1,,}" --configs "${!1}" --shapes "${!shapes}" --only-t38 --occupancy-of "$2" \
+        --code "$SHA" --out "$OUT/$3" | cut -c1-200
 }
 ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine, every output checked against torch.topk
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -140,48 +147,13 @@ build-topk)  # the cubins of `formal` (both code paths)
         ${TOPK[@]+"${TOPK[@]}"}
     du -sh .gpu-cubins/topk
     ;;
-build-occ)  # the cubins of `occ`
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfgocc \
-        --path sm89 --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" | grep -v '^\['
-    ;;
-build-occ2)  # the cubins of `occ2`
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --build-cubins .gpu-cubins/dcfgocc2 \
-        --path sm89 --configs "$DCFGOCC2" --shapes "$DCFGOCC2_SHAPES" --occupancy-of sm_89 | grep -v '^\['
-    ;;
-build-occ3)
-    for t in 89 80; do
-        cfgs="DCFGOCC3_${t}" shapes="DCFGOCC3_${t}_SHAPES"
-        PYTHONPATH=src:. .venv/bin/python results/bench/explore/decode_t38_configs.py --path sm89 \
-            --build-cubins ".gpu-cubins/dcfgocc3_$t" --configs "${!cfgs}" --shapes "${!shapes}" --occupancy-of "sm_$t" \
-            | grep -v '^\['
-    done
+build-occ3)  # the cubins of `occ3`
+    occ_build DCFGOCC3_89 sm_89
+    occ_build DCFGOCC3_80 sm_80
     ;;
 occ3)
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    for t in 89 80; do
-        cfgs="DCFGOCC3_${t}" shapes="DCFGOCC3_${t}_SHAPES"
-        TRITON_OVERRIDE_ARCH=sm89 timeout 200 python3 results/bench/explore/decode_t38_configs.py --path sm89 \
-            --cubins ".gpu-cubins/dcfgocc3_$t" --configs "${!cfgs}" --shapes "${!shapes}" --only-t38 \
-            --occupancy-of "sm_$t" --code "$SHA" --out "$OUT/decode_t38_configs_occupancy3_sm$t-h200.json" | cut -c1-200
-    done
-    ;;
-occ2)  # occupancy-matched rows only
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    TRITON_OVERRIDE_ARCH=sm89 timeout "${OCC_LIMIT_S:-300}" python3 results/bench/explore/decode_t38_configs.py \
-        --path sm89 --cubins .gpu-cubins/dcfgocc2 --configs "$DCFGOCC2" --shapes "$DCFGOCC2_SHAPES" --only-t38 \
-        --occupancy-of sm_89 --code "$SHA" --out "$OUT/decode_t38_configs_sm89_occupancy2-h200.json" | cut -c1-200
-    ;;
-occ)  # the occupancy-matched sm_89-path decode tiles
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    TRITON_OVERRIDE_ARCH=sm89 timeout "${OCC_LIMIT_S:-400}" python3 results/bench/explore/decode_t38_configs.py \
-        --path sm89 --cubins .gpu-cubins/dcfgocc --configs "$DCFGOCC" --shapes "$DCFGOCC_SHAPES" --only-t38 \
-        --occupancy-of sm_89 --code "$SHA" --out "$OUT/decode_t38_configs_sm89_occupancy-h200.json" | cut -c1-200
+    occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
+    occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
 build-wide)  # the cubins of `wide`
     ab_build "${1#build-}"
@@ -200,7 +172,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ|build-occ2|build-occ3|build-topk|run|paths|v32|opaque|occ|occ2|occ3|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|run|paths|v32|opaque|occ3|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
