@@ -341,6 +341,9 @@ def bench_shape(
 
         us = do_bench(step, warmup=10, rep=60, return_mode="median") * 1e3
         row = {**shape.__dict__, "provider": code_paths.provider(name, code_path), "us": round(us, 3)}
+        if name == "sparsemla_t38occ_graph" and occupancy is not None:  # the target and the blocks per SM it ran at
+            row["occupancy_of"] = occupancy[0].occupancy_of.name
+            row["occupancy"] = occupancy[0].occupancy.get("_sparse_decode_kernel", [])
         if name.startswith("sparsemla") and "_t38" not in name:  # SHARED: the launches of this Triton
             row["shared_bytes"] = SHARED.get("_sparse_decode_kernel")
         rows.append(row)
@@ -432,6 +435,9 @@ def main(
             occ_target = dev.target(occupancy_of)
         except ValueError as exc:
             fail(f"--occupancy-of: {exc}", "e.g. --occupancy-of sm_89")
+        if occ_target.has_wgmma:
+            fail(f"--occupancy-of {occupancy_of}: its tiles are wgmma, which the sm_89 path does not run",
+                 "a target of mma.sync code: sm_80, sm_86, sm_89 or sm_120")  # fmt: skip
         if cubins is None and build_cubins is None:
             fail("--occupancy-of needs --cubins DIR (or --build-cubins DIR)", "its provider replays Triton 3.8 cubins")
     if build_cubins is not None:
@@ -527,11 +533,12 @@ def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, check
             "Triton 3.8 (production's) on the build machine (`--build-cubins`), in that code path for this GPU, "
             "and launched from those cubins (benchmarks/prod_cubins.py)"
         )
-    if any("_t38occ" in r["provider"] for r in rows):
+    if targets := sorted({r["occupancy_of"] for r in rows if r.get("occupancy_of")}):
         method += (
-            "; `sparsemla_sm89path_t38occ_graph` = the sm_89 path's 3.8 cubins at sm_89's blocks per SM (each "
-            "launch asks for enough dynamic shared memory that an SM of this GPU holds as many programs as an sm_89 "
-            "SM, 100 KB, would: prod_cubins.padded_shared) with the launcher given sm_89's facts on this GPU's SMs"
+            f"; `*_t38occ_graph` = that code path's 3.8 cubins at the blocks per SM of {', '.join(targets)} (each "
+            "launch asks for enough dynamic shared memory that an SM of this GPU holds as many programs as that "
+            "target's SM would: prod_cubins.padded_shared; each row's `occupancy` lists the driver's counts) with "
+            "the launcher given that target's facts on this GPU's SMs"
         )
     write_doc(path, "decode", gpu, git_sha, ceilings, rows, checks, code_paths_doc, method)
 

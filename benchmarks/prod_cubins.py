@@ -313,7 +313,8 @@ class Replayer:
     def __init__(self, cubin_dir: Path, kernels: set[str] | None = None,
                  occupancy_of: dev.DeviceInfo | None = None) -> None:  # fmt: skip
         self.cubin_dir, self.kernels, self.occupancy_of = cubin_dir, kernels, occupancy_of
-        # kernel name -> {"shared", "launched_shared", "target_blocks_per_sm", "blocks_per_sm"} (with occupancy_of)
+        # kernel name -> [{"shared", "launched_shared", "unpadded_blocks_per_sm", "target_blocks_per_sm",
+        # "blocks_per_sm"}] per loaded cubin (with occupancy_of; blocks_per_sm: the driver's, padded)
         self.occupancy: dict[str, list[dict]] = {}
         self.manifest = json.loads((cubin_dir / MANIFEST).read_text())
         self.compiler = compiler_version(self.manifest)
@@ -364,9 +365,13 @@ class Replayer:
         fresh = entry["key"] not in self.driver.functions
         func = self.driver.function(entry, gzip.decompress((self.cubin_dir / entry["cubin"]).read_bytes()), shared)
         if fresh and self.occupancy_of is not None:
+            # registers bound both GPUs alike (64K per SM), so the target holds min(its shared / threads / slots
+            # limit, what this GPU's driver reports for the unpadded launch)
+            here = self.driver.blocks_per_sm(func, threads, entry["shared"])
             self.occupancy.setdefault(entry["name"], []).append({
                 "shared": entry["shared"], "threads": threads, "launched_shared": shared,
-                "target_blocks_per_sm": dev.resident_blocks(self.occupancy_of, entry["shared"], threads),
+                "unpadded_blocks_per_sm": here,
+                "target_blocks_per_sm": min(here, dev.resident_blocks(self.occupancy_of, entry["shared"], threads)),
                 "blocks_per_sm": self.driver.blocks_per_sm(func, threads, shared),
             })  # fmt: skip
         stream = torch.cuda.current_stream(device).cuda_stream

@@ -38,5 +38,7 @@ def test_occupancy_provider_needs_a_known_target_and_cubins():
     runner = CliRunner()
     bad = runner.invoke(decode.app, ["--occupancy-of", "sm_99", "--cubins", "x"])
     assert bad.exit_code == 2 and "unknown target" in bad.output
+    wgmma = runner.invoke(decode.app, ["--occupancy-of", "sm_90", "--cubins", "x"])
+    assert wgmma.exit_code == 2 and "wgmma" in wgmma.output
     alone = runner.invoke(decode.app, ["--occupancy-of", "sm_89"])
     assert alone.exit_code == 2 and "--occupancy-of needs --cubins" in alone.output

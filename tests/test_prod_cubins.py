@@ -339,3 +339,5 @@ def test_resident_blocks_follows_the_cuda_occupancy_rules():
     assert dev.resident_blocks(sm89, 4_096, 512) == 3  # 1,536 threads per SM
     assert dev.resident_blocks(h200, 4_096, 512) == 4
     assert dev.resident_blocks(sm89, 102_400, 128) == 0  # over the per-block budget
+    assert dev.resident_blocks(sm89, 0, 32) == 24  # the SM's block slots (sm_86: 16)
+    assert dev.resident_blocks(dev.target("sm_86"), 0, 32) == 16 and dev.resident_blocks(h200, 0, 32) == 32

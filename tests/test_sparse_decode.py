@@ -187,6 +187,13 @@ def test_programs_per_sm_follow_each_targets_shared_memory():
     assert [sd_triton.shared_bytes(c, sm89) for c in (c16x32, c32x32)] == [50_176, 67_584]  # the compiler's figures
     assert [sd_triton.resident_programs(c16x32, i) for i in (sm89, dev.target("sm_120"), h200_as_sm89)] == [2, 2, 2]
     assert [sd_triton.resident_programs(c32x32, i) for i in (sm89, sm80, h200_as_sm89)] == [1, 2, 2]
+    # registers bound the rest (ahead of time): 16 x 16 tiles take 128 registers on the H200 (four per SM), 160 on
+    # sm_80 (three); the 32 x 16 tile two everywhere
+    c16x16, c32x16 = sd_triton.choose_tiles(sm89, 8, rows=1), sd_triton.choose_tiles(sm89, 64, rows=1)
+    assert (c16x16.block_n, c32x16.block_h, c32x16.block_n) == (16, 32, 16)
+    assert [sd_triton.resident_programs(c16x16, i) for i in (h200, h200_as_sm89, sm80, sm89)] == [4, 4, 3, 2]
+    assert [sd_triton.resident_programs(c32x16, i) for i in (h200_as_sm89, sm80, sm89)] == [2, 2, 2]
+    assert sd_triton.resident_programs(sd_triton.choose_tiles(h200, 8, rows=64), h200) == 2
     for info, big_tiles in ((sm89, False), (dev.target("sm_86"), False), (dev.target("sm_120"), False),
                             (sm80, True), (h200_as_sm89, True)):  # fmt: skip
         assert sd_triton.choose_tiles(info, 64, rows=64).block_n == 32  # 128 programs

@@ -60,7 +60,8 @@ def triton_at_least(major: int, minor: int) -> bool:
 class DeviceInfo:
     """capability: (major, minor) the kernels are compiled for; smem_per_block: opt-in shared memory a block may use
     (bytes); num_sms: streaming multiprocessors; smem_per_sm: shared memory of one SM (how many blocks can be
-    resident at once); name: for messages and result files; threads_per_sm: resident threads one SM holds."""
+    resident at once); name: for messages and result files; threads_per_sm / blocks_per_sm: resident threads and
+    blocks one SM holds."""
 
     capability: tuple[int, int]
     smem_per_block: int
@@ -68,6 +69,7 @@ class DeviceInfo:
     smem_per_sm: int
     name: str = ""
     threads_per_sm: int = 2048
+    blocks_per_sm: int = 32
 
     @property
     def arch(self) -> int:
@@ -93,8 +95,8 @@ class DeviceInfo:
 # The six targets the project compiles for, with a typical part's SM count (the SM count only sizes grids).
 TARGETS: dict[str, DeviceInfo] = {
     "sm_80": DeviceInfo((8, 0), 166_912, 108, 167_936, "A100"),
-    "sm_86": DeviceInfo((8, 6), 101_376, 84, 102_400, "A40", threads_per_sm=1536),
-    "sm_89": DeviceInfo((8, 9), 101_376, 142, 102_400, "L40S", threads_per_sm=1536),
+    "sm_86": DeviceInfo((8, 6), 101_376, 84, 102_400, "A40", threads_per_sm=1536, blocks_per_sm=16),
+    "sm_89": DeviceInfo((8, 9), 101_376, 142, 102_400, "L40S", threads_per_sm=1536, blocks_per_sm=24),
     "sm_90": DeviceInfo((9, 0), 232_448, 132, 233_472, "H200"),
     "sm_100": DeviceInfo((10, 0), 232_448, 148, 233_472, "B200"),
     "sm_120": DeviceInfo((12, 0), 101_376, 188, 102_400, "RTX PRO 6000 Blackwell", threads_per_sm=1536),
@@ -144,7 +146,8 @@ def _from_torch(index: int) -> DeviceInfo:
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or (known.smem_per_block if known else 49_152))
     per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or smem)
     threads = int(getattr(props, "max_threads_per_multi_processor", 0) or (known.threads_per_sm if known else 2048))
-    info = DeviceInfo(capability, smem, props.multi_processor_count, per_sm, props.name, threads)
+    blocks = known.blocks_per_sm if known else 32
+    info = DeviceInfo(capability, smem, props.multi_processor_count, per_sm, props.name, threads, blocks)
     override = _override_arch()
     return info if override is None else running_as(info, override)
 
@@ -167,11 +170,12 @@ SMEM_RESERVED_PER_BLOCK = 1024
 
 def resident_blocks(info: DeviceInfo, shared: int, threads: int) -> int:
     """Blocks of ``threads`` threads using ``shared`` bytes of shared memory that one SM of ``info`` holds at once, as
-    far as shared memory and threads limit it (registers: 64K per SM on every target, so a cubin's register limit is
-    the same on all of them and is left out). 0: the block does not fit at all."""
+    far as shared memory, threads and the SM's block slots limit it (registers: 64K per SM on every target, so a
+    cubin's register limit is the same on all of them and is left out). 0: the block does not fit at all."""
     if shared > info.smem_per_block or threads > info.threads_per_sm:
         return 0
-    return min(info.smem_per_sm // (shared + SMEM_RESERVED_PER_BLOCK), info.threads_per_sm // threads)
+    by_shared = info.smem_per_sm // (shared + SMEM_RESERVED_PER_BLOCK)
+    return min(by_shared, info.threads_per_sm // threads, info.blocks_per_sm)
 
 
 def device_info(device: torch.device | int | None = None) -> DeviceInfo:

@@ -119,8 +119,8 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info``.
 
     H <= 16 on every target: one 16-head program per row, mma.sync (wgmma needs 64 rows per warpgroup), 16-token
-    tiles (48 KB) for <= 8 rows, 32 (80 KB) above, one stage (H=8, sm_89 path on the H200: 47 vs 51 µs at B=64 with
-    the two-stage 131 KB tile).
+    tiles (33,280 B through the opaque move) for <= 8 rows, 32 (50,176 B) above, one stage (H=8, sm_89 path on the
+    H200: 47 vs 51 µs at B=64 with the two-stage 131 KB tile).
 
     wgmma targets (sm_90, sm_100; budget 232,448 B), H > 16: 64-head blocks, 64-token tiles once ``rows x head
     blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill), else 16-token tiles in 256-column
@@ -176,18 +176,27 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
 
 
+# Registers a thread of the opaque mma.sync decode tiles takes, ahead of time (docs/portability.md): 16 x 16 tiles 128
+# (sm_86/89/90/100; also the sm_89 path's cubins for the H200), 160 on sm_80 and 153-154 on sm_120; 4-warp tiles of
+# >= 512 scores 168-238 and 8-warp tiles 126-163 everywhere (counted as 255 and 128: two per SM on every target).
+SMALL_TILE_REGS = {(8, 0): 160, (12, 0): 154}
+
+
 def resident_programs(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     """Programs of ``cfg`` one SM of ``info`` holds at once (the split count fills ``SMs x this``). Opaque mma.sync
-    tiles: by their exact shared memory (:func:`sparsemla.kernels.device.resident_blocks`) and registers (ahead of
-    time: ~128 a thread for 16 x 16 tiles and 8-warp tiles, 176-255 for 4-warp tiles of >= 512 scores; 64K per SM
-    on every target), so an sm_86/89/120 SM holds two 16 x 32 programs and an H200 two, as measured. Other tiles:
-    ``smem_per_sm`` over :func:`shared_bytes`' estimate, the split counts they were measured with."""
+    tiles: by their exact shared memory (:func:`sparsemla.kernels.device.resident_blocks`) and registers
+    (:data:`SMALL_TILE_REGS`; 64K per SM on every target), so an sm_86/89/120 SM holds two 16 x 32 programs, an
+    H200 two (registers), an A100 three 16 x 16 ones. Other tiles: ``smem_per_sm`` over :func:`shared_bytes`'
+    estimate, the split counts they were measured with."""
     shared = shared_bytes(cfg, info)
     opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
     if not opaque or wgmma_tile(cfg, info):
         return max(1, info.smem_per_sm // shared)
     threads = cfg.num_warps * 32
-    regs = 255 if cfg.num_warps == 4 and cfg.block_h * cfg.block_n >= 512 else 128
+    if cfg.num_warps == 4 and cfg.block_h * cfg.block_n >= 512:
+        regs = 255
+    else:
+        regs = SMALL_TILE_REGS.get(info.capability, 128) if cfg.num_warps == 4 else 128
     return max(1, min(dev.resident_blocks(info, shared, threads), 65_536 // (threads * regs)))
 
 
