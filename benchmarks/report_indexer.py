@@ -238,9 +238,10 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   B=1 4k tail 10.6 -> 13.2. The histogram's atomics cost more than the passes they save
   (`results/bench/explore/topk_coarse_ab-native-h200.json`, `topk_coarse_fused_ab-native-h200.json`, measured at
   `bec8b17`; candidate counts: `topk_coarse_bins-cpu-2026-12-04.json`).
-  The fused B=1 logits + top-512 replays in ~24 us against its 15 us target: the register-tile radix passes (~2.3 us
-  each) are the chain. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k kernel) is the faster
-  one, and it is the one the plugin's top-k hook uses.
+  The fused B=1 logits + top-512 at 4k, from Triton 3.8 cubins (the top-k section below), replays in 15.7 us alone
+  in a graph (native; 16.8 in the sm_89 path) and 10.6 per call among 20 against its 15 us target: the register-tile
+  radix passes are the chain. At B >= 8 and for rows past 4k the unfused path (logits, then the top-k kernel) is the
+  faster one, and it is the one the plugin's top-k hook uses.
 - fp8 `tl.dot` on Hopper accumulates with reduced precision (as DeepGEMM's fast accumulation): logits differ from the
   fp32 reference by ~1e-4 relative; the bf16 path (sm_80/86: integer-dequantized keys, no e4m3 type there) matches
   to 1e-5."""
