@@ -3,7 +3,8 @@
 #
 #   bash results/bench/explore/gpu_t38.sh build        # here, no GPU, ~10 min: .gpu-cubins/{decode,indexer,topk,...}
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh run", carry=[".gpu-cubins"])   # device tool
-#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh paths", carry=[".gpu-cubins", ".gpu"])  # or
+#   paths-decode (DECODE_LIMIT_S=560) and paths-indexer in two calls
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh opaque", carry=[".gpu-cubins"])
 #
@@ -123,14 +124,19 @@ v32)
     timeout 570 python3 -m benchmarks.decode_v32 --cubins .gpu-cubins/decode_v32 --paths native,sm89 \
         --git-sha "$SHA" --out-dir "$OUT/decode_v32" | tail -40
     ;;
-paths)
+paths | paths-decode | paths-indexer)  # `paths` both in one call; with H = 8 and the occupancy-matched provider the
+    # decode grid may need a call of its own (paths-decode, then paths-indexer)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout 330 python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" --paths native,sm89 \
-        --providers sparsemla,flashmla --git-sha "$SHA" --out-dir "$OUT/decode_paths" | tail -30
-    timeout 200 python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" --paths native,sm89 \
-        --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
+    if [ "$1" != paths-indexer ]; then
+        timeout "${DECODE_LIMIT_S:-330}" python3 -m benchmarks.decode --cubins .gpu-cubins/decode "${DECODE[@]}" \
+            --paths native,sm89 --providers sparsemla,flashmla --git-sha "$SHA" --out-dir "$OUT/decode_paths" | tail -30
+    fi
+    if [ "$1" != paths-decode ]; then
+        timeout "${INDEXER_LIMIT_S:-200}" python3 -m benchmarks.indexer --cubins .gpu-cubins/indexer "${INDEXER[@]}" \
+            --paths native,sm89 --git-sha "$SHA" --out-dir "$OUT/indexer_paths" | tail -20
+    fi
     ;;
 opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefill-sized rows (3.8 cubins, sm_89
     # path). (Its V3.2 opaque_k and indexer opaque_bf16 parts ran at 2c027e9: v32_configs_opaque-*.json, adopted;
@@ -172,7 +178,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|run|paths|v32|opaque|occ3|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
