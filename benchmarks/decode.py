@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +457,7 @@ def main(
         for code_path in path_list:
             occ_info = None
             if occ_target is not None and code_path != "native":
-                occ_info = replace(occ_target, num_sms=prod_cubins.path_info(code_path)[0].num_sms)
+                occ_info = prod_cubins.occupancy_facts(occ_target, prod_cubins.path_info(code_path)[0].num_sms)
             where = prod_cubins.path_dir(build_cubins, code_path)
             added = prod_cubins.build(lambda occ_info=occ_info: workload(occ_info), where, code_path)
             print(f"{len(added)} cubins added to {where} (Triton {triton.__version__}, {code_path} path on sm_90)")
@@ -497,10 +497,9 @@ def main(
 
         replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))  # this code path's cubins
         if occ_target is not None and code_path != "native":
-            here = prod_cubins.physical_gpu(torch.device("cuda"))
             occupancy = (
                 prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path), occupancy_of=occ_target),
-                replace(occ_target, num_sms=here.num_sms, name=f"{here.name} at {occ_target.name}'s blocks per SM"),
+                prod_cubins.occupancy_facts(occ_target, prod_cubins.physical_gpu(torch.device("cuda")).num_sms),
             )
     rows, checks = [], []
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):

@@ -35,6 +35,7 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -255,6 +256,12 @@ def physical_gpu(device: torch.device) -> dev.DeviceInfo:
     )  # fmt: skip
 
 
+def occupancy_facts(target: dev.DeviceInfo, num_sms: int) -> dev.DeviceInfo:
+    """What the launcher is given in a replay at ``target``'s occupancy (:class:`Replayer` ``occupancy_of``): that
+    target's facts on the ``num_sms`` SMs of the GPU that runs it."""
+    return replace(target, num_sms=num_sms, name=f"{target.name} on {num_sms} SMs")
+
+
 def padded_shared(shared: int, threads: int, target: dev.DeviceInfo, real: dev.DeviceInfo) -> int:
     """The dynamic shared memory to launch a block of ``threads`` threads that uses ``shared`` bytes with, on
     ``real``, so that one of ``real``'s SMs holds no more such blocks than one of ``target``'s
@@ -407,7 +414,8 @@ def replay(cubin_dir: Path, kernels: set[str] | None = None,
 
 
 __all__ = [
-    "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "pack_params", "padded_shared",
+    "Replayer", "build", "compiler_version", "launch_key", "manifest_path", "missing", "occupancy_facts",
+    "pack_params", "padded_shared",
     "path_dir",
     "path_info", "replay", "require", "source_hash",
 ]  # fmt: skip

@@ -69,8 +69,6 @@ def config(spec: str) -> T.DecodeConfig | None:
 
 
 if args.build_cubins:
-    from dataclasses import replace
-
     from benchmarks import prod_cubins
     from sparsemla.kernels import aot
     from sparsemla.kernels import device as dev
@@ -83,8 +81,8 @@ if args.build_cubins:
                 kw = make_inputs(shape, 0, "cpu", fill=False)
                 T.sparse_decode_fwd(**kw, config=config(spec), num_splits=splits(spec))
                 if args.occupancy_of:  # the launches the occupancy-matched rows make (the target's split counts)
-                    gpu = prod_cubins.path_info(args.path)[0]
-                    with dev.assume(replace(dev.target(args.occupancy_of), num_sms=gpu.num_sms)):
+                    sms = prod_cubins.path_info(args.path)[0].num_sms
+                    with dev.assume(prod_cubins.occupancy_facts(dev.target(args.occupancy_of), sms)):
                         T.sparse_decode_fwd(**kw, config=config(spec), num_splits=splits(spec))
 
         added = prod_cubins.build(workload, out_dir, args.path)
@@ -97,8 +95,6 @@ if args.build_cubins:
 if not (args.cubins and args.out):
     sys.exit("--cubins DIR and --out F are required on the GPU (or --build-cubins DIR here)")
 
-from dataclasses import replace  # noqa: E402
-
 from triton.testing import do_bench  # noqa: E402
 
 from benchmarks import prod_cubins  # noqa: E402
@@ -110,8 +106,7 @@ occ_replayer, occ_info = None, None
 if args.occupancy_of:
     occ_target = dev.target(args.occupancy_of)
     occ_replayer = prod_cubins.Replayer(Path(args.cubins), occupancy_of=occ_target)
-    gpu = prod_cubins.physical_gpu(torch.device("cuda"))
-    occ_info = replace(occ_target, num_sms=gpu.num_sms, name=f"{gpu.name} with {occ_target.name}'s blocks per SM")
+    occ_info = prod_cubins.occupancy_facts(occ_target, prod_cubins.physical_gpu(torch.device("cuda")).num_sms)
 
 
 @contextlib.contextmanager

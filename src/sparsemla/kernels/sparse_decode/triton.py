@@ -109,6 +109,12 @@ def opaque_tile_default(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
     return cfg.num_stages == 1 and not wgmma_tile(cfg, info)
 
 
+def opaque_tile(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
+    """Whether ``cfg`` on ``info`` moves the tile through the opaque move: its own ``opaque_tile``, else
+    :func:`opaque_tile_default`."""
+    return opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+
+
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info`` (tiles:
     :func:`choose_tiles`; axis order for the compiling Triton: :func:`tile_chunks_first`)."""
@@ -169,7 +175,7 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     32 x 32: 67,584 B). Otherwise an estimate: the rows twice where both dots stage them (mma.sync, unless a program
     owns one half of V), plus ~1.5 KB per token and extra pipeline stage for the raw rows in flight."""
     wgmma = wgmma_tile(cfg, info)
-    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+    opaque = opaque_tile(cfg, info)
     if opaque and not wgmma:
         return (cfg.block_h + cfg.block_n) * V4_DIM * 2 + cfg.block_h * cfg.block_n * 2
     tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
@@ -189,7 +195,7 @@ def resident_programs(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     H200 two (registers), an A100 three 16 x 16 ones. Other tiles: ``smem_per_sm`` over :func:`shared_bytes`'
     estimate, the split counts they were measured with."""
     shared = shared_bytes(cfg, info)
-    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+    opaque = opaque_tile(cfg, info)
     if not opaque or wgmma_tile(cfg, info):
         return max(1, info.smem_per_sm // shared)
     threads = cfg.num_warps * 32
@@ -642,7 +648,7 @@ def sparse_decode_fwd(
     grid = (rows, head_blocks * cfg.dv_split, splits)
     # the interpreter cannot run the integer dequant's inline PTX
     chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
-    opaque = opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+    opaque = opaque_tile(cfg, info)
     _sparse_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
