@@ -10,8 +10,10 @@ global loads, barriers, spills). Writes JSON (``--out``) and prints a table.
 import argparse
 import json
 import re
+import sys
 from collections import Counter
 from datetime import date
+from pathlib import Path
 
 import triton
 
@@ -19,6 +21,9 @@ from sparsemla.kernels import aot
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.sparse_decode import triton as T
 from sparsemla.kernels.sparse_decode.triton import choose_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from anatomy_lib import loop_body  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--arch", action="append", default=None)
@@ -29,24 +34,6 @@ p.add_argument("--opaque", default="both", choices=["launcher", "both"], help="b
 args = p.parse_args()
 
 OPS = ("LDS", "LDSM", "STS", "HMMA", "HGMMA", "LDG", "LDGSTS", "BAR", "LDL", "STL", "SHFL", "MUFU")
-
-
-def loop_body(raw_sass: str) -> list[str]:
-    """Opcodes of the largest backward-branch loop in ``cuobjdump -sass`` output (addresses kept)."""
-    ins = []
-    for line in raw_sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2).strip()))
-    best: list[str] = []
-    for i, (addr, text) in enumerate(ins):
-        b = re.search(r"\bBRA(?:\.U)?\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", text)
-        if b and b.group(1) and int(b.group(1), 16) < addr:
-            start = int(b.group(1), 16)
-            body = [t for a, t in ins if start <= a <= addr]
-            if len(body) > len(best):
-                best = body
-    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in best]
 
 
 def shared_reads_in_loop(ttgir: str) -> dict:
