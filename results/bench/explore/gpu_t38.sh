@@ -7,7 +7,7 @@
 #   paths-decode (DECODE_LIMIT_S=560) and paths-indexer in two calls
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh opaque", carry=[".gpu-cubins"])
-#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh ws")   # Triton 3.6 JIT, nothing to carry
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh ws", carry=[".gpu-cubins"])   # after build-ws
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -56,13 +56,13 @@ WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,
 # topk_wide3_ab-native-h200.json; the 4k spans won only where 16 - 32 rows of 16k leave SMs idle and lost on 64k rows
 # of the same capacity, the rest lost or tied: concluded and removed with the code of 4ef5688 / 5421507)
-# `ws` (Triton 3.6, JIT on the GPU machine): the V4 decode tile with its 512 dims split over the warps (one chunk per
-# warp through a batched dot; warp_split_decode.py, ahead of time: warp_split_decode_aot-t38-2026-12-04.json) against
-# the launcher's kernel on the same tile. The sm_89 path at every shape, the native one where its tiles are mma.sync
-# (<= 16 heads).
-WS_VARIANTS=ws4,ws4t,ws8,ws8t
-WS_SHAPES_SM89=1x64,8x64,64x64,128x64,1024x64,64x128,64x8,64x16
-WS_SHAPES_NATIVE=8x8,64x8,64x16,128x16
+# `ws`: the V4 decode tile with its 512 dims split over the warps (one chunk per warp through a batched dot;
+# warp_split_decode.py, ahead of time: warp_split_decode_aot-t38-2026-12-04.json) against the launcher's kernel on
+# the same tile and split count: Triton 3.6 JIT, 3.8 cubins (`build-ws`) and, in the sm_89 path, 3.8 cubins at
+# sm_89's blocks per SM with its tiles and split counts. Native: where its tiles are mma.sync (<= 16 heads).
+WS_VARIANTS=ws4,ws4t,ws8t
+WS_SHAPES_SM89=1x64,64x64,128x64,1024x64,64x128,64x8
+WS_SHAPES_NATIVE=64x8,64x16,128x16
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -156,15 +156,24 @@ opaque)  # the V4 decode tiles the opaque bf16 move lets fit, at large and prefi
         --cubins .gpu-cubins/dcfg89o --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" --only-t38 --code "$SHA" \
         --out "$OUT/decode_t38_configs_sm89o_large-h200.json" | cut -c1-200
     ;;
+build-ws)  # the cubins of `ws` (both paths)
+    ws=results/bench/explore/warp_split_decode.py
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/ws/sm89 --path sm89 --shapes "$WS_SHAPES_SM89" \
+        --variants "$WS_VARIANTS" --occupancy-of sm_89
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/ws/native --path native \
+        --shapes "$WS_SHAPES_NATIVE" --variants "$WS_VARIANTS"
+    du -sh .gpu-cubins/ws
+    ;;
 ws)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     ws=results/bench/explore/warp_split_decode.py
-    TRITON_OVERRIDE_ARCH=sm89 timeout "${WS_LIMIT_S:-330}" python3 $ws --bench sm89 --shapes "$WS_SHAPES_SM89" \
-        --variants "$WS_VARIANTS" --git-sha "$SHA" --out "$OUT/warp_split_decode-sm89-h200.json" | cut -c1-200
-    timeout 150 python3 $ws --bench native --shapes "$WS_SHAPES_NATIVE" --variants "$WS_VARIANTS" --git-sha "$SHA" \
-        --out "$OUT/warp_split_decode-native-h200.json" | cut -c1-200
+    TRITON_OVERRIDE_ARCH=sm89 timeout "${WS_LIMIT_S:-360}" python3 $ws --bench sm89 --shapes "$WS_SHAPES_SM89" \
+        --variants "$WS_VARIANTS" --cubins .gpu-cubins/ws/sm89 --occupancy-of sm_89 --git-sha "$SHA" \
+        --out "$OUT/warp_split_decode-sm89-h200.json" | cut -c1-200
+    timeout 150 python3 $ws --bench native --shapes "$WS_SHAPES_NATIVE" --variants "$WS_VARIANTS" \
+        --cubins .gpu-cubins/ws/native --git-sha "$SHA" --out "$OUT/warp_split_decode-native-h200.json" | cut -c1-200
     ;;
 build-topk)  # the cubins of `formal` (both code paths)
     PYTHONPATH=src:. .venv/bin/python -m benchmarks.topk --build-cubins .gpu-cubins/topk --paths native,sm89 \
@@ -196,7 +205,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -195,15 +195,18 @@ def _ws_decode_kernel(
 
 def ws_decode_fwd(q, k_cache, indices, topk_length=None, attn_sink=None, extra_k_cache=None,  # noqa: ANN001, ANN201
                   extra_indices_in_kvcache=None, extra_topk_length=None, *, config=None, nw=4,
-                  num_splits="auto", scores_t=False):  # fmt: skip
-    """``sparse_decode_fwd``'s launch with the warp-split kernel (head_dim_v 512, no padded heads)."""
+                  num_splits="auto", scores_t=False, warps=None, head_dim_v=512, softmax_scale=None):  # fmt: skip
+    """``sparse_decode_fwd``'s launch with the warp-split kernel (head_dim_v 512, no padded heads): ``config`` or
+    the launcher's own tile and split count for this GPU, with ``warps`` warps (None: ``nw``)."""
     interpret = dev.interpreting()
     batch, s_q, heads, dim = q.shape
+    assert head_dim_v == 512, "the exploratory kernel writes all 512 columns"
     cache, page_size, page_stride = T._cache_bytes(k_cache, "k_cache")
     cache_x, page_size_x, page_stride_x = T._cache_bytes(extra_k_cache, "extra_k_cache")
     idx_x = extra_indices_in_kvcache
     info = dev.launch_info(q.device)
     cfg = config or T.choose_config(info, heads, batch * s_q)
+    cfg = replace(cfg, num_warps=warps or nw)
     topk, topk_x = indices.shape[2], idx_x.shape[2]
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
@@ -229,7 +232,7 @@ def ws_decode_fwd(q, k_cache, indices, topk_length=None, attn_sink=None, extra_k
         attn_sink if attn_sink is not None else dummy,
         out, lse, o_part, lse_part,
         s_q, heads, heads, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
-        dim**-0.5 * T.LOG2E,
+        (softmax_scale or dim**-0.5) * T.LOG2E,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
         DV=512, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NW=nw, INT_DEQUANT=cfg.int_dequant and not interpret,
@@ -322,7 +325,7 @@ def aot_compare(archs: list[str], shapes: list[tuple[int, int]], nws: list[str])
                             T.sparse_decode_fwd(**t, config=cfg)
                         else:
                             nw, warps, st = variant_options(variant)
-                            ws_decode_fwd(**t, config=replace(cfg, num_warps=warps or nw), nw=nw, scores_t=st)
+                            ws_decode_fwd(**t, config=cfg, nw=nw, scores_t=st, warps=warps)
                 except Exception as exc:  # noqa: BLE001 - a variant Triton cannot compile is a finding
                     print(f"{arch} B={batch} H={heads} {variant}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
@@ -343,74 +346,110 @@ def aot_compare(archs: list[str], shapes: list[tuple[int, int]], nws: list[str])
     return rows
 
 
-def bench(path: str, shapes: list[tuple[int, int]], variants: list[str], out: str, git_sha: str) -> None:
-    """GPU, one code path per process: the launcher's configuration (``base``) against the warp-split variants on
-    the same tile, CUDA-graph replay median (2 input sets rotated, L2 flushed by do_bench), out's relative error
-    against the fp32 reference (B <= 8) or the base kernel, and each kernel's shared memory, registers and spills."""
+def launch(variant: str, kw: dict) -> torch.Tensor:
+    """One decode call: ``base`` = the launcher's kernel and choices, else the warp-split kernel on the launcher's tile
+    and split count (both from the GPU facts in force: ``device.assume`` under occupancy matching)."""
+    if variant == "base":
+        return T.sparse_decode_fwd(**kw)[0]
+    nw, warps, st = variant_options(variant)
+    return ws_decode_fwd(**kw, nw=nw, scores_t=st, warps=warps)[0]
+
+
+def build_cubins(out_dir: Path, path: str, shapes: list[tuple[int, int]], variants: list[str],
+                 occupancy_of: str | None) -> None:  # fmt: skip
+    """Here (no GPU, this Triton): every launch of ``bench`` in ``path`` compiled into ``out_dir``
+    (benchmarks/prod_cubins.py), also the ones made with ``occupancy_of``'s facts on the GPU machine's SMs."""
+    from benchmarks import prod_cubins
+    from benchmarks.decode import Shape, make_inputs
+
+    def workload() -> None:
+        for batch, heads in shapes:
+            kw = make_inputs(Shape(batch, heads, 128, 512), 0, "cpu", fill=False)
+            for variant in ["base", *variants]:
+                launch(variant, kw)
+                if occupancy_of:
+                    sms = prod_cubins.path_info(path)[0].num_sms
+                    with dev.assume(prod_cubins.occupancy_facts(dev.target(occupancy_of), sms)):
+                        launch(variant, kw)
+
+    added = prod_cubins.build(workload, out_dir, path)
+    print(f"Triton {triton.__version__}: {len(added)} cubins added to {out_dir}")
+
+
+def bench(path: str, shapes: list[tuple[int, int]], variants: list[str], out: str, git_sha: str,
+          cubins: str | None, occupancy_of: str | None) -> None:  # fmt: skip
+    """GPU, one code path per process: the launcher's kernel (``base``) against the warp-split variants on the same
+    tile, CUDA-graph replay median (2 input sets rotated, L2 flushed by do_bench) per compile: ``t36`` this machine's
+    Triton (JIT), ``t38`` / ``t38occ`` the cubins of ``cubins`` (Triton 3.8), the latter at ``occupancy_of``'s blocks
+    per SM and with its facts (tile and split count). out's relative error against the fp32 reference (B <= 8) or
+    the base kernel of the same compile."""
+    import contextlib
     import subprocess
 
     from triton.testing import do_bench
 
+    from benchmarks import prod_cubins
     from benchmarks.decode import Shape, graphed, make_inputs
-    from sparsemla.kernels import aot
     from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
 
-    seen: dict[str, dict] = {}
+    modes: list[tuple[str, object]] = [("t36", contextlib.nullcontext)]
+    replayers = []
+    if cubins:
+        replayer = prod_cubins.Replayer(Path(cubins))
+        replayers.append(replayer)
+        modes.append(("t38", lambda: replayer))
+        if occupancy_of:
+            target = dev.target(occupancy_of)
+            occ = prod_cubins.Replayer(Path(cubins), occupancy_of=target)
+            replayers.append(occ)
+            facts = prod_cubins.occupancy_facts(target, prod_cubins.physical_gpu(torch.device("cuda")).num_sms)
 
-    def record(name: str, kernel) -> None:  # noqa: ANN001 - a CompiledKernel
-        seen[name] = dict(smem=kernel.metadata.shared, regs=getattr(kernel, "n_regs", -1),
-                          spills=getattr(kernel, "n_spills", -1))  # fmt: skip
+            @contextlib.contextmanager
+            def matched():  # noqa: ANN202
+                with dev.assume(facts), occ:
+                    yield
 
+            modes.append(("t38occ", matched))
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()  # fmt: skip
     rows: list[dict] = []
-    with aot.watch_launches(record):
-        for batch, heads in shapes:
-            sets = [make_inputs(Shape(batch, heads, 128, 512), seed=100 * batch + i) for i in range(2)]
-            ref = sparse_decode_reference(**sets[0])[0].float() if batch <= 8 else None
-            cfg = T.choose_config(dev.launch_info(torch.device("cuda")), heads, batch)
+    for batch, heads in shapes:
+        sets = [make_inputs(Shape(batch, heads, 128, 512), seed=100 * batch + i) for i in range(2)]
+        ref = sparse_decode_reference(**sets[0])[0].float() if batch <= 8 else None
+        for mode, ctx in modes:
             base_out = None
             for variant in ["base", *variants]:
-                if variant == "base":
-
-                    def call(kw, cfg=cfg):  # noqa: ANN001, ANN202
-                        return T.sparse_decode_fwd(**kw, config=cfg)
-
-                    kernel = "_sparse_decode_kernel"
-                else:
-                    nw, warps, st = variant_options(variant)
-                    vcfg = replace(cfg, num_warps=warps or nw)
-
-                    def call(kw, vcfg=vcfg, nw=nw, st=st):  # noqa: ANN001, ANN202
-                        return ws_decode_fwd(**kw, config=vcfg, nw=nw, scores_t=st)
-
-                    kernel = "_ws_decode_kernel"
-                row = dict(path=path, B=batch, H=heads, variant=variant,
-                           config=f"{cfg.block_h}x{cfg.block_n} w{cfg.num_warps}")  # fmt: skip
+                row = dict(path=path, B=batch, H=heads, variant=variant, mode=mode)
                 try:
-                    seen.clear()
-                    got = call(sets[0])[0].float()
+
+                    def call(kw: dict, ctx=ctx, variant=variant) -> torch.Tensor:
+                        with ctx():
+                            return launch(variant, kw)
+
+                    got = call(sets[0]).float()
                     base_out = got if base_out is None else base_out
                     want = ref if ref is not None else base_out
                     runs = [graphed(lambda kw=kw, call=call: call(kw)) for kw in sets]
                     st = {"i": 0}
 
-                    def step(runs=runs, st=st):  # noqa: ANN001, ANN202
+                    def step(runs=runs, st=st) -> None:
                         st["i"] += 1
-                        return runs[st["i"] % 2]()
+                        runs[st["i"] % 2]()
 
                     us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
                     row.update(us=round(us, 2), err=float((got - want).norm() / want.norm()),
-                               err_vs="reference" if ref is not None else "base", **seen.get(kernel, {}))  # fmt: skip
+                               err_vs="reference" if ref is not None else "base")  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - a variant that fails is a finding
                     row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:200]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 doc = dict(gpu=torch.cuda.get_device_name(), driver=smi, torch=torch.__version__,
-                           triton=triton.__version__, git_sha=git_sha, path=path, rows=rows)  # fmt: skip
+                           triton=triton.__version__, git_sha=git_sha, path=path, cubins=cubins,
+                           occupancy_of=occupancy_of, replayed=[r.counts for r in replayers],
+                           occupancy=[r.occupancy for r in replayers if r.occupancy_of], rows=rows)  # fmt: skip
                 Path(out).write_text(json.dumps(doc, indent=1))
-            del sets
-            torch.cuda.empty_cache()
+        del sets
+        torch.cuda.empty_cache()
 
 
 def main() -> int:
@@ -423,16 +462,22 @@ def main() -> int:
     p.add_argument("--bench", choices=["native", "sm89"], help="GPU: time in this code path (sm89: under "
                    "TRITON_OVERRIDE_ARCH=sm89, set by the caller)")  # fmt: skip
     p.add_argument("--git-sha", default="")
+    p.add_argument("--build-cubins", help="here, no GPU: compile --bench's launches in --path into DIR (Triton 3.8)")
+    p.add_argument("--path", default="sm89", choices=["native", "sm89"])
+    p.add_argument("--cubins", help="GPU: also time the cubins of DIR (t38), and with --occupancy-of (t38occ)")
+    p.add_argument("--occupancy-of", help="e.g. sm_89: that GPU's blocks per SM, tiles and split counts")
     p.add_argument("--out")
     a = p.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    if a.build_cubins:
+        build_cubins(Path(a.build_cubins), a.path, shapes, a.variants.split(","), a.occupancy_of)
+        return 0
     if a.bench:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
-        bench(a.bench, shapes, a.variants.split(","), a.out, a.git_sha)
+        bench(a.bench, shapes, a.variants.split(","), a.out, a.git_sha, a.cubins, a.occupancy_of)
         return 0
     if a.check:
         return check()
     if a.aot:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
         rows = aot_compare(a.arch or ["sm_89"], shapes, a.variants.split(","))
         if a.out:
             meta = dict(triton=triton.__version__, date=date.today().isoformat(), what=__doc__.split("\n\n")[0])
