@@ -23,14 +23,14 @@ from benchmarks.decode_v32 import Shape, make_inputs
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
-# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant[, opaque_k]); a Triton compile is ~5 s per
-# config, format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02 winners (64x32-w8-s2: 278
-# us at fp8 B=64 H=128, 32x32-w4-s2: 487 us, 16x32-w4-s2: 227 us at B=128 H=16). The variants that pass the
-# ahead-of-time gate (Triton 3.8): nope_chunks=4 64-head tiles (0 B spilled on sm_90 at 1-3 stages, 64 tokens too; <=
-# 170 B on sm_80/86/89/120; not sm_100), the 101-KB-safe 64x16, and the 4-warp tiles with nope_chunks=4 (+ stage_k for
-# fp8). Then the 64x64 neighbours of the c4 sweep's winner (64x64-w8-s2-c4: 245 us): 3 stages (fp8 only: 231,424 B of
-# the H200's 232,448), 16 warps (4 warpgroups, a quarter of the accumulator each), 2 chunks, the fp8 conversion
-# instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage. Last, the
+# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant[, opaque_k[, lazy_rescale]]); a Triton
+# compile is ~5 s per config, format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02
+# winners (64x32-w8-s2: 278 us at fp8 B=64 H=128, 32x32-w4-s2: 487 us, 16x32-w4-s2: 227 us at B=128 H=16). The variants
+# that pass the ahead-of-time gate (Triton 3.8): nope_chunks=4 64-head tiles (0 B spilled on sm_90 at 1-3 stages, 64
+# tokens too; <= 170 B on sm_80/86/89/120; not sm_100), the 101-KB-safe 64x16, and the 4-warp tiles with nope_chunks=4
+# (+ stage_k for fp8). Then the 64x64 neighbours of the c4 sweep's winner (64x64-w8-s2-c4: 245 us): 3 stages (fp8 only:
+# 231,424 B of the H200's 232,448), 16 warps (4 warpgroups, a quarter of the accumulator each), 2 chunks, the fp8
+# conversion instructions instead of the integer dequant (``-cvt``; sm_89+), and 128-token tiles at one stage. Last, the
 # small-batch and 101-KB bf16 candidates: the chosen 16x16-w8-s1 of B <= 8, 4-warp 16-token tiles, 32x32 at 1 stage;
 # then mma.sync neighbours of the chosen 32x32-w4-s2-c4-stage_k (16 tokens x 3 stages, 8 warps) and 16 x 64 tokens.
 CONFIGS = (
@@ -64,16 +64,22 @@ CONFIGS = (
     (16, 32, 4, 3, 4, False, True, True),
     (32, 32, 4, 2, 4, True, True, True),
     (32, 32, 4, 2, 4, False, True, True),
+    # the lazy rescale (V32Config.lazy_rescale) on the chosen tiles: sm_90 fp8 / bf16, <= 16 heads, mma.sync H > 16
+    (64, 64, 8, 3, 4, False, True, False, True),
+    (64, 64, 8, 2, 4, False, True, False, True),
+    (16, 32, 4, 3, 4, False, True, True, True),
+    (32, 32, 4, 2, 4, False, True, True, True),
 )
 SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 
 
 def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
     """``64x32-w8-s2`` (the 2026-12-02 file's names), then ``-c4`` for nope_chunks, ``-stage_k``, ``-cvt``,
-    ``-opaque``."""
+    ``-opaque``, ``-lazy``."""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
     name += (f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else "") + ("-stage_k" if cfg.stage_k else "")
-    return name + ("" if cfg.int_dequant else "-cvt") + ("-opaque" if cfg.opaque_k else "")
+    name += ("" if cfg.int_dequant else "-cvt") + ("-opaque" if cfg.opaque_k else "")
+    return name + ("-lazy" if cfg.lazy_rescale else "")
 
 
 @app.command()
@@ -116,9 +122,10 @@ def main(
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
         want, _ = v32.sparse_decode_v32_fwd(*args, kv_format=fmt)
-        for bh, bn, warps, stages, chunks, stage_k, int_dequant, *opaque in CONFIGS:
+        for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
+            opaque, lazy = (*extra, False, False)[:2]
             cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k,
-                                opaque_k=bool(opaque and opaque[0]))  # fmt: skip
+                                opaque_k=opaque, lazy_rescale=lazy)  # fmt: skip
             if not any(part in config_name(cfg) for part in wanted):
                 continue
             if v32.shared_bytes_v32(cfg, fmt, info) > info.smem_per_block:

@@ -97,6 +97,41 @@ def test_column_halves_match_reference(nan_empty, splits, chunks_first):
     check(kw, out, lse)
 
 
+def _climbing_scales(k_cache: torch.Tensor) -> None:
+    """Rewrite the ue8m0 scales of a V4 cache so that a slot's NoPE grows 2x every 24 slots (2^-3 .. 2^4)."""
+    raw = layouts.v4_raw_pages(k_cache)
+    page_size = k_cache.shape[1]
+    for slot in range(k_cache.shape[0] * page_size):
+        page, off = divmod(slot, page_size)
+        at = page_size * layouts.V4_DATA_BYTES + off * layouts.V4_SCALE_BYTES
+        raw[page, at : at + layouts.V4_NUM_SCALES] = 124 + slot // 24
+
+
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("climb", [False, True], ids=["random-scores", "scores-climb-per-tile"])
+def test_lazy_rescale_matches_reference(nan_empty, splits, climb):
+    """DecodeConfig.lazy_rescale: the reference maximum moves only when a head's maximum passes it by more than
+    RESCALE_SLACK. ``climb``: the main cache's rows grow 2x every 24 slots and each row lists its slots in order, so
+    a row's maximum rises tile after tile by more than the slack (the rescale is taken mid-row, not only at the
+    first tile; checked below on the scores); invalid entries and short rows included."""
+    kw = make_case(2, 13, 64, 32, invalid=0.15, lengths="short", seed=31)
+    if climb:
+        _climbing_scales(kw["k_cache"])
+        kw["indices"] = kw["indices"].sort(dim=-1).values
+        rows = layouts.decode_v4_rows(kw["k_cache"], kw["indices"][0, 0].clamp_min(0))  # [64, 512]
+        s = (kw["q"][0, 0].float() @ rows.T) * kw["softmax_scale"] * sd_triton.LOG2E  # [H, 64] log2 units
+        first_tile = s[:, :16].amax(1)
+        assert (s[:, 48:].amax(1) > first_tile + sd_triton.RESCALE_SLACK.value).any(), "the case must climb"
+    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, lazy_rescale=True)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
+    check(kw, out, lse)
+    base_cfg = dataclasses.replace(cfg, lazy_rescale=False)
+    base, base_lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=base_cfg)
+    finite = torch.isfinite(base_lse)
+    torch.testing.assert_close(lse[finite], base_lse[finite], atol=LSE_ATOL, rtol=LSE_ATOL)
+    torch.testing.assert_close(out.float(), base.float(), atol=1e-3, rtol=1e-2)
+
+
 def test_bad_config_is_refused():
     kw = make_case(1, 8, 16, 0, seed=2)
     with pytest.raises(ValueError, match="dv_split"):

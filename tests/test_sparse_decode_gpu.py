@@ -143,6 +143,11 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True, opaque_tile=True),
         sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, opaque_tile=True),
         sd_triton.DecodeConfig(64, 32, 4, 1, dv_split=2, int_dequant=True, opaque_tile=True),
+        # the lazy rescale (DecodeConfig.lazy_rescale) on the launcher's tiles of each kind
+        sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, lazy_rescale=True),
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, lazy_rescale=True),
+        sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True, lazy_rescale=True),
+        sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True, lazy_rescale=True),
     ],
     ids=lambda c: (
         f"{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
@@ -150,6 +155,7 @@ def test_cuda_graph_replay_equals_eager(batch):
         + ("-intdq" if c.int_dequant else "")
         + ("-chunks" if c.chunks_first else "")
         + ({None: "", True: "-opaque", False: "-noopaque"}[c.opaque_tile])
+        + ("-lazy" if c.lazy_rescale else "")
     ),
 )
 @pytest.mark.parametrize("splits", [1, 3])

@@ -7,6 +7,7 @@ tight); outputs are NaN-poisoned (``nan_empty``) so an element the kernel never 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -81,6 +82,40 @@ def test_matches_reference(nan_empty, kv_format, batch, s_q, heads, topk, invali
     with flags.SPARSEMLA_SPLIT_K.override(splits):
         out, lse = api.sparse_decode_v32(*args, **kw)
     check(args, kw, out, lse)
+
+
+def _climbing_cache(kv_format: str, blocks: int, gen: torch.Generator) -> torch.Tensor:
+    """A V3.2 cache whose slot s has its latent scaled by 2 ** (s // 24 - 3): later slots score ever higher."""
+    tokens = blocks * layouts.V32_PAGE
+    latent = torch.randn(tokens, layouts.V32_DIM, generator=gen)
+    latent = latent * torch.exp2(torch.arange(tokens) // 24 - 3.0)[:, None]
+    width = layouts.v32_row_width(kv_format)
+    rows = layouts.quantize_v32_fp8(latent) if kv_format == "fp8_656" else latent.to(torch.bfloat16)
+    return rows.view(blocks, layouts.V32_PAGE, 1, width)
+
+
+@interpreted
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_lazy_rescale_matches_reference(nan_empty, kv_format, splits):
+    """V32Config.lazy_rescale on a cache whose rows grow along the slots, each row's slots in order: a row's maximum
+    passes the reference by more than RESCALE_SLACK mid-row (checked on the scores), 4 NoPE chunks, s_q 2."""
+    args, kw = make_case(kv_format, 2, 2, 13, 64, invalid=0.1, lengths="short", seed=41)
+    args[1] = _climbing_cache(kv_format, 3, torch.Generator().manual_seed(41))
+    args[2] = args[2].sort(dim=-1).values
+    q, kv, idx, _ = args
+    rows = layouts.decode_v32_rows(kv, idx[0, 0].clamp_min(0).long(), kv_format).float()  # [64, 576]
+    s = (q[0, 0].float() @ rows.T) * SCALE * v32.LOG2E
+    assert (s[:, 48:].amax(1) > s[:, :16].amax(1) + 8.0).any(), "the case must climb"
+    cfg = v32.V32Config(16, 16, 4, 1, nope_chunks=4, lazy_rescale=True)
+    out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+    check(args, kw, out, lse)
+    base = v32.sparse_decode_v32_fwd(
+        *args, **kw, num_splits=splits, config=dataclasses.replace(cfg, lazy_rescale=False)
+    )
+    torch.testing.assert_close(out.float(), base[0].float(), atol=1e-3, rtol=1e-2)
+    finite = torch.isfinite(lse)
+    torch.testing.assert_close(lse[finite], base[1][finite], atol=LSE_ATOL, rtol=LSE_ATOL)
 
 
 @interpreted

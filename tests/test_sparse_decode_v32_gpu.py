@@ -129,7 +129,7 @@ def test_corner_cases(nan_empty, kv_format):
 def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
-    return name + ("-opaque" if cfg.opaque_k else "")
+    return name + ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
 
 
 def _every_chosen_config() -> list[tuple[v32.V32Config, str]]:
@@ -175,6 +175,10 @@ VARIANTS = [
     # K chunks through the opaque move (bf16 operand layout on mma.sync), with and without stage_k
     v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, stage_k=True, opaque_k=True),
     v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True),
+    # the lazy rescale (V32Config.lazy_rescale) on the chosen tiles of each kind
+    v32.V32Config(64, 64, 8, 3, True, nope_chunks=4, lazy_rescale=True),
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True, lazy_rescale=True),
+    v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True, lazy_rescale=True),
 ]
 
 

@@ -8,6 +8,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh v32", carry=[".gpu-cubins", ".gpu"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh opaque", carry=[".gpu-cubins"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh ws", carry=[".gpu-cubins"])   # after build-ws
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lazy", carry=[".gpu-cubins"])   # after build-lazy
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -63,6 +64,13 @@ WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 WS_VARIANTS=ws4,ws4t,ws8t
 WS_SHAPES_SM89=1x64,64x64,128x64,1024x64,64x128,64x8
 WS_SHAPES_NATIVE=64x8,64x16,128x16
+# `lazy`: the online softmax's lazy rescale (DecodeConfig / V32Config.lazy_rescale: the accumulator is rescaled only
+# when a head's maximum passes the reference by more than 8 in log2 units; ahead of time it skips 66-132 multiplies a
+# thread per tile, 6-10 % of the loop) on the launcher's tiles: V4 in both paths (3.6 JIT, 3.8 cubins from
+# `build-lazy`, and at sm_89's blocks per SM), V3.2 in both paths (3.6 JIT, benchmarks.explore_v32_configs).
+LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
+LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
+LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:16:fp8_656,64:128:bf16_576
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -164,6 +172,29 @@ build-ws)  # the cubins of `ws` (both paths)
         --shapes "$WS_SHAPES_NATIVE" --variants "$WS_VARIANTS"
     du -sh .gpu-cubins/ws
     ;;
+build-lazy)  # the cubins of `lazy` (V4, both paths)
+    ws=results/bench/explore/warp_split_decode.py
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lazy/sm89 --path sm89 --shapes "$LAZY_SHAPES" \
+        --variants lazy --occupancy-of sm_89
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lazy/native --path native --shapes "$LAZY_SHAPES" \
+        --variants lazy
+    du -sh .gpu-cubins/lazy
+    ;;
+lazy)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    ws=results/bench/explore/warp_split_decode.py
+    timeout 170 python3 $ws --bench native --shapes "$LAZY_SHAPES" --variants lazy --cubins .gpu-cubins/lazy/native \
+        --git-sha "$SHA" --out "$OUT/lazy_rescale-native-h200.json" | cut -c1-160
+    TRITON_OVERRIDE_ARCH=sm89 timeout 200 python3 $ws --bench sm89 --shapes "$LAZY_SHAPES" --variants lazy \
+        --cubins .gpu-cubins/lazy/sm89 --occupancy-of sm_89 --git-sha "$SHA" --out "$OUT/lazy_rescale-sm89-h200.json" \
+        | cut -c1-160
+    timeout 90 python3 -m benchmarks.explore_v32_configs --only "$LAZY_V32" --splits auto --shapes "$LAZY_V32_SHAPES" \
+        --git-sha "$SHA" --out-dir "$OUT/v32_lazy" | tail -3
+    TRITON_OVERRIDE_ARCH=sm89 timeout 90 python3 -m benchmarks.explore_v32_configs --only "$LAZY_V32" --splits auto \
+        --shapes "$LAZY_V32_SHAPES" --git-sha "$SHA" --out-dir "$OUT/v32_lazy" | tail -3
+    ;;
 ws)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
@@ -205,7 +236,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

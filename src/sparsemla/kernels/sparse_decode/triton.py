@@ -61,7 +61,10 @@ class DecodeConfig:
     gathered tile's axis order, a compiler question (None, the default: the compiling Triton's order,
     :func:`tile_chunks_first`, resolved at launch, so a hand-built configuration gets it too); opaque_tile: the
     gathered tile passes through :func:`sparsemla.kernels.dequant.opaque_bf16` before the dots (None, the default:
-    where the dots are mma.sync, :func:`opaque_tile_default`)."""
+    where the dots are mma.sync, :func:`opaque_tile_default`); lazy_rescale: the online softmax keeps its reference
+    maximum until some head's running maximum passes it by more than :data:`RESCALE_SLACK` (log2 units), so the tiles
+    in between skip the [block_h, 512] accumulator's rescale (one multiply per accumulator value and tile; exact up
+    to rounding: P stays <= 2 ** RESCALE_SLACK, its bf16 rounding is relative). Off until timed."""
 
     block_h: int
     block_n: int
@@ -72,6 +75,7 @@ class DecodeConfig:
     int_dequant: bool = False
     chunks_first: bool | None = None
     opaque_tile: bool | None = None
+    lazy_rescale: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -79,6 +83,10 @@ class DecodeConfig:
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
+
+# Lazy rescale (DecodeConfig.lazy_rescale): how far (log2 units) a head's running maximum may pass the reference
+# maximum before the accumulator is rescaled; P = exp2(s - reference) then stays <= 2 ** 8 = 256 (fp32 sums, bf16 P).
+RESCALE_SLACK = tl.constexpr(8.0)
 
 # mma.sync targets, H > 16: from this many programs (rows x 32-head blocks) the 32 x 16 tile, where an SM holds one
 # 32 x 32 program only (choose_tiles). sm_89 path on the H200 at sm_89's blocks per SM, 3.8 cubins
@@ -369,7 +377,7 @@ def _sparse_decode_kernel(
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INT_DEQUANT: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
-    CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False,
+    CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -455,16 +463,30 @@ def _sparse_decode_kernel(
             b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
-        alpha = tl.math.exp2(m_i - m_use)
-        b_p = tl.math.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        m_i = m_new
+        if LAZY_RESCALE:
+            # m_i is the reference maximum: it moves (and the accumulator is rescaled) only when some head's maximum
+            # passed it by more than RESCALE_SLACK, or a head saw its first valid entry (-inf + slack < finite)
+            if tl.max((m_new > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
+                alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            b_p = tl.math.exp2(b_s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            l_i = l_i + tl.sum(b_p, 1)
+        else:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
+            alpha = tl.math.exp2(m_i - m_use)
+            b_p = tl.math.exp2(b_s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(b_p, 1)
+            m_i = m_new
         if DOT_F32:
             b_pd = b_p
         else:
             b_pd = b_p.to(tl.bfloat16)
-        acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
+        if LAZY_RESCALE:
+            acc = tl.dot(b_pd, b_k, acc, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
+        else:
+            acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
@@ -663,7 +685,7 @@ def sparse_decode_fwd(
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
-        OPAQUE_TILE=opaque and not interpret,
+        OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -29,7 +29,7 @@ import triton.language as tl
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
-from sparsemla.kernels.sparse_decode.triton import choose_num_splits, combine_blocks
+from sparsemla.kernels.sparse_decode.triton import RESCALE_SLACK, choose_num_splits, combine_blocks
 
 LOG2E = 1.4426950408889634
 SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
@@ -70,7 +70,11 @@ class V32Config:
     time (Triton 3.8, sm_89, B = 64): loop instructions 2,625 -> 1,991 at H = 128 (32x32-w4-s2-c4-stage_k) and
     2,631 -> 1,445 at H = 16 (16x32-w4-s3-c4), where the dequant ran three times; shared memory 98,816 -> 92,672 and
     61,440 -> 94,208 B (the bf16 chunk is staged instead of the bytes). It replaces ``stage_k`` (same staging, and
-    the chunk reaches both dots in bf16's layout); times in docs/performance.md."""
+    the chunk reaches both dots in bf16's layout); times in docs/performance.md.
+
+    lazy_rescale: the online softmax's reference maximum moves only when some head's maximum passes it by more than
+    :data:`~sparsemla.kernels.sparse_decode.triton.RESCALE_SLACK`, so the tiles in between skip the accumulators'
+    rescale (as ``DecodeConfig.lazy_rescale``). Off until timed."""
 
     block_h: int
     block_n: int
@@ -81,6 +85,7 @@ class V32Config:
     nope_chunks: int = 1
     stage_k: bool = False
     opaque_k: bool = False
+    lazy_rescale: bool = False
 
 
 def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
@@ -273,6 +278,15 @@ def _store_o_chunk(p_o, acc, inv_l, m_h, o_d, C0: tl.constexpr, DV: tl.constexpr
 
 
 @triton.jit
+def _rescaled(acc, alpha, LAZY_RESCALE: tl.constexpr):
+    """``acc`` as the next dot's accumulator: times ``alpha`` per head, or as is when the rescale is lazy (done, when
+    needed, before the dots)."""
+    if LAZY_RESCALE:
+        return acc
+    return acc * alpha[:, None]
+
+
+@triton.jit
 def _sparse_decode_v32_kernel(
     q, kv, idx, length, out, lse, o_part, lse_part,
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
@@ -280,7 +294,7 @@ def _sparse_decode_v32_kernel(
     DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NOPE_CHUNKS: tl.constexpr, KV_FP8: tl.constexpr,
     INT_DEQUANT: tl.constexpr, STAGE_K: tl.constexpr, HAS_LEN: tl.constexpr, SINGLE: tl.constexpr,
     OPAQUE_K: tl.constexpr,
-    ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+    ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
@@ -353,21 +367,38 @@ def _sparse_decode_v32_kernel(
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
-        alpha = tl.math.exp2(m_i - m_use)
-        b_p = tl.math.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        m_i = m_new
+        if LAZY_RESCALE:
+            # m_i is the reference maximum: it moves (the accumulators rescaled) only when some head's maximum passed
+            # it by more than RESCALE_SLACK, or a head saw its first valid entry (-inf + slack < finite)
+            alpha = l_i  # unused: _rescaled returns the accumulators as they are
+            if tl.max((m_new > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
+                grow = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+                acc0 = acc0 * grow[:, None]
+                if NOPE_CHUNKS >= 2:
+                    acc1 = acc1 * grow[:, None]
+                if NOPE_CHUNKS == 4:
+                    acc2 = acc2 * grow[:, None]
+                    acc3 = acc3 * grow[:, None]
+                l_i = l_i * grow
+                m_i = m_new
+            b_p = tl.math.exp2(b_s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            l_i = l_i + tl.sum(b_p, 1)
+        else:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
+            alpha = tl.math.exp2(m_i - m_use)
+            b_p = tl.math.exp2(b_s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(b_p, 1)
+            m_i = m_new
         if DOT_F32:
             b_pd = b_p
         else:
             b_pd = b_p.to(tl.bfloat16)
-        acc0 = tl.dot(b_pd, b_k0, acc0 * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, W]
+        acc0 = tl.dot(b_pd, b_k0, _rescaled(acc0, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, W]
         if NOPE_CHUNKS >= 2:
-            acc1 = tl.dot(b_pd, b_k1, acc1 * alpha[:, None], input_precision=DOT_PREC)
+            acc1 = tl.dot(b_pd, b_k1, _rescaled(acc1, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
         if NOPE_CHUNKS == 4:
-            acc2 = tl.dot(b_pd, b_k2, acc2 * alpha[:, None], input_precision=DOT_PREC)
-            acc3 = tl.dot(b_pd, b_k3, acc3 * alpha[:, None], input_precision=DOT_PREC)
+            acc2 = tl.dot(b_pd, b_k2, _rescaled(acc2, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
+            acc3 = tl.dot(b_pd, b_k3, _rescaled(acc3, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
@@ -513,7 +544,7 @@ def sparse_decode_v32_fwd(
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
-        OPAQUE_K=cfg.opaque_k and not interpret,
+        OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         SINGLE=splits == 1,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
