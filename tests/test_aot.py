@@ -99,6 +99,29 @@ def test_decode_shared_estimate_matches_the_compiler(records):
         assert r["shared"] <= est + 1024, (r["target"], r["case"], r["shared"], est)
 
 
+def test_decode_register_model_matches_the_compiler(records):
+    """resident_programs() counts the small mma.sync tiles' registers (SMALL_TILE_REGS, else 128; 4-warp tiles of
+    >= 512 scores as 255): it must not count fewer than the compiler allocates (an SM would hold fewer programs than
+    the split count assumes), and the per-target entries should not be far above it either."""
+    from sparsemla.kernels.sparse_decode.triton import SMALL_TILE_REGS, choose_config, opaque_tile, wgmma_tile
+
+    checked = 0
+    for r in records["records"]:
+        if r["kernel"] != "_sparse_decode_kernel":
+            continue
+        b, h = (int(part[1:]) for part in r["case"].split()[1:3])
+        info = dev.target(r["target"])
+        cfg = choose_config(info, h, b)
+        if wgmma_tile(cfg, info) or not opaque_tile(cfg, info) or cfg.block_h * cfg.block_n >= 512:
+            continue  # counted as 255 (or by shared memory): an upper bound by construction
+        model = SMALL_TILE_REGS.get(info.capability, 128) if cfg.num_warps == 4 else 128
+        assert r["registers"] <= model, (r["target"], r["case"], r["registers"], model)
+        if cfg.num_warps == 4:
+            assert model - r["registers"] <= 8, (r["target"], r["case"], r["registers"], model)
+        checked += 1
+    assert checked >= 6 * 8  # the 16 x 16 tiles of B 1 / 8 x H 8 / 16 on every target
+
+
 def test_docs_table_is_generated_from_these_records(records):
     from sparsemla.kernels.aot import KernelResources, markdown
 

@@ -14,28 +14,29 @@ import triton.language as tl
 TWO_POW_120 = tl.constexpr(1.329227995784916e36)
 
 
+# e4m3_bits_to_bf16's PTX, four bytes $2 -> two bf16x2 $0 (bytes 0, 1) and $1 (bytes 2, 3). prmt spreads the bytes
+# into 16-bit lanes whose high byte replicates the byte's sign bit (selector nibbles 8..B), so one shift by 4 puts the
+# 7 exponent/mantissa bits at bf16's bits 4..10 and a copy of the sign at bit 15, and one mask clears the rest
+# (tests/test_dequant.py runs this text on every byte through a model of the three instructions).
+E4M3_TO_BF16_PTX = tl.constexpr("""{
+        .reg .b32 t0, t1;
+        prmt.b32 t0, $2, 0, 0x9180;
+        prmt.b32 t1, $2, 0, 0xB3A2;
+        shl.b32 t0, t0, 4;
+        shl.b32 t1, t1, 4;
+        and.b32 $0, t0, 0x87F087F0;
+        and.b32 $1, t1, 0x87F087F0;
+        }""")
+
+
 @triton.jit
 def e4m3_bits_to_bf16(x):
     """uint8 e4m3 bytes -> bf16 equal to the e4m3 value times 2^-120, exactly (subnormals included: both formats put
     the exponent field right below the sign, so moving the 7 exponent/mantissa bits up by 4 and the sign up by 8
-    rescales every value by 2^(127 - 7)). Integer ops only (PRMT/SHL/AND/OR, full rate; PTX ISA 7.0, every target
-    from sm_80). Four bytes per asm block."""
+    rescales every value by 2^(127 - 7)). Integer ops only (PRMT/SHL/AND, full rate; PTX ISA 7.0, every target from
+    sm_80): :data:`E4M3_TO_BF16_PTX`, four bytes per asm block."""
     return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, m0, m1, s0, s1;
-        prmt.b32 t0, $2, 0, 0x4140;
-        prmt.b32 t1, $2, 0, 0x4342;
-        shl.b32 t0, t0, 4;
-        shl.b32 t1, t1, 4;
-        and.b32 m0, t0, 0x07F007F0;
-        and.b32 m1, t1, 0x07F007F0;
-        and.b32 s0, t0, 0x08000800;
-        and.b32 s1, t1, 0x08000800;
-        shl.b32 s0, s0, 4;
-        shl.b32 s1, s1, 4;
-        or.b32 $0, m0, s0;
-        or.b32 $1, m1, s1;
-        }""",
+        asm=E4M3_TO_BF16_PTX,
         constraints="=r,=r,r",
         args=[x],
         dtype=tl.bfloat16,

@@ -190,10 +190,11 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
 
 
-# Registers a thread of the opaque mma.sync decode tiles takes, ahead of time (docs/portability.md): 16 x 16 tiles 128
-# (sm_86/89/90/100; also the sm_89 path's cubins for the H200), 160 on sm_80 and 153-154 on sm_120; 4-warp tiles of
-# >= 512 scores 168-238 and 8-warp tiles 126-163 everywhere (counted as 255 and 128: two per SM on every target).
-SMALL_TILE_REGS = {(8, 0): 160, (12, 0): 154}
+# Registers a thread of the opaque mma.sync decode tiles takes, ahead of time (docs/portability.md; tests/test_aot.py
+# holds the two together): 16 x 16 tiles 128 (sm_86/89/90; also the sm_89 path's cubins for the H200), 159 on sm_80,
+# 130 on sm_100 and 148-149 on sm_120; 4-warp tiles of >= 512 scores 168-238 and 8-warp tiles 126-163 everywhere
+# (counted as 255 and 128: two per SM on every target).
+SMALL_TILE_REGS = {(8, 0): 159, (10, 0): 130, (12, 0): 149}
 
 
 def resident_programs(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:

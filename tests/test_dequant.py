@@ -1,0 +1,88 @@
+"""The integer e4m3 -> bf16 conversion's PTX (``dequant.E4M3_TO_BF16_PTX``), run on the CPU through a model of the
+instructions it uses (``prmt.b32`` in its default mode, ``shl.b32``, ``and.b32``): every byte value in every position
+of the 32-bit word gives the bf16 bits of its e4m3 value times 2^-120. The interpreter cannot run inline PTX, and the
+GPU tier checks the kernels that use it against the conversion unit (test_sparse_decode_gpu.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX, TWO_POW_120
+
+MASK32 = 0xFFFFFFFF
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX ``prmt.b32 d, a, b, sel`` (default mode): byte i of d is byte sel[i] & 7 of {b, a}; with bit 3 of the
+    selector nibble set, that byte's sign bit replicated into all 8 bits."""
+    src = ((b & MASK32) << 32) | (a & MASK32)
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = (src >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * i)
+    return out
+
+
+def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Execute the asm block's instructions in order on 32-bit registers (operands: registers, ``$n`` or
+    integer literals); only the three instructions the conversion uses are modelled (anything else fails)."""
+    regs = dict(inputs)
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        return regs[tok] if tok in regs else int(tok, 0)
+
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dst, *srcs = (t.strip() for t in rest.split(","))
+        if op == "prmt.b32":
+            regs[dst] = _prmt(val(srcs[0]), val(srcs[1]), val(srcs[2]))
+        elif op == "shl.b32":
+            regs[dst] = (val(srcs[0]) << val(srcs[1])) & MASK32
+        elif op == "and.b32":
+            regs[dst] = val(srcs[0]) & val(srcs[1])
+        else:
+            raise AssertionError(f"instruction not modelled: {line}")
+    return regs
+
+
+def _bf16_bits(x: torch.Tensor) -> list[int]:
+    return x.to(torch.bfloat16).view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).tolist()
+
+
+def test_the_model_knows_prmt():
+    # PTX ISA example values: selector 0x3210 is the identity, 0x0123 reverses, nibble 8 replicates byte 0's sign
+    assert _prmt(0x80FF0102, 0, 0x3210) == 0x80FF0102
+    assert _prmt(0x80FF0102, 0, 0x0123) == 0x0201FF80
+    assert _prmt(0x00000080, 0, 0x8888) == 0xFFFFFFFF
+    assert _prmt(0x0000007F, 0x000000AB, 0x0004) == 0x7F7F7FAB
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
+def test_every_byte_converts_exactly(position):
+    """The e4m3 value times 2^-120 in bf16 (exact: subnormals and +-0 included), the other bytes of the word random;
+    NaN bytes (0x7F, 0xFF) convert like their bit pattern (the caches hold none)."""
+    text = str(E4M3_TO_BF16_PTX.value if hasattr(E4M3_TO_BF16_PTX, "value") else E4M3_TO_BF16_PTX)
+    assert set(re.findall(r"\$(\d)", text)) == {"0", "1", "2"}
+    nan_free = [b for b in range(256) if b & 0x7F != 0x7F]
+    want = _bf16_bits(
+        torch.tensor(nan_free, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_120.value)
+    )
+    gen = torch.Generator().manual_seed(position)
+    for byte, bits in zip(nan_free, want, strict=True):
+        others = torch.randint(0, 256, (4,), generator=gen).tolist()
+        others[position] = byte
+        word = sum(b << (8 * i) for i, b in enumerate(others))
+        regs = run_ptx(text, {"$2": word})
+        out = regs["$0"] if position < 2 else regs["$1"]
+        got = (out >> (16 * (position % 2))) & 0xFFFF
+        assert got == bits, f"byte 0x{byte:02x} at {position}: 0x{got:04x}, want 0x{bits:04x}"
