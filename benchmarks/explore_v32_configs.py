@@ -3,7 +3,10 @@
 ``python -m benchmarks.explore_v32_configs --out-dir DIR --git-sha SHA``.
 
 Each (shape, config, splits) row is checked against the chosen configuration's output (rel err) and timed with
-``triton.testing.do_bench`` (median, L2 flushed) over one graph replay. Writes
+``triton.testing.do_bench`` (median, L2 flushed) over one graph replay. ``--cubins DIR`` also times each row from
+DIR/<code path>'s Triton 3.8 cubins (``us_t38``; built here, without a GPU, by ``--build-cubins DIR --path P``:
+benchmarks/prod_cubins.py), since the GPU machine's Triton 3.6 compiles some tiles very differently (the lazy rescale
+on sm_90's 64-head tile: 816 B spilled on 3.6, none on 3.8). Writes
 ``<out-dir>/v32_configs-<gpu>-<date>.json``: ``{"op", "gpu", "git_sha", "torch", "triton", "code_path", "rows":
 [{"B", "H", "kv_format", "config", "nope_chunks", "stage_k", "splits", "us", "rel_err", "shared_bytes", "error"}]}``
 and prints a table.
@@ -82,6 +85,21 @@ def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
     return name + ("-lazy" if cfg.lazy_rescale else "")
 
 
+def _configs(v32, wanted: list[str], fmt: str, info) -> list:  # noqa: ANN001 - the module and a DeviceInfo
+    """The CONFIGS whose name contains one of ``wanted`` and that fit ``info``'s shared memory with ``fmt`` rows."""
+    out = []
+    for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
+        opaque, lazy = (*extra, False, False)[:2]
+        cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k,
+                            opaque_k=opaque, lazy_rescale=lazy)  # fmt: skip
+        if (
+            any(part in config_name(cfg) for part in wanted)
+            and v32.shared_bytes_v32(cfg, fmt, info) <= info.smem_per_block
+        ):
+            out.append(cfg)  # (over the budget: the launcher refuses it; no row to spend a compile on)
+    return out
+
+
 @app.command()
 def main(
     out_dir: Path = typer.Option(Path("results/bench/explore"), help="Folder of the JSON."),
@@ -90,6 +108,9 @@ def main(
     only: str = typer.Option("", help="Only the configs whose name contains one of these comma-separated parts."),
     splits_: str = typer.Option("auto,4", "--splits", help="Comma-separated split counts ('auto' or ints)."),
     shapes: str = typer.Option(SHAPES, help="Comma-separated B:H:kv_format points."),
+    build_cubins: Path = typer.Option(None, help="Here, no GPU: compile the rows' launches into DIR/<--path>."),
+    build_path: str = typer.Option("native", "--path", help="With --build-cubins: the code path (native or sm89)."),
+    cubins: Path = typer.Option(None, help="GPU: also time each row from DIR/<code path>'s Triton 3.8 cubins."),
 ) -> None:
     import triton
 
@@ -97,10 +118,33 @@ def main(
     from sparsemla.kernels import device as dev
     from sparsemla.kernels.sparse_decode import triton_v32 as v32
 
-    info = dev.device_info()
     wanted = [part for part in only.split(",") if part] or [""]
     split_counts = [int(x) if x.isdigit() else x for x in splits_.split(",") if x]
+    points = [(int(b), int(h), f) for b, h, f in (point.split(":") for point in shapes.split(","))]
+    if build_cubins is not None:
+        from benchmarks import prod_cubins
+
+        facts = prod_cubins.path_info(build_path)[0]
+
+        def workload() -> None:
+            for B, H, fmt in points:
+                kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), 0, "cpu", fill=False)
+                args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
+                v32.sparse_decode_v32_fwd(*args, kv_format=fmt)  # the reference row's launch
+                for cfg in _configs(v32, wanted, fmt, facts):
+                    for splits in split_counts:
+                        v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
+
+        added = prod_cubins.build(workload, prod_cubins.path_dir(build_cubins, build_path), build_path)
+        print(f"{len(added)} cubins added to {build_cubins}/{build_path}")
+        return
+    info = dev.device_info()
     code_path = flags.TRITON_OVERRIDE_ARCH.get() or "native"
+    replayer = None
+    if cubins is not None:
+        from benchmarks import prod_cubins
+
+        replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))
     rows: list[dict] = []
     doc = {
         "op": "v32_configs",
@@ -110,6 +154,7 @@ def main(
         "triton": triton.__version__,
         "code_path": code_path,
         "ctx": ctx,
+        "cubins": str(cubins) if cubins else None,
         "rows": rows,
     }
     op = "v32_configs" if code_path == "native" else f"v32_configs-{code_path}"
@@ -118,31 +163,34 @@ def main(
     def write() -> None:  # after every row: a run cut short by its time limit keeps what it measured
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
-    for B, H, fmt in ((int(b), int(h), f) for b, h, f in (point.split(":") for point in shapes.split(","))):
+    for B, H, fmt in points:
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
         want, _ = v32.sparse_decode_v32_fwd(*args, kv_format=fmt)
-        for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
-            opaque, lazy = (*extra, False, False)[:2]
-            cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k,
-                                opaque_k=opaque, lazy_rescale=lazy)  # fmt: skip
-            if not any(part in config_name(cfg) for part in wanted):
-                continue
-            if v32.shared_bytes_v32(cfg, fmt, info) > info.smem_per_block:
-                continue  # the launcher refuses it; no row to spend a compile on
+        for cfg in _configs(v32, wanted, fmt, info):
             for splits in split_counts:
-                row = dict(B=B, H=H, kv_format=fmt, config=config_name(cfg), nope_chunks=chunks, stage_k=stage_k,
-                           splits=splits, shared_bytes=v32.shared_bytes_v32(cfg, fmt, info))  # fmt: skip
+                shared = v32.shared_bytes_v32(cfg, fmt, info)
+                row = dict(B=B, H=H, kv_format=fmt, config=config_name(cfg), nope_chunks=cfg.nope_chunks,
+                           stage_k=cfg.stage_k, splits=splits, shared_bytes=shared)  # fmt: skip
+                for suffix, ctx_of in (("", None), ("_t38", replayer)):
+                    if suffix and ctx_of is None:
+                        continue
 
-                def call(args=args, fmt=fmt, cfg=cfg, splits=splits):
-                    return v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
+                    def call(args=args, fmt=fmt, cfg=cfg, splits=splits, rep=ctx_of):
+                        if rep is None:
+                            return v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
+                        with rep:
+                            return v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
 
-                try:
-                    out, _ = call()
-                    row["rel_err"] = rel_err(out, want)
-                    row["us"] = 1e3 * triton.testing.do_bench(graphed(call), warmup=10, rep=50, return_mode="median")
-                except Exception as exc:  # noqa: BLE001 -- an exploration row records why a config failed
-                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    try:
+                        out, _ = call()
+                        row["rel_err" + suffix] = rel_err(out, want)
+                        graph = graphed(call)
+                        row["us" + suffix] = 1e3 * triton.testing.do_bench(
+                            graph, warmup=10, rep=50, return_mode="median"
+                        )
+                    except Exception as exc:  # noqa: BLE001 -- an exploration row records why a config failed
+                        row["error" + suffix] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 rows.append(row)
                 write()
                 print(json.dumps(row), flush=True)
