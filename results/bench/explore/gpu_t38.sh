@@ -65,8 +65,8 @@ WS_VARIANTS=ws4,ws4t,ws8t
 WS_SHAPES_SM89=1x64,64x64,128x64,1024x64,64x128,64x8
 WS_SHAPES_NATIVE=64x8,64x16,128x16
 # `lazy`: the online softmax's lazy rescale (DecodeConfig / V32Config.lazy_rescale: the accumulator is rescaled only
-# when a head's maximum passes the reference by more than 8 in log2 units; ahead of time it skips 66-132 multiplies a
-# thread per tile, 6-10 % of the loop) on the launcher's tiles: V4 in both paths (3.6 JIT, 3.8 cubins from
+# when a head's maximum passes the reference by more than 8 in log2 units; ahead of time it skips 64-128 multiplies a
+# thread per tile, 5-9 % of the loop) on the launcher's tiles: V4 in both paths (3.6 JIT, 3.8 cubins from
 # `build-lazy`, and at sm_89's blocks per SM), V3.2 in both paths (3.6 JIT and 3.8 cubins,
 # benchmarks.explore_v32_configs). Judge by the 3.8 rows: 3.6 spills 752-816 B a thread on sm_90's 64-head tiles
 # with the lazy branch, 3.8 none.

@@ -240,6 +240,21 @@ def _sink_scale(scale, lse2, sink, o_h, m_h, valid):
 
 
 @triton.jit
+def _lazy_softmax(b_s, m_new, m_i, l_i):
+    """One tile of the online softmax with a lazy reference maximum (``DecodeConfig.lazy_rescale``): ``m_i`` moves to
+    the heads' running maximum ``m_new`` only when some head's maximum passed it by more than RESCALE_SLACK, or a head
+    saw its first valid entry (-inf + slack < finite); otherwise P is taken against the old reference (<= 2 **
+    RESCALE_SLACK). Returns (P [BLOCK_H, BLOCK_N], reference, l, the accumulators' factor, whether they need it);
+    the caller rescales its accumulators when it is told to."""
+    moved = tl.max((m_new > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0
+    grow = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+    m_ref = tl.where(moved, m_new, m_i)
+    l_i = tl.where(moved, l_i * grow, l_i)
+    b_p = tl.math.exp2(b_s - tl.where(m_ref == float("-inf"), 0.0, m_ref)[:, None])
+    return b_p, m_ref, l_i + tl.sum(b_p, 1), grow, moved
+
+
+@triton.jit
 def _split_tiles(
     length, length_x, i_b, i_sp, num_splits,
     TOPK: tl.constexpr, TOPK_X: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -465,15 +480,9 @@ def _sparse_decode_kernel(
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         if LAZY_RESCALE:
-            # m_i is the reference maximum: it moves (and the accumulator is rescaled) only when some head's maximum
-            # passed it by more than RESCALE_SLACK, or a head saw its first valid entry (-inf + slack < finite)
-            if tl.max((m_new > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
-                alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            b_p = tl.math.exp2(b_s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i = l_i + tl.sum(b_p, 1)
+            b_p, m_i, l_i, grow, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
+            if moved:
+                acc = acc * grow[:, None]
         else:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
             alpha = tl.math.exp2(m_i - m_use)

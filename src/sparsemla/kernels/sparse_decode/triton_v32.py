@@ -29,7 +29,7 @@ import triton.language as tl
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
-from sparsemla.kernels.sparse_decode.triton import RESCALE_SLACK, choose_num_splits, combine_blocks
+from sparsemla.kernels.sparse_decode.triton import _lazy_softmax, choose_num_splits, combine_blocks
 
 LOG2E = 1.4426950408889634
 SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
@@ -368,21 +368,14 @@ def _sparse_decode_v32_kernel(
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         if LAZY_RESCALE:
-            # m_i is the reference maximum: it moves (the accumulators rescaled) only when some head's maximum passed
-            # it by more than RESCALE_SLACK, or a head saw its first valid entry (-inf + slack < finite)
-            alpha = l_i  # unused: _rescaled returns the accumulators as they are
-            if tl.max((m_new > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
-                grow = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                acc0 = acc0 * grow[:, None]
+            b_p, m_i, l_i, alpha, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
+            if moved:  # the dots then take the accumulators as they are (_rescaled)
+                acc0 = acc0 * alpha[:, None]
                 if NOPE_CHUNKS >= 2:
-                    acc1 = acc1 * grow[:, None]
+                    acc1 = acc1 * alpha[:, None]
                 if NOPE_CHUNKS == 4:
-                    acc2 = acc2 * grow[:, None]
-                    acc3 = acc3 * grow[:, None]
-                l_i = l_i * grow
-                m_i = m_new
-            b_p = tl.math.exp2(b_s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i = l_i + tl.sum(b_p, 1)
+                    acc2 = acc2 * alpha[:, None]
+                    acc3 = acc3 * alpha[:, None]
         else:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
             alpha = tl.math.exp2(m_i - m_use)
