@@ -15,6 +15,7 @@ Results belong in ``results/bench/explore/``; what they change goes into ``choos
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -140,11 +141,11 @@ def main(
         return
     info = dev.device_info()
     code_path = flags.TRITON_OVERRIDE_ARCH.get() or "native"
-    replayer = None
+    modes = [("", None)]  # (row key suffix, Replayer): this machine's Triton, then the 3.8 cubins when given
     if cubins is not None:
         from benchmarks import prod_cubins
 
-        replayer = prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))
+        modes.append(("_t38", prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))))
     rows: list[dict] = []
     doc = {
         "op": "v32_configs",
@@ -172,14 +173,10 @@ def main(
                 shared = v32.shared_bytes_v32(cfg, fmt, info)
                 row = dict(B=B, H=H, kv_format=fmt, config=config_name(cfg), nope_chunks=cfg.nope_chunks,
                            stage_k=cfg.stage_k, splits=splits, shared_bytes=shared)  # fmt: skip
-                for suffix, ctx_of in (("", None), ("_t38", replayer)):
-                    if suffix and ctx_of is None:
-                        continue
+                for suffix, rep in modes:
 
-                    def call(args=args, fmt=fmt, cfg=cfg, splits=splits, rep=ctx_of):
-                        if rep is None:
-                            return v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
-                        with rep:
+                    def call(args=args, fmt=fmt, cfg=cfg, splits=splits, rep=rep):
+                        with rep or contextlib.nullcontext():
                             return v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
 
                     try:

@@ -240,6 +240,15 @@ def _sink_scale(scale, lse2, sink, o_h, m_h, valid):
 
 
 @triton.jit
+def _rescaled(acc, alpha, LAZY_RESCALE: tl.constexpr):
+    """``acc`` as the next dot's accumulator: times ``alpha`` per head, or as is when the rescale is lazy (done, when
+    needed, before the dots: :func:`_lazy_softmax`)."""
+    if LAZY_RESCALE:
+        return acc
+    return acc * alpha[:, None]
+
+
+@triton.jit
 def _lazy_softmax(b_s, m_new, m_i, l_i):
     """One tile of the online softmax with a lazy reference maximum (``DecodeConfig.lazy_rescale``): ``m_i`` moves to
     the heads' running maximum ``m_new`` only when some head's maximum passed it by more than RESCALE_SLACK, or a head
@@ -480,9 +489,9 @@ def _sparse_decode_kernel(
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         if LAZY_RESCALE:
-            b_p, m_i, l_i, grow, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
+            b_p, m_i, l_i, alpha, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
             if moved:
-                acc = acc * grow[:, None]
+                acc = acc * alpha[:, None]
         else:
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
             alpha = tl.math.exp2(m_i - m_use)
@@ -493,10 +502,7 @@ def _sparse_decode_kernel(
             b_pd = b_p
         else:
             b_pd = b_p.to(tl.bfloat16)
-        if LAZY_RESCALE:
-            acc = tl.dot(b_pd, b_k, acc, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
-        else:
-            acc = tl.dot(b_pd, b_k, acc * alpha[:, None], input_precision=DOT_PREC)
+        acc = tl.dot(b_pd, b_k, _rescaled(acc, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)

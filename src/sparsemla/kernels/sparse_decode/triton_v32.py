@@ -29,7 +29,7 @@ import triton.language as tl
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
-from sparsemla.kernels.sparse_decode.triton import _lazy_softmax, choose_num_splits, combine_blocks
+from sparsemla.kernels.sparse_decode.triton import _lazy_softmax, _rescaled, choose_num_splits, combine_blocks
 
 LOG2E = 1.4426950408889634
 SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
@@ -275,15 +275,6 @@ def _store_o_chunk(p_o, acc, inv_l, m_h, o_d, C0: tl.constexpr, DV: tl.constexpr
     points at columns o_d."""
     m_o = m_h[:, None] & (C0 + o_d < DV)[None, :]
     tl.store(p_o + C0, (acc * inv_l[:, None]).to(p_o.dtype.element_ty), mask=m_o)
-
-
-@triton.jit
-def _rescaled(acc, alpha, LAZY_RESCALE: tl.constexpr):
-    """``acc`` as the next dot's accumulator: times ``alpha`` per head, or as is when the rescale is lazy (done, when
-    needed, before the dots)."""
-    if LAZY_RESCALE:
-        return acc
-    return acc * alpha[:, None]
 
 
 @triton.jit
