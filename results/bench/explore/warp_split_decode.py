@@ -321,15 +321,17 @@ def aot_compare(archs: list[str], shapes: list[tuple[int, int]], nws: list[str])
                 try:
                     with aot.compile_only(arch, info, f"B{batch}H{heads}", sink), \
                             aot.watch_launches(lambda n, k, got=got: got.setdefault(n, k)):  # fmt: skip
-                        if variant in ("base", "lazy"):
-                            T.sparse_decode_fwd(**t, config=replace(cfg, lazy_rescale=variant == "lazy"))
+                        if variant in ("base", "lazy", "nolift"):
+                            T.sparse_decode_fwd(
+                                **t, config=replace(cfg, lazy_rescale=variant == "lazy", q_lift=variant != "nolift")
+                            )
                         else:
                             nw, warps, st = variant_options(variant)
                             ws_decode_fwd(**t, config=cfg, nw=nw, scores_t=st, warps=warps)
                 except Exception as exc:  # noqa: BLE001 - a variant Triton cannot compile is a finding
                     print(f"{arch} B={batch} H={heads} {variant}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                name = "_sparse_decode_kernel" if variant in ("base", "lazy") else "_ws_decode_kernel"
+                name = "_sparse_decode_kernel" if variant in ("base", "lazy", "nolift") else "_ws_decode_kernel"
                 k = got[name]
                 res = next(r for r in sink if r.kernel == name)
                 ops = _loop_ops(aot._cubin_tool(k.asm["cubin"], "-sass"))
@@ -351,10 +353,11 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     and split count (both from the GPU facts in force: ``device.assume`` under occupancy matching)."""
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
-    if variant == "lazy":  # the launcher's kernel and choices with DecodeConfig.lazy_rescale
+    if variant in ("lazy", "nolift"):  # the launcher's kernel and choices with DecodeConfig.lazy_rescale / no q_lift
         q = kw["q"]
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
-        return T.sparse_decode_fwd(**kw, config=replace(cfg, lazy_rescale=True))[0]
+        cfg = replace(cfg, lazy_rescale=True) if variant == "lazy" else replace(cfg, q_lift=False)
+        return T.sparse_decode_fwd(**kw, config=cfg)[0]
     nw, warps, st = variant_options(variant)
     return ws_decode_fwd(**kw, nw=nw, scores_t=st, warps=warps)[0]
 
@@ -381,7 +384,7 @@ def build_cubins(out_dir: Path, path: str, shapes: list[tuple[int, int]], varian
 
 
 def bench(path: str, shapes: list[tuple[int, int]], variants: list[str], out: str, git_sha: str,
-          cubins: str | None, occupancy_of: str | None) -> None:  # fmt: skip
+          cubins: str | None, occupancy_of: str | None, only_t38: bool = False) -> None:  # fmt: skip
     """GPU, one code path per process: the launcher's kernel (``base``) against the warp-split variants on the same
     tile, CUDA-graph replay median (2 input sets rotated, L2 flushed by do_bench) per compile: ``t36`` this machine's
     Triton (JIT), ``t38`` / ``t38occ`` the cubins of ``cubins`` (Triton 3.8), the latter at ``occupancy_of``'s blocks
@@ -414,6 +417,8 @@ def bench(path: str, shapes: list[tuple[int, int]], variants: list[str], out: st
                     yield
 
             modes.append(("t38occ", matched))
+        if only_t38:  # production's compiler only (the GPU machine's JIT compiles are most of a run's time)
+            modes = modes[1:]
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip()  # fmt: skip
     rows: list[dict] = []
@@ -470,6 +475,7 @@ def main() -> int:
     p.add_argument("--path", default="sm89", choices=["native", "sm89"])
     p.add_argument("--cubins", help="GPU: also time the cubins of DIR (t38), and with --occupancy-of (t38occ)")
     p.add_argument("--occupancy-of", help="e.g. sm_89: that GPU's blocks per SM, tiles and split counts")
+    p.add_argument("--only-t38", action="store_true", help="with --cubins: skip the GPU machine's own Triton")
     p.add_argument("--out")
     a = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
@@ -477,7 +483,7 @@ def main() -> int:
         build_cubins(Path(a.build_cubins), a.path, shapes, a.variants.split(","), a.occupancy_of)
         return 0
     if a.bench:
-        bench(a.bench, shapes, a.variants.split(","), a.out, a.git_sha, a.cubins, a.occupancy_of)
+        bench(a.bench, shapes, a.variants.split(","), a.out, a.git_sha, a.cubins, a.occupancy_of, a.only_t38)
         return 0
     if a.check:
         return check()

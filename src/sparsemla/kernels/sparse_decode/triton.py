@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
-from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
+from sparsemla.kernels.dequant import LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 
 LOG2E = 1.4426950408889634
@@ -64,7 +64,10 @@ class DecodeConfig:
     where the dots are mma.sync, :func:`opaque_tile_default`); lazy_rescale: the online softmax keeps its reference
     maximum until some head's running maximum passes it by more than :data:`RESCALE_SLACK` (log2 units), so the tiles
     in between skip the [block_h, 512] accumulator's rescale (one multiply per accumulator value and tile; exact up
-    to rounding: P stays <= 2 ** RESCALE_SLACK, its bf16 rounding is relative). Off until timed."""
+    to rounding: P stays <= 2 ** RESCALE_SLACK, its bf16 rounding is relative). Off until timed. q_lift (with
+    int_dequant): the integer path's 2^-120 is folded into the tile's scale multiply and q's and the output's NoPE
+    columns are scaled by 2^60 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
+    for scales 2^-57 .. 2^67), one multiply per gathered value instead of two."""
 
     block_h: int
     block_n: int
@@ -76,6 +79,7 @@ class DecodeConfig:
     chunks_first: bool | None = None
     opaque_tile: bool | None = None
     lazy_rescale: bool = False
+    q_lift: bool = True
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -318,12 +322,13 @@ def _grid2(tok, chunk, CHUNKS_FIRST: tl.constexpr):
 def _load_kv_tile(
     p_cache, o_tok, o_rope, o_scale, m_n,
     BLOCK_N: tl.constexpr, C0: tl.constexpr, NC: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr,
-    INT_DEQUANT: tl.constexpr = False, CHUNKS_FIRST: tl.constexpr = False,
+    INT_DEQUANT: tl.constexpr = False, CHUNKS_FIRST: tl.constexpr = False, LIFT: tl.constexpr = False,
 ):  # fmt: skip
     """Chunks ``C0 .. C0+NC-1`` of the tile's token rows dequantized to [BLOCK_N, NC*64]: chunks 0..6 = fp8 NoPE *
     2^(ue8m0 - 127) (exact in bf16), chunk 7 = bf16 RoPE. Built as a 3D [BLOCK_N, NC, 64] tile (``CHUNKS_FIRST``:
     [NC, BLOCK_N, 64], permuted at the end) so the per-64 scale is a 2D (token, chunk) tensor, then flattened. (C0, NC)
-    = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves.
+    = (0, 8) is the whole 512-wide row; (0, 4) / (4, 4) its halves. LIFT (with INT_DEQUANT): the NoPE chunks come out
+    times 2^-LIFT_LOG2 (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`), one multiply per value instead of two.
 
     Why the axis order is a knob: Triton lays the 3D load's 8 x 4 lanes of a warp over (64 columns, one of the other
     two axes), and the two compilers break that tie oppositely -- 3.6 takes the first axis, 3.8 the middle one. The
@@ -359,10 +364,16 @@ def _load_kv_tile(
         n2, c2 = _grid2(m_n, o_c < 7, CHUNKS_FIRST)
         s2, oc2 = _grid2(o_scale, o_c, CHUNKS_FIRST)
         b_e = tl.load(p_cache + s2 + oc2, mask=n2 & c2, other=127).to(tl.float32)  # [BLOCK_N, NC]
-    b_sc = tl.math.exp2(b_e - 127.0)
     tl.static_assert(not (DOT_F32 and INT_DEQUANT), "the interpreter runs fp32 dots from fp8 loads, not inline PTX")
+    tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
+    if LIFT:  # [BLOCK_N, NC] 2^(ue8m0 - 127 + 120 - LIFT_LOG2): exact in bf16 for ue8m0 <= 134 + LIFT_LOG2
+        b_sc = tl.math.exp2(b_e - (7.0 + LIFT_LOG2))
+    else:
+        b_sc = tl.math.exp2(b_e - 127.0)  # [BLOCK_N, NC] 2^(ue8m0 - 127)
     if DOT_F32:
         b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
+    elif LIFT:
+        b_k = e4m3_bits_to_bf16(b_k8) * b_sc.to(tl.bfloat16)[:, :, None]  # (e4m3 * 2^-120) * 2^(120 + ...): exact
     elif INT_DEQUANT:
         b_kb = e4m3_bits_to_bf16(b_k8)  # [BLOCK_N, NC, 64] = e4m3 * 2^-120
         two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
@@ -381,6 +392,13 @@ def _load_kv_tile(
     if CHUNKS_FIRST:
         b_k = tl.permute(b_k, (1, 0, 2))  # [NC, BLOCK_N, 64] -> [BLOCK_N, NC, 64]
     return tl.reshape(b_k, [BLOCK_N, NC * 64])
+
+
+@triton.jit
+def _lift_cols(o_d):
+    """[N] fp32 column factors of the lift (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): 2^LIFT_LOG2 on the NoPE
+    columns (< 448), 1 on the RoPE ones."""
+    return tl.where(o_d < ROPE_OFFSET, TWO_POW_LIFT, 1.0)
 
 
 @triton.jit
@@ -403,6 +421,7 @@ def _sparse_decode_kernel(
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
     CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
+    Q_LIFT: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -427,6 +446,8 @@ def _sparse_decode_kernel(
         b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512]
         if DOT_F32:
             b_q = b_q.to(tl.float32)
+        if Q_LIFT:  # NoPE columns times 2^LIFT_LOG2 (exact), against the tile's NoPE times 2^-LIFT_LOG2
+            b_q = b_q * _lift_cols(o_d).to(tl.bfloat16)[None, :]
     else:
         o_d = tl.arange(0, 256)
         b_qa = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 256] cols 0..255
@@ -434,6 +455,9 @@ def _sparse_decode_kernel(
         if DOT_F32:
             b_qa = b_qa.to(tl.float32)
             b_qb = b_qb.to(tl.float32)
+        if Q_LIFT:
+            b_qa = b_qa * _lift_cols(o_d).to(tl.bfloat16)[None, :]
+            b_qb = b_qb * _lift_cols(256 + o_d).to(tl.bfloat16)[None, :]
 
     n_main, n_x, t_main, t_lo, t_hi = _split_tiles(
         length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N, HAS_LEN, HAS_LEN_X, HAS_EXTRA
@@ -468,17 +492,17 @@ def _sparse_decode_kernel(
             o_rope = tl.multiple_of(o_rope, 8)
         if DV_SPLIT == 1:
             b_k = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
             )
             if OPAQUE_TILE:
                 b_k = opaque_bf16(b_k)
             b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         else:
             b_ka = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
             )
             b_kb = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST
+                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
             )
             if OPAQUE_TILE:
                 b_ka = opaque_bf16(b_ka)
@@ -517,6 +541,8 @@ def _sparse_decode_kernel(
         p_o = o_part + (i_r.to(tl.int64) * num_splits + i_sp) * H * 512 + o_h.to(tl.int64)[:, None] * 512 + o_v[None, :]
         tl.store(lse_part + (i_r.to(tl.int64) * num_splits + i_sp) * H + o_h, lse2, mask=m_lse)
     b_o = acc * inv_l[:, None]
+    if Q_LIFT:
+        b_o = b_o * _lift_cols(o_v)[None, :]  # PV over NoPE * 2^-LIFT_LOG2: back to scale (exact)
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & (o_v < DV)[None, :])
 
 
@@ -702,6 +728,7 @@ def sparse_decode_fwd(
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
+        Q_LIFT=cfg.q_lift and cfg.int_dequant and not interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

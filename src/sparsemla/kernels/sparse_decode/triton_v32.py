@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
-from sparsemla.kernels.dequant import TWO_POW_120, e4m3_bits_to_bf16, opaque_bf16
+from sparsemla.kernels.dequant import TWO_POW_120, TWO_POW_LIFT, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.sparse_decode.triton import _lazy_softmax, _rescaled, choose_num_splits, combine_blocks
 
@@ -74,7 +74,12 @@ class V32Config:
 
     lazy_rescale: the online softmax's reference maximum moves only when some head's maximum passes it by more than
     :data:`~sparsemla.kernels.sparse_decode.triton.RESCALE_SLACK`, so the tiles in between skip the accumulators'
-    rescale (as ``DecodeConfig.lazy_rescale``). Off until timed."""
+    rescale (as ``DecodeConfig.lazy_rescale``). Off until timed.
+
+    q_lift (fp8_656 with int_dequant): the integer path's 2^-120 stays in the dequantized K, whose fp32 scale multiply
+    carries 2^(120 - 60) instead, q's NoPE is scaled by 2^60 once per program and the output by 2^60 at the end
+    (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): the same bits for scales up to 2^67, one bf16 multiply per
+    gathered value fewer."""
 
     block_h: int
     block_n: int
@@ -86,6 +91,7 @@ class V32Config:
     stage_k: bool = False
     opaque_k: bool = False
     lazy_rescale: bool = False
+    q_lift: bool = True
 
 
 def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
@@ -201,9 +207,10 @@ def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr,
 def _load_v32_nope(
     kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr,
-    OPAQUE_K: tl.constexpr = False,
+    OPAQUE_K: tl.constexpr = False, LIFT: tl.constexpr = False,
 ):  # fmt: skip
     """NoPE columns [C0, C0 + W) of the tile's rows, [BLOCK_N, W] bf16 (fp32 under DOT_F32); masked rows are 0.
+    LIFT (fp8 with INT_DEQUANT): times 2^-LIFT_LOG2 (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`).
 
     KV_FP8: ``kv`` is the uint8 cache, ``o_tok`` [BLOCK_N] the rows' byte offsets; NoPE = e4m3 * scale[tile] computed
     in fp32 and rounded once (C0 and W multiples of 128: whole scale tiles). Else ``kv`` is the bf16 cache and
@@ -221,7 +228,12 @@ def _load_v32_nope(
             b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, NT, 128] fp8
             b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
         else:
-            if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
+            tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
+            if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
+                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
+                b_kb = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
+                b_sc = b_sc * TWO_POW_LIFT  # [BLOCK_N, NT] scale * 2^60 (exact for scales below 2^68)
+            elif INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
                 b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
                 two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
                 b_kb = e4m3_bits_to_bf16(b_k8) * two_120  # the e4m3 value, exact in bf16
@@ -258,14 +270,16 @@ def _load_v32_rope(kv, o_tok, m_n, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr):
-    """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32)."""
+def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr, LIFT: tl.constexpr = False):
+    """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32); LIFT: times 2^LIFT_LOG2."""
     if C0 == 0:
         b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, W]
     else:
         b_q = tl.load(p_q + (C0 + o_d)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, W]
     if DOT_F32:
         b_q = b_q.to(tl.float32)
+    if LIFT:
+        b_q = b_q * tl.full([1, 1], TWO_POW_LIFT, tl.bfloat16)  # exact for |q| < 2^67
     return b_q
 
 
@@ -286,6 +300,7 @@ def _sparse_decode_v32_kernel(
     INT_DEQUANT: tl.constexpr, STAGE_K: tl.constexpr, HAS_LEN: tl.constexpr, SINGLE: tl.constexpr,
     OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
+    Q_LIFT: tl.constexpr = False,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
@@ -308,12 +323,12 @@ def _sparse_decode_v32_kernel(
     o_d = tl.arange(0, W)
     o_e = tl.arange(0, 64)
     p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs + o_h.to(tl.int64)[:, None] * stride_qh
-    b_q0 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 0, DOT_F32)  # [BLOCK_H, W] NoPE chunk 0
+    b_q0 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 0, DOT_F32, Q_LIFT)  # [BLOCK_H, W] NoPE chunk 0
     if NOPE_CHUNKS >= 2:
-        b_q1 = _load_q_chunk(p_q, o_d, m_h, stride_qd, W, DOT_F32)
+        b_q1 = _load_q_chunk(p_q, o_d, m_h, stride_qd, W, DOT_F32, Q_LIFT)
     if NOPE_CHUNKS == 4:
-        b_q2 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 2 * W, DOT_F32)
-        b_q3 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 3 * W, DOT_F32)
+        b_q2 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 2 * W, DOT_F32, Q_LIFT)
+        b_q3 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 3 * W, DOT_F32, Q_LIFT)
     b_qr = tl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
     if DOT_F32:
         b_qr = b_qr.to(tl.float32)
@@ -341,17 +356,23 @@ def _sparse_decode_v32_kernel(
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
-        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
+        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT)
         if NOPE_CHUNKS == 1:  # the whole row before the first dot: the chosen configs compile to the same kernel
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         if NOPE_CHUNKS >= 2:
-            b_k1 = _load_v32_nope(kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
+            b_k1 = _load_v32_nope(
+                kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS == 4:
-            b_k2 = _load_v32_nope(kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
+            b_k2 = _load_v32_nope(
+                kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PREC)
-            b_k3 = _load_v32_nope(kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K)
+            b_k3 = _load_v32_nope(
+                kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS > 1:  # chunk by chunk: each chunk's load is followed by its dot, the RoPE last
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
@@ -386,6 +407,8 @@ def _sparse_decode_v32_kernel(
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    if Q_LIFT:
+        inv_l = inv_l * TWO_POW_LIFT  # PV over K * 2^-LIFT_LOG2: back to scale (exact)
     m_o = m_h[:, None] & (o_d < DV)[None, :]  # chunk 0's columns
     if SINGLE:
         p_o = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]  # [BLOCK_H, W], chunk 0's columns
@@ -529,7 +552,7 @@ def sparse_decode_v32_fwd(
         DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
         OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        SINGLE=splits == 1,
+        Q_LIFT=cfg.q_lift and cfg.int_dequant and kv_format == "fp8_656" and not interpret, SINGLE=splits == 1,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
