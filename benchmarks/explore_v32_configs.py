@@ -88,14 +88,14 @@ def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
     name += (f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else "") + ("-stage_k" if cfg.stage_k else "")
     name += ("" if cfg.int_dequant else "-cvt") + ("-opaque" if cfg.opaque_k else "")
-    return name + ("-lazy" if cfg.lazy_rescale else "") + ("" if cfg.q_lift else "-nolift")
+    return name + ("-lazy" if cfg.lazy_rescale else "") + ("-nolift" if cfg.q_lift is False else "")
 
 
 def _configs(v32, wanted: list[str], fmt: str, info) -> list:  # noqa: ANN001 - the module and a DeviceInfo
     """The CONFIGS whose name contains one of ``wanted`` and that fit ``info``'s shared memory with ``fmt`` rows."""
     out = []
     for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
-        opaque, lazy, lift = (*extra, False, False, True)[:3]
+        opaque, lazy, lift = (*extra, *(False, False, None)[len(extra) :])  # the omitted fields' defaults
         cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k,
                             opaque_k=opaque, lazy_rescale=lazy, q_lift=lift)  # fmt: skip
         if (

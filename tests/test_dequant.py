@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX, LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT
+from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX, LIFT_LOG2, TWO_POW_120, TWO_POW_120_LESS_LIFT, TWO_POW_LIFT
 
 MASK32 = 0xFFFFFFFF
 
@@ -96,33 +96,34 @@ def _e4m3_values() -> torch.Tensor:
 
 def test_lift_constants_agree():
     assert float(TWO_POW_LIFT.value) == 2.0**LIFT_LOG2.value
+    assert float(TWO_POW_120_LESS_LIFT.value) == 2.0 ** (120 - LIFT_LOG2.value)
 
 
 def test_v4_lift_gives_the_same_bits_over_its_scale_range():
     """The V4 tile's lifted dequant -- (e4m3 * 2^-120 in bf16) * 2^(e - 7 - LIFT_LOG2) in one bf16 multiply -- is the
     dequantized value e4m3 * 2^(e - 127) times 2^-LIFT_LOG2 exactly, for every e4m3 value and every ue8m0 exponent of
-    the documented range (70 .. 194); above it the factor overflows bf16."""
+    the documented range (16 .. 142); above it the factor overflows bf16."""
     x = _e4m3_values()
     bits = (x * 2.0**-120).to(torch.bfloat16)  # what e4m3_bits_to_bf16 returns (exact)
     lift = LIFT_LOG2.value
-    for e in range(70, 195):
+    for e in range(16, 143):
         factor = torch.tensor(2.0 ** (e - 7 - lift)).to(torch.bfloat16)
         got = (bits * factor).double() * 2.0**lift  # bf16 product (one rounding), then back to scale exactly
         want = (x * 2.0 ** (e - 127)).to(torch.bfloat16).double()
         assert torch.equal(got, want), f"ue8m0 {e}"
-    assert torch.tensor(2.0 ** (195 - 7 - lift)).to(torch.bfloat16).isinf()
+    assert torch.tensor(2.0 ** (143 - 7 - lift)).to(torch.bfloat16).isinf()
 
 
 def test_v32_lift_gives_the_same_bits_for_fp32_scales():
-    """The V3.2 tile's lifted dequant -- fp32(e4m3 * 2^-120) * fp32(scale * 2^LIFT_LOG2), rounded once to bf16 -- is
-    sglang's dequant (fp32 e4m3 * scale rounded to bf16) times 2^-LIFT_LOG2, for random fp32 scales from 2^-57 to
-    2^67 and every e4m3 value."""
+    """The V3.2 tile's lifted dequant -- fp32(e4m3 * 2^-120) * fp32(scale * 2^(120 - LIFT_LOG2)), rounded once to
+    bf16 -- is sglang's dequant (fp32 e4m3 * scale rounded to bf16) times 2^-LIFT_LOG2, for random fp32 scales from
+    2^-100 to 2^15.9 and every e4m3 value."""
     x = _e4m3_values()
     gen = torch.Generator().manual_seed(3)
-    scales = torch.exp2(torch.empty(400, dtype=torch.float64).uniform_(-57, 67, generator=gen)).float()
+    scales = torch.exp2(torch.empty(400, dtype=torch.float64).uniform_(-100, 15.9, generator=gen)).float()
     lift = LIFT_LOG2.value
     bits = (x * 2.0**-120).float()  # e4m3_bits_to_bf16's value widened to fp32 (exact)
     for sc in scales:
-        got = (bits * (sc * float(TWO_POW_LIFT.value))).to(torch.bfloat16).double() * 2.0**lift
+        got = (bits * (sc * float(TWO_POW_120_LESS_LIFT.value))).to(torch.bfloat16).double() * 2.0**lift
         want = (x.float() * sc).to(torch.bfloat16).double()
         assert torch.equal(got, want), f"scale {sc.item()!r}"

@@ -350,3 +350,23 @@ def test_the_launch_gets_the_configured_or_the_compilers_axis_order(nan_empty, m
     auto_out, _ = sd_triton.sparse_decode_fwd(**kw, num_splits=2)
     assert recorder.seen == [want, version >= (3, 8)]
     assert torch.equal(auto_out, out) or (auto_out.float() - out.float()).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90", "sm_100", "sm_120"])
+def test_q_lift_default_follows_the_tile_and_its_work(target):
+    """DecodeConfig.q_lift (None): lifted where the dots are mma.sync and a program walks LIFT_MIN_TILES tiles or more;
+    never on wgmma / tcgen05 tiles (the lifted q stays in registers there and the tile spills), never without the
+    integer dequant; an explicit True / False wins (with the integer dequant)."""
+    info = dev.TARGETS[target]
+    many, few = sd_triton.LIFT_MIN_TILES, sd_triton.LIFT_MIN_TILES - 1
+    for cfg in (sd_triton.choose_tiles(info, h, b) for h in (8, 64, 128) for b in (1, 64, 1024)):
+        cfg = dataclasses.replace(cfg, int_dequant=True)
+        mma_sync = not sd_triton.wgmma_tile(cfg, info)
+        assert sd_triton.q_lift(cfg, info, many) == mma_sync
+        assert not sd_triton.q_lift(cfg, info, few)
+        assert sd_triton.q_lift(dataclasses.replace(cfg, q_lift=True), info, 1)
+        assert not sd_triton.q_lift(dataclasses.replace(cfg, q_lift=False), info, many)
+        assert not sd_triton.q_lift(dataclasses.replace(cfg, int_dequant=False, q_lift=True), info, many)
+    assert info.capability[0] not in (9, 10) or not sd_triton.q_lift(
+        dataclasses.replace(sd_triton.choose_tiles(info, 64, 64), int_dequant=True), info, many
+    )

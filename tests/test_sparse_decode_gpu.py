@@ -148,6 +148,12 @@ def test_cuda_graph_replay_equals_eager(batch):
         sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, lazy_rescale=True),
         sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True, lazy_rescale=True),
         sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True, lazy_rescale=True),
+        # the integer dequant's lift (DecodeConfig.q_lift) forced each way (default: mma.sync tiles, >= 4 tiles each)
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, q_lift=True),
+        sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True, q_lift=True),
+        sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True, q_lift=True),
+        sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, q_lift=True),
+        sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True, q_lift=False),
     ],
     ids=lambda c: (
         f"{c.block_h}x{c.block_n}-w{c.num_warps}-s{c.num_stages}-dv{c.dv_split}"
@@ -156,6 +162,7 @@ def test_cuda_graph_replay_equals_eager(batch):
         + ("-chunks" if c.chunks_first else "")
         + ({None: "", True: "-opaque", False: "-noopaque"}[c.opaque_tile])
         + ("-lazy" if c.lazy_rescale else "")
+        + ({None: "", True: "-lift", False: "-nolift"}[c.q_lift])
     ),
 )
 @pytest.mark.parametrize("splits", [1, 3])
@@ -189,10 +196,12 @@ def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batc
     check(kw, out, lse)
 
 
+@pytest.mark.parametrize("lift", [False, True], ids=["nolift", "lift"])
 @pytest.mark.parametrize("dv_split", [1, 2])
-def test_integer_dequant_is_bit_identical_on_every_byte(dv_split):
+def test_integer_dequant_is_bit_identical_on_every_byte(dv_split, lift):
     """The integer e4m3 -> bf16 path equals the conversion-unit path bit for bit: NoPE bytes drawn from all 254
-    non-NaN e4m3 values (subnormals, +-0, +-448) under scales 2^-8..2^8."""
+    non-NaN e4m3 values (subnormals, +-0, +-448) under scales 2^-8..2^8, with and without the lift (q_lift: the
+    2^-120 folded into the scale multiply, q and the output scaled by 2^8 instead)."""
     gen = torch.Generator().manual_seed(77)
     kw = make_case(3, 64, 128, 512, sink=True, seed=77)
     nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
@@ -209,7 +218,7 @@ def test_integer_dequant_is_bit_identical_on_every_byte(dv_split):
     base = sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=dv_split)
     want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=base)
     got = sd_triton.sparse_decode_fwd(
-        **kw, num_splits=3, config=sd_triton.DecodeConfig(**{**base.__dict__, "int_dequant": True})
+        **kw, num_splits=3, config=sd_triton.DecodeConfig(**{**base.__dict__, "int_dequant": True, "q_lift": lift})
     )
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)

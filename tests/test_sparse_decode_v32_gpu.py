@@ -129,7 +129,8 @@ def test_corner_cases(nan_empty, kv_format):
 def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
-    return name + ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
+    name += ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
+    return name + {None: "", True: "-lift", False: "-nolift"}[cfg.q_lift]
 
 
 def _every_chosen_config() -> list[tuple[v32.V32Config, str]]:
@@ -179,6 +180,10 @@ VARIANTS = [
     v32.V32Config(64, 64, 8, 3, True, nope_chunks=4, lazy_rescale=True),
     v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True, lazy_rescale=True),
     v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True, lazy_rescale=True),
+    # the integer dequant's lift (V32Config.q_lift) forced each way on the chosen tiles of each kind (fp8_656 only)
+    v32.V32Config(64, 64, 8, 3, True, nope_chunks=4, q_lift=True),
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True, q_lift=True),
+    v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True, q_lift=False),
 ]
 
 

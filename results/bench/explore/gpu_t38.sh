@@ -74,12 +74,12 @@ WS_SHAPES_NATIVE=64x8,64x16,128x16
 LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
 LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:16:fp8_656,64:128:bf16_576
-# `lift`: the integer dequant's 2^-120 folded into the tile's scale multiply, q and the output lifted by 2^60 instead
+# `lift`: the integer dequant's 2^-120 folded into the tile's scale multiply, q and the output lifted by 2^8 instead
 # (DecodeConfig / V32Config.q_lift, on by default since the twenty-fourth session; ahead of time -5.6 % of the sm_89
 # 32 x 32 loop's instructions, -5.2 % of V3.2's sm_89 64 x 128 loop) against the same kernels without it: V4 in both
 # code paths from 3.8 cubins (`build-lift`; the sm_89 path also at sm_89's blocks per SM), V3.2 in both paths (3.6
 # JIT and 3.8 cubins), after the decode GPU tests of both paths. `err` of `nolift` against `base` is 0 where B > 8.
-LIFT_SHAPES=1x64,32x64,64x64,128x64,1024x64,64x128,128x128,64x8
+LIFT_SHAPES=1x64,8x64,32x64,64x64,128x64,1024x64,64x128,128x128,64x8,32x8
 LIFT_V32=64x64-w8-s3-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LIFT_V32_SHAPES=64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,8:128:fp8_656,128:16:fp8_656
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
@@ -213,9 +213,9 @@ lazy)
 build-lift)  # the cubins of `lift` (V4 and V3.2, both paths)
     ws=results/bench/explore/warp_split_decode.py
     PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lift/sm89 --path sm89 --shapes "$LIFT_SHAPES" \
-        --variants nolift --occupancy-of sm_89
+        --variants nolift,lift --occupancy-of sm_89
     PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lift/native --path native --shapes "$LIFT_SHAPES" \
-        --variants nolift
+        --variants nolift,lift
     for p in native sm89; do
         PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins .gpu-cubins/lift_v32 \
             --path $p --only "$LIFT_V32" --splits auto --shapes "$LIFT_V32_SHAPES"
@@ -227,9 +227,9 @@ lift)
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     ws=results/bench/explore/warp_split_decode.py
-    timeout 80 python3 $ws --bench native --shapes "$LIFT_SHAPES" --variants nolift --cubins .gpu-cubins/lift/native \
+    timeout 80 python3 $ws --bench native --shapes "$LIFT_SHAPES" --variants nolift,lift --cubins .gpu-cubins/lift/native \
         --only-t38 --git-sha "$SHA" --out "$OUT/q_lift-native-h200.json" | cut -c1-160
-    TRITON_OVERRIDE_ARCH=sm89 timeout 120 python3 $ws --bench sm89 --shapes "$LIFT_SHAPES" --variants nolift \
+    TRITON_OVERRIDE_ARCH=sm89 timeout 130 python3 $ws --bench sm89 --shapes "$LIFT_SHAPES" --variants nolift,lift \
         --cubins .gpu-cubins/lift/sm89 --occupancy-of sm_89 --only-t38 --git-sha "$SHA" \
         --out "$OUT/q_lift-sm89-h200.json" | cut -c1-160
     PATH_LIMIT_S=110 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \

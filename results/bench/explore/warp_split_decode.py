@@ -321,17 +321,16 @@ def aot_compare(archs: list[str], shapes: list[tuple[int, int]], nws: list[str])
                 try:
                     with aot.compile_only(arch, info, f"B{batch}H{heads}", sink), \
                             aot.watch_launches(lambda n, k, got=got: got.setdefault(n, k)):  # fmt: skip
-                        if variant in ("base", "lazy", "nolift"):
-                            T.sparse_decode_fwd(
-                                **t, config=replace(cfg, lazy_rescale=variant == "lazy", q_lift=variant != "nolift")
-                            )
+                        if variant in ("base", "lazy", "nolift", "lift"):
+                            lift = {"nolift": False, "lift": True}.get(variant, cfg.q_lift)
+                            T.sparse_decode_fwd(**t, config=replace(cfg, lazy_rescale=variant == "lazy", q_lift=lift))
                         else:
                             nw, warps, st = variant_options(variant)
                             ws_decode_fwd(**t, config=cfg, nw=nw, scores_t=st, warps=warps)
                 except Exception as exc:  # noqa: BLE001 - a variant Triton cannot compile is a finding
                     print(f"{arch} B={batch} H={heads} {variant}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                name = "_sparse_decode_kernel" if variant in ("base", "lazy", "nolift") else "_ws_decode_kernel"
+                name = "_sparse_decode_kernel" if variant in ("base", "lazy", "nolift", "lift") else "_ws_decode_kernel"
                 k = got[name]
                 res = next(r for r in sink if r.kernel == name)
                 ops = _loop_ops(aot._cubin_tool(k.asm["cubin"], "-sass"))
@@ -353,10 +352,10 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     and split count (both from the GPU facts in force: ``device.assume`` under occupancy matching)."""
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
-    if variant in ("lazy", "nolift"):  # the launcher's kernel and choices with DecodeConfig.lazy_rescale / no q_lift
+    if variant in ("lazy", "nolift", "lift"):  # the launcher's kernel with lazy_rescale / q_lift off / q_lift forced
         q = kw["q"]
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
-        cfg = replace(cfg, lazy_rescale=True) if variant == "lazy" else replace(cfg, q_lift=False)
+        cfg = replace(cfg, lazy_rescale=True) if variant == "lazy" else replace(cfg, q_lift=variant == "lift")
         return T.sparse_decode_fwd(**kw, config=cfg)[0]
     nw, warps, st = variant_options(variant)
     return ws_decode_fwd(**kw, nw=nw, scores_t=st, warps=warps)[0]

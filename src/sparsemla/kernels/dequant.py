@@ -13,13 +13,17 @@ import triton.language as tl
 # e4m3_bits_to_bf16 returns the value times 2^-120; multiply by this (exact in bf16) to get the value itself.
 TWO_POW_120 = tl.constexpr(1.329227995784916e36)
 # The decode kernels' lift (DecodeConfig.q_lift, V32Config.q_lift): instead of restoring the 2^-120 with a multiply per
-# element of every gathered tile, they scale the tile's NoPE values by 2^(120 - LIFT_LOG2) inside the multiply by
-# their scale (one multiply per element, not two), scale q's NoPE columns by 2^LIFT_LOG2 once per program (the
-# products q * k are unchanged) and the output's NoPE columns by 2^LIFT_LOG2 at the end (PV over NoPE * 2^-LIFT_LOG2).
-# All powers of two, so the results are the same bits as long as nothing leaves bf16's normal range: q's |values| below
-# 2^67 and, for V4's ue8m0 scales, exponents 70..194 (scales 2^-57 .. 2^67; real caches sit near 2^-8 .. 2^0).
-LIFT_LOG2 = tl.constexpr(60)
-TWO_POW_LIFT = tl.constexpr(1.152921504606846976e18)  # 2 ** LIFT_LOG2, exact in bf16 and fp32
+# element of every gathered tile, they fold 2^(120 - LIFT_LOG2) into the tile's scale multiply (one multiply per
+# element, not two), so the tile's NoPE comes out times 2^-LIFT_LOG2; q's NoPE columns are scaled by 2^LIFT_LOG2 once
+# per program (the products q * k are unchanged) and the output's NoPE columns by 2^LIFT_LOG2 at the end. All powers
+# of two, so the results are the same bits while nothing leaves fp32's / bf16's normal range: |q| < 2^119, V4 ue8m0
+# scales 2^-111 .. 2^15 (exponents 16 .. 142; real caches sit near 2^-8 .. 2^0), V3.2 fp32 scales below 2^16, and
+# accumulated outputs above 2^-118 in magnitude. The lift is small on purpose: with 2^60 the accumulator's NoPE
+# columns sat 60 binades lower, and outputs below 2^-66 flushed to zero in the tensor cores (the H200 showed it:
+# results/bench/explore/lift_diag.py).
+LIFT_LOG2 = tl.constexpr(8)
+TWO_POW_LIFT = tl.constexpr(256.0)  # 2 ** LIFT_LOG2
+TWO_POW_120_LESS_LIFT = tl.constexpr(5.192296858534828e33)  # 2 ** (120 - LIFT_LOG2): V3.2's fp32 scale factor
 
 
 # e4m3_bits_to_bf16's PTX, four bytes $2 -> two bf16x2 $0 (bytes 0, 1) and $1 (bytes 2, 3). prmt spreads the bytes

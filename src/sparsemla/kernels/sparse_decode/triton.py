@@ -66,8 +66,9 @@ class DecodeConfig:
     in between skip the [block_h, 512] accumulator's rescale (one multiply per accumulator value and tile; exact up
     to rounding: P stays <= 2 ** RESCALE_SLACK, its bf16 rounding is relative). Off until timed. q_lift (with
     int_dequant): the integer path's 2^-120 is folded into the tile's scale multiply and q's and the output's NoPE
-    columns are scaled by 2^60 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
-    for scales 2^-57 .. 2^67), one multiply per gathered value instead of two."""
+    columns are scaled by 2^8 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
+    for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default: where the dots are
+    mma.sync, :func:`q_lift_default`)."""
 
     block_h: int
     block_n: int
@@ -79,7 +80,7 @@ class DecodeConfig:
     chunks_first: bool | None = None
     opaque_tile: bool | None = None
     lazy_rescale: bool = False
-    q_lift: bool = True
+    q_lift: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -125,6 +126,29 @@ def opaque_tile(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
     """Whether ``cfg`` on ``info`` moves the tile through the opaque move: its own ``opaque_tile``, else
     :func:`opaque_tile_default`."""
     return opaque_tile_default(cfg, info) if cfg.opaque_tile is None else cfg.opaque_tile
+
+
+# DecodeConfig / V32Config.q_lift by default: from this many tiles per program. The lift saves one multiply per
+# gathered value and tile but costs a multiply per q and output value once per program; sm_89 path on the H200, 3.8
+# cubins (results/bench/explore/q_lift-sm89-h200.json): 1 tile a program (B = 1) 12.9 -> 13.5 us, 5 (B = 32, and
+# H = 8 at B = 64) 34.9 -> 33.7 and 31.2 -> 28.5, 10 (B = 64) 57.0 -> 55.2.
+LIFT_MIN_TILES = 4
+
+
+def q_lift_default(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> bool:
+    """Whether the integer dequant is lifted (``DecodeConfig.q_lift``) by default: where the dots are mma.sync and a
+    program walks at least :data:`LIFT_MIN_TILES` tiles. On wgmma tiles (sm_90/100, 64 heads) the lifted q is kept in
+    registers as the QK dot's A operand instead of being read from shared memory, and the 64 x 512 tile then spills
+    (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200.json)."""
+    return cfg.int_dequant and not wgmma_tile(cfg, info) and tiles_per_program >= LIFT_MIN_TILES
+
+
+def q_lift(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> bool:
+    """Whether ``cfg`` on ``info`` lifts the integer dequant: its own ``q_lift`` (with int_dequant), else
+    :func:`q_lift_default` (``tiles_per_program``: the launch's tiles over its splits, from shapes)."""
+    if cfg.q_lift is None:
+        return q_lift_default(cfg, info, tiles_per_program)
+    return cfg.q_lift and cfg.int_dequant
 
 
 def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
@@ -728,7 +752,7 @@ def sparse_decode_fwd(
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        Q_LIFT=cfg.q_lift and cfg.int_dequant and not interpret,
+        Q_LIFT=q_lift(cfg, info, triton.cdiv(max_tiles, splits)) and not interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

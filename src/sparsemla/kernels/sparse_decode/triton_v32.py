@@ -27,9 +27,21 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
-from sparsemla.kernels.dequant import TWO_POW_120, TWO_POW_LIFT, e4m3_bits_to_bf16, opaque_bf16
+from sparsemla.kernels.dequant import (
+    TWO_POW_120,
+    TWO_POW_120_LESS_LIFT,
+    TWO_POW_LIFT,
+    e4m3_bits_to_bf16,
+    opaque_bf16,
+)
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
-from sparsemla.kernels.sparse_decode.triton import _lazy_softmax, _rescaled, choose_num_splits, combine_blocks
+from sparsemla.kernels.sparse_decode.triton import (
+    LIFT_MIN_TILES,
+    _lazy_softmax,
+    _rescaled,
+    choose_num_splits,
+    combine_blocks,
+)
 
 LOG2E = 1.4426950408889634
 SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
@@ -77,9 +89,10 @@ class V32Config:
     rescale (as ``DecodeConfig.lazy_rescale``). Off until timed.
 
     q_lift (fp8_656 with int_dequant): the integer path's 2^-120 stays in the dequantized K, whose fp32 scale multiply
-    carries 2^(120 - 60) instead, q's NoPE is scaled by 2^60 once per program and the output by 2^60 at the end
-    (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): the same bits for scales up to 2^67, one bf16 multiply per
-    gathered value fewer."""
+    carries 2^(120 - 8) instead, q's NoPE is scaled by 2^8 once per program and the output by 2^8 at the end
+    (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): the same bits for scales below 2^16, one bf16 multiply per
+    gathered value fewer (None, the default: where the dots are mma.sync, as ``DecodeConfig.q_lift``; on sm_90's
+    64-head wgmma tile the lifted q stays in registers and the tile spills 80-120 B a thread instead of 0)."""
 
     block_h: int
     block_n: int
@@ -91,7 +104,18 @@ class V32Config:
     stage_k: bool = False
     opaque_k: bool = False
     lazy_rescale: bool = False
-    q_lift: bool = True
+    q_lift: bool | None = None
+
+
+def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
+    """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant, where
+    asked, else where the dots are mma.sync (not a 64-head tile on a wgmma / tcgen05 GPU) and a program walks at least
+    ``LIFT_MIN_TILES`` tiles (as the V4 decode, :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
+    if kv_format != "fp8_656" or not cfg.int_dequant:
+        return False
+    if cfg.q_lift is not None:
+        return cfg.q_lift
+    return not (info.has_wgmma and cfg.block_h >= 64) and tiles_per_program >= LIFT_MIN_TILES
 
 
 def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
@@ -232,7 +256,7 @@ def _load_v32_nope(
             if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
                 b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
                 b_kb = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
-                b_sc = b_sc * TWO_POW_LIFT  # [BLOCK_N, NT] scale * 2^60 (exact for scales below 2^68)
+                b_sc = b_sc * TWO_POW_120_LESS_LIFT  # [BLOCK_N, NT] scale * 2^112 (exact for scales below 2^16)
             elif INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
                 b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
                 two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
@@ -279,7 +303,7 @@ def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.conste
     if DOT_F32:
         b_q = b_q.to(tl.float32)
     if LIFT:
-        b_q = b_q * tl.full([1, 1], TWO_POW_LIFT, tl.bfloat16)  # exact for |q| < 2^67
+        b_q = b_q * tl.full([1, 1], TWO_POW_LIFT, tl.bfloat16)  # exact for |q| < 2^119
     return b_q
 
 
@@ -552,7 +576,8 @@ def sparse_decode_v32_fwd(
         DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
         OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        Q_LIFT=cfg.q_lift and cfg.int_dequant and kv_format == "fp8_656" and not interpret, SINGLE=splits == 1,
+        Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)) and not interpret,
+        SINGLE=splits == 1,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

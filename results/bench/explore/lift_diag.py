@@ -1,0 +1,55 @@
+"""Exploratory (GPU): where the lifted integer dequant's decode output differs from the conversion-unit path."""
+
+import sys
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, "tests")
+from test_sparse_decode_gpu import make_case  # noqa: E402
+
+from sparsemla.kernels import layouts  # noqa: E402
+from sparsemla.kernels.sparse_decode import triton as T  # noqa: E402
+
+
+def case(extreme: bool, qmul: float):
+    gen = torch.Generator().manual_seed(77)
+    kw = make_case(3, 64, 128, 512, sink=True, seed=77)
+    nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    if extreme:
+        for name in ("k_cache", "extra_k_cache"):
+            cache = kw[name]
+            pages, page_size = cache.shape[0], cache.shape[1]
+            raw = layouts.v4_raw_pages(cache)
+            data = raw[:, : page_size * 576].reshape(pages, page_size, 576)
+            pick = torch.randint(0, nan_free.numel(), (pages, page_size, 448), generator=gen)
+            data[:, :, :448] = nan_free[pick].cuda()
+            scales = raw[:, page_size * 576 : page_size * 584].reshape(pages, page_size, 8)
+            scales[:, :, :7] = torch.randint(119, 136, (pages, page_size, 7), generator=gen).to(torch.uint8).cuda()
+    kw["q"] = kw["q"] * qmul
+    return kw
+
+
+for extreme in (True, False):
+    for qmul in (0.01, 1.0):
+        kw = case(extreme, qmul)
+        for dv, bh, bn, nw, st in ((1, 64, 16, 4, 2), (2, 64, 16, 4, 2), (1, 16, 16, 4, 1), (1, 32, 32, 4, 1)):
+            for splits in (1, 3):
+                base = T.DecodeConfig(bh, bn, nw, st, dv_split=dv)
+                want = T.sparse_decode_fwd(**kw, num_splits=splits, config=base)
+                for name, cfg in (
+                    ("default", replace(base, int_dequant=True)),
+                    ("lift", replace(base, int_dequant=True, q_lift=True)),
+                    ("nolift", replace(base, int_dequant=True, q_lift=False)),
+                ):
+                    got = T.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
+                    d = got[0].float() - want[0].float()
+                    bad = d != 0
+                    cols = bad.nonzero()[:, -1] if bad.any() else torch.tensor([])
+                    lse_bad = int((got[1] != want[1]).sum())
+                    print(
+                        f"ext={int(extreme)} q*{qmul} {bh}x{bn} dv{dv} sp{splits} {name}: diff {int(bad.sum())}/"
+                        f"{bad.numel()} max {d.abs().max().item():.2e} (|out| {want[0].float().abs().max():.2e}),"
+                        f" nope cols {int((cols < 448).sum())} rope {int((cols >= 448).sum())}; lse diff {lse_bad}",
+                        flush=True,
+                    )
