@@ -81,6 +81,7 @@ def decode_section(data: dict) -> str:
     out += _prefill_lines(cells)
     out += t38_lines()
     out += anatomy_lines()
+    out += lift_lines()
     out += occupancy_lines()
     out += _projection_lines(cells, data)
     out += _sweep_lines(data.get("sweep"))
@@ -282,6 +283,38 @@ def anatomy_lines(explore: Path = EXPLORE, batch: int = 64, heads: int = 64) -> 
                         f"| {rows[0]['path']} | {b} | {h} | {fmt_us(off['us'])} | {fmt_us(on['us'])} "
                         f"| {on['us'] / off['us']:.2f}x | {off['smem']:,} -> {on['smem']:,} |"
                     )
+    return out
+
+
+def lift_lines(explore: Path = EXPLORE) -> list[str]:
+    """The integer dequant's lift (``DecodeConfig.q_lift``) on the H200 from the newest ``q_lift-<path>-*.json`` per
+    code path (``gpu_t38.sh lift``: Triton 3.8 cubins, graph replay): the launcher's choice, the lift off and forced
+    on, each at the H200's blocks per SM (``t38``) and, in the sm_89 path, at sm_89's (``t38occ``)."""
+    files = [sorted(explore.glob(f"q_lift-{path}-*.json"))[-1:] for path in ("native", "sm89")]
+    files = [f for group in files for f in group]
+    if not files:
+        return []
+    out = [
+        "",
+        "**The integer dequant's lift** (`DecodeConfig.q_lift`: the 2^-120 of the integer e4m3 path folded into the "
+        "tile's scale multiply, q's NoPE and the output scaled by 2^8 once per program instead; default on mma.sync "
+        "tiles from 4 tiles a program; Triton 3.8 cubins, graph replay, µs; "
+        + ", ".join(f"`{f.relative_to(explore.parents[2])}`" for f in files)
+        + f", commit `{json.loads(files[0].read_text()).get('git_sha', '?')}`):",
+        "",
+        "| code path | blocks per SM of | B | H | launcher | lift off | lift on | launcher / off |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in files:
+        rows = [r for r in json.loads(f.read_text())["rows"] if "us" in r]
+        cells = {(r["mode"], r["B"], r["H"], r["variant"]): r["us"] for r in rows}
+        for mode, b, h in dict.fromkeys((r["mode"], r["B"], r["H"]) for r in rows):
+            base, off, on = (cells.get((mode, b, h, v)) for v in ("base", "nolift", "lift"))
+            ratio = f"{base / off:.2f}x" if base and off else "-"
+            occ = "sm_89" if mode == "t38occ" else "H200"
+            out.append(
+                f"| {rows[0]['path']} | {occ} | {b} | {h} | {fmt_us(base)} | {fmt_us(off)} | {fmt_us(on)} | {ratio} |"
+            )
     return out
 
 
