@@ -234,6 +234,7 @@ lift)
         --out "$OUT/q_lift-sm89-h200.json" | cut -c1-160
     PATH_LIMIT_S=110 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \
         tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
+    [ "${LIFT_SKIP_V32:-0}" = 1 ] && exit 0  # a short call: V4 and the tests only
     timeout 75 python3 -m benchmarks.explore_v32_configs --only "$LIFT_V32" --splits auto --shapes "$LIFT_V32_SHAPES" \
         --cubins .gpu-cubins/lift_v32 --git-sha "$SHA" --out-dir "$OUT/v32_lift" | tail -2
     TRITON_OVERRIDE_ARCH=sm89 timeout 75 python3 -m benchmarks.explore_v32_configs --only "$LIFT_V32" --splits auto \
