@@ -1,4 +1,11 @@
-"""Exploratory (GPU): where the lifted integer dequant's decode output differs from the conversion-unit path."""
+"""Exploratory (GPU): where the lifted integer dequant's decode output (DecodeConfig.q_lift) differs from the
+conversion-unit path's, per tile kind, split count and q scale, on all-bytes caches (ext=1) and plain random ones.
+
+    bash benchmarks/gpu-setup.sh; PYTHONPATH=/tmp/site:$PWD python3 results/bench/explore/lift_diag.py
+    (and again under TRITON_OVERRIDE_ARCH=sm89)
+
+Its run with the 2^60 lift (lift_diag-*-h200-2026-12-05.txt): only NoPE output values near 1e-27 differed (flushed
+to zero once the accumulator sat 60 binades lower), so the lift became 2^8."""
 
 import sys
 from dataclasses import replace

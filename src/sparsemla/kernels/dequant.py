@@ -20,7 +20,7 @@ TWO_POW_120 = tl.constexpr(1.329227995784916e36)
 # scales 2^-111 .. 2^15 (exponents 16 .. 142; real caches sit near 2^-8 .. 2^0), V3.2 fp32 scales below 2^16, and
 # accumulated outputs above 2^-118 in magnitude. The lift is small on purpose: with 2^60 the accumulator's NoPE
 # columns sat 60 binades lower, and outputs below 2^-66 flushed to zero in the tensor cores (the H200 showed it:
-# results/bench/explore/lift_diag.py).
+# results/bench/explore/lift_diag-*-h200-2026-12-05.txt).
 LIFT_LOG2 = tl.constexpr(8)
 TWO_POW_LIFT = tl.constexpr(256.0)  # 2 ** LIFT_LOG2
 TWO_POW_120_LESS_LIFT = tl.constexpr(5.192296858534828e33)  # 2 ** (120 - LIFT_LOG2): V3.2's fp32 scale factor
