@@ -297,8 +297,9 @@ def lift_lines(explore: Path = EXPLORE) -> list[str]:
     out = [
         "",
         "**The integer dequant's lift** (`DecodeConfig.q_lift`: the 2^-120 of the integer e4m3 path folded into the "
-        "tile's scale multiply, q's NoPE and the output scaled by 2^8 once per program instead; default on mma.sync "
-        "tiles from 4 tiles a program; Triton 3.8 cubins, graph replay, µs; "
+        "tile's scale multiply, q's NoPE and the output scaled by 2^8 once per program instead; Triton 3.8 cubins, "
+        "graph replay, µs; `launcher` = the measured commit's choice: every tile lifted (by 2^60) at `a3fa148`, "
+        "mma.sync tiles from 4 tiles a program since `f258a19`; "
         + ", ".join(f"`{f.relative_to(explore.parents[2])}`" for f in files)
         + f", commit `{json.loads(files[0].read_text()).get('git_sha', '?')}`):",
         "",
