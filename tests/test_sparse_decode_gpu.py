@@ -196,14 +196,11 @@ def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batc
     check(kw, out, lse)
 
 
-@pytest.mark.parametrize("lift", [False, True], ids=["nolift", "lift"])
-@pytest.mark.parametrize("dv_split", [1, 2])
-def test_integer_dequant_is_bit_identical_on_every_byte(dv_split, lift):
-    """The integer e4m3 -> bf16 path equals the conversion-unit path bit for bit: NoPE bytes drawn from all 254
-    non-NaN e4m3 values (subnormals, +-0, +-448) under scales 2^-8..2^8, with and without the lift (q_lift: the
-    2^-120 folded into the scale multiply, q and the output scaled by 2^8 instead)."""
-    gen = torch.Generator().manual_seed(77)
-    kw = make_case(3, 64, 128, 512, sink=True, seed=77)
+def all_bytes_case(seed: int = 77, q_scale: float = 0.01) -> dict:
+    """B = 3, H = 64 decode kwargs whose caches' NoPE bytes are drawn from all 254 non-NaN e4m3 values (subnormals,
+    +-0, +-448) under ue8m0 scales 2^-8..2^8, q times ``q_scale``."""
+    gen = torch.Generator().manual_seed(seed)
+    kw = make_case(3, 64, 128, 512, sink=True, seed=seed)
     nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     for name in ("k_cache", "extra_k_cache"):
         cache = kw[name]
@@ -214,7 +211,16 @@ def test_integer_dequant_is_bit_identical_on_every_byte(dv_split, lift):
         data[:, :, :448] = nan_free[pick].cuda()
         scales = raw[:, page_size * 576 : page_size * 584].reshape(pages, page_size, 8)
         scales[:, :, :7] = torch.randint(127 - 8, 127 + 9, (pages, page_size, 7), generator=gen).to(torch.uint8).cuda()
-    kw["q"] = kw["q"] * 0.01
+    kw["q"] = kw["q"] * q_scale
+    return kw
+
+
+@pytest.mark.parametrize("lift", [False, True], ids=["nolift", "lift"])
+@pytest.mark.parametrize("dv_split", [1, 2])
+def test_integer_dequant_is_bit_identical_on_every_byte(dv_split, lift):
+    """The integer e4m3 -> bf16 path equals the conversion-unit path bit for bit on :func:`all_bytes_case`, with and
+    without the lift (q_lift: the 2^-120 folded into the scale multiply, q and the output scaled by 2^8 instead)."""
+    kw = all_bytes_case()
     base = sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=dv_split)
     want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=base)
     got = sd_triton.sparse_decode_fwd(

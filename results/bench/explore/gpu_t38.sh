@@ -116,6 +116,23 @@ ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine,
         --variants "${!variants}" --shapes "${!shapes}" --code "$SHA" --out "$OUT/$2" | cut -c1-200
 }
 
+variant_build() {  # NAME VARIANTS SHAPES V32_ONLY V32_SHAPES: the V4 decode's launcher and warp_split_decode.py's
+    # VARIANTS at SHAPES in both paths (the sm_89 path also at sm_89's blocks per SM) into .gpu-cubins/NAME, then
+    # the V3.2 configs V32_ONLY (none when empty) into .gpu-cubins/NAME_v32
+    local ws=results/bench/explore/warp_split_decode.py
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins ".gpu-cubins/$1/sm89" --path sm89 --shapes "$3" \
+        --variants "$2" --occupancy-of sm_89
+    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins ".gpu-cubins/$1/native" --path native --shapes "$3" \
+        --variants "$2"
+    if [ -n "$4" ]; then
+        for p in native sm89; do
+            PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins ".gpu-cubins/${1}_v32" \
+                --path $p --only "$4" --splits auto --shapes "$5"
+        done
+    fi
+    du -sh .gpu-cubins/"$1"*
+}
+
 case "${1:-}" in
 build-ab)  # the cubins of `run` (the digit-width A/B of session 17, concluded; 27 MB: build only to rerun it)
     ab_build ab
@@ -183,17 +200,8 @@ build-ws)  # the cubins of `ws` (both paths)
         --shapes "$WS_SHAPES_NATIVE" --variants "$WS_VARIANTS"
     du -sh .gpu-cubins/ws
     ;;
-build-lazy)  # the cubins of `lazy` (V4, both paths)
-    ws=results/bench/explore/warp_split_decode.py
-    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lazy/sm89 --path sm89 --shapes "$LAZY_SHAPES" \
-        --variants lazy --occupancy-of sm_89
-    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lazy/native --path native --shapes "$LAZY_SHAPES" \
-        --variants lazy
-    for p in native sm89; do
-        PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins .gpu-cubins/lazy_v32 \
-            --path $p --only "$LAZY_V32" --splits auto --shapes "$LAZY_V32_SHAPES"
-    done
-    du -sh .gpu-cubins/lazy .gpu-cubins/lazy_v32
+build-lazy)  # the cubins of `lazy` (V4 and V3.2, both paths)
+    variant_build lazy lazy "$LAZY_SHAPES" "$LAZY_V32" "$LAZY_V32_SHAPES"
     ;;
 lazy)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -210,18 +218,9 @@ lazy)
     TRITON_OVERRIDE_ARCH=sm89 timeout 110 python3 -m benchmarks.explore_v32_configs --only "$LAZY_V32" --splits auto \
         --shapes "$LAZY_V32_SHAPES" --cubins .gpu-cubins/lazy_v32 --git-sha "$SHA" --out-dir "$OUT/v32_lazy" | tail -3
     ;;
-build-lift)  # the cubins of `lift` (V4 and V3.2, both paths)
-    ws=results/bench/explore/warp_split_decode.py
-    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lift/sm89 --path sm89 --shapes "$LIFT_SHAPES" \
-        --variants nolift,lift --occupancy-of sm_89
-    PYTHONPATH=src:. .venv/bin/python $ws --build-cubins .gpu-cubins/lift/native --path native --shapes "$LIFT_SHAPES" \
-        --variants nolift,lift
-    [ "${LIFT_SKIP_V32:-0}" = 1 ] && exit 0
-    for p in native sm89; do
-        PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins .gpu-cubins/lift_v32 \
-            --path $p --only "$LIFT_V32" --splits auto --shapes "$LIFT_V32_SHAPES"
-    done
-    du -sh .gpu-cubins/lift .gpu-cubins/lift_v32
+build-lift)  # the cubins of `lift` (V4 and V3.2, both paths; LIFT_SKIP_V32=1: V4 only)
+    [ "${LIFT_SKIP_V32:-0}" = 1 ] && LIFT_V32=
+    variant_build lift nolift,lift "$LIFT_SHAPES" "$LIFT_V32" "$LIFT_V32_SHAPES"
     ;;
 lift)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

@@ -13,26 +13,15 @@ from dataclasses import replace
 import torch
 
 sys.path.insert(0, "tests")
-from test_sparse_decode_gpu import make_case  # noqa: E402
+from test_sparse_decode_gpu import all_bytes_case, make_case  # noqa: E402
 
-from sparsemla.kernels import layouts  # noqa: E402
 from sparsemla.kernels.sparse_decode import triton as T  # noqa: E402
 
 
 def case(extreme: bool, qmul: float):
-    gen = torch.Generator().manual_seed(77)
-    kw = make_case(3, 64, 128, 512, sink=True, seed=77)
-    nan_free = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     if extreme:
-        for name in ("k_cache", "extra_k_cache"):
-            cache = kw[name]
-            pages, page_size = cache.shape[0], cache.shape[1]
-            raw = layouts.v4_raw_pages(cache)
-            data = raw[:, : page_size * 576].reshape(pages, page_size, 576)
-            pick = torch.randint(0, nan_free.numel(), (pages, page_size, 448), generator=gen)
-            data[:, :, :448] = nan_free[pick].cuda()
-            scales = raw[:, page_size * 576 : page_size * 584].reshape(pages, page_size, 8)
-            scales[:, :, :7] = torch.randint(119, 136, (pages, page_size, 7), generator=gen).to(torch.uint8).cuda()
+        return all_bytes_case(77, qmul)
+    kw = make_case(3, 64, 128, 512, sink=True, seed=77)
     kw["q"] = kw["q"] * qmul
     return kw
 
