@@ -130,7 +130,7 @@ def opaque_tile(cfg: DecodeConfig, info: dev.DeviceInfo) -> bool:
 
 # DecodeConfig / V32Config.q_lift by default: from this many tiles per program. The lift saves one multiply per
 # gathered value and tile but costs a multiply per q and output value once per program; sm_89 path on the H200, 3.8
-# cubins (results/bench/explore/q_lift-sm89-h200.json): 1 tile a program (B = 1) 12.9 -> 13.5 us, 5 (B = 32, and
+# cubins (results/bench/explore/q_lift-sm89-h200-a3fa148.json): 1 tile a program (B = 1) 12.9 -> 13.5 us, 5 (B = 32, and
 # H = 8 at B = 64) 34.9 -> 33.7 and 31.2 -> 28.5, 10 (B = 64) 57.0 -> 55.2.
 LIFT_MIN_TILES = 4
 
@@ -139,7 +139,7 @@ def q_lift_default(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: i
     """Whether the integer dequant is lifted (``DecodeConfig.q_lift``) by default: where the dots are mma.sync and a
     program walks at least :data:`LIFT_MIN_TILES` tiles. On wgmma tiles (sm_90/100, 64 heads) the lifted q is kept in
     registers as the QK dot's A operand instead of being read from shared memory, and the 64 x 512 tile then spills
-    (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200.json)."""
+    (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json)."""
     return cfg.int_dequant and not wgmma_tile(cfg, info) and tiles_per_program >= LIFT_MIN_TILES
 
 
