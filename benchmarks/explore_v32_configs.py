@@ -27,9 +27,8 @@ from benchmarks.decode_v32 import Shape, make_inputs
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
-# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant[, opaque_k[, lazy_rescale[, q_lift]]]);
-# a Triton
-# compile is ~5 s per config, format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02
+# (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant[, opaque_k[, lazy_rescale[, q_lift]]]); a
+# Triton compile is ~5 s per config, format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02
 # winners (64x32-w8-s2: 278 us at fp8 B=64 H=128, 32x32-w4-s2: 487 us, 16x32-w4-s2: 227 us at B=128 H=16). The variants
 # that pass the ahead-of-time gate (Triton 3.8): nope_chunks=4 64-head tiles (0 B spilled on sm_90 at 1-3 stages, 64
 # tokens too; <= 170 B on sm_80/86/89/120; not sm_100), the 101-KB-safe 64x16, and the 4-warp tiles with nope_chunks=4

@@ -67,8 +67,8 @@ class DecodeConfig:
     to rounding: P stays <= 2 ** RESCALE_SLACK, its bf16 rounding is relative). Off until timed. q_lift (with
     int_dequant): the integer path's 2^-120 is folded into the tile's scale multiply and q's and the output's NoPE
     columns are scaled by 2^8 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
-    for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default: where the dots are
-    mma.sync, :func:`q_lift_default`)."""
+    for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default:
+    :func:`q_lift_default`)."""
 
     block_h: int
     block_n: int
@@ -136,10 +136,12 @@ LIFT_MIN_TILES = 4
 
 
 def q_lift_default(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> bool:
-    """Whether the integer dequant is lifted (``DecodeConfig.q_lift``) by default: where the dots are mma.sync and a
-    program walks at least :data:`LIFT_MIN_TILES` tiles. On wgmma tiles (sm_90/100, 64 heads) the lifted q is kept in
-    registers as the QK dot's A operand instead of being read from shared memory, and the 64 x 512 tile then spills
-    (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json)."""
+    """Whether the integer dequant is lifted by default (``DecodeConfig.q_lift``, and ``V32Config.q_lift``: ``cfg``
+    may be either, both have ``block_h`` and ``int_dequant``): with the integer dequant, where the dots are mma.sync
+    and a program walks at least :data:`LIFT_MIN_TILES` tiles. On wgmma tiles (sm_90/100, 64 heads) the lifted q is
+    kept in registers as the QK dot's A operand instead of being read from shared memory, and the 64 x 512 tile then
+    spills (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json;
+    V3.2's 64-head tile 80-120 B)."""
     return cfg.int_dequant and not wgmma_tile(cfg, info) and tiles_per_program >= LIFT_MIN_TILES
 
 

@@ -36,11 +36,11 @@ from sparsemla.kernels.dequant import (
 )
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.sparse_decode.triton import (
-    LIFT_MIN_TILES,
     _lazy_softmax,
     _rescaled,
     choose_num_splits,
     combine_blocks,
+    q_lift_default,
 )
 
 LOG2E = 1.4426950408889634
@@ -91,8 +91,8 @@ class V32Config:
     q_lift (fp8_656 with int_dequant): the integer path's 2^-120 stays in the dequantized K, whose fp32 scale multiply
     carries 2^(120 - 8) instead, q's NoPE is scaled by 2^8 once per program and the output by 2^8 at the end
     (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): the same bits for scales below 2^16, one bf16 multiply per
-    gathered value fewer (None, the default: where the dots are mma.sync, as ``DecodeConfig.q_lift``; on sm_90's
-    64-head wgmma tile the lifted q stays in registers and the tile spills 80-120 B a thread instead of 0)."""
+    gathered value fewer (None, the default: the V4 decode's rule,
+    :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
 
     block_h: int
     block_n: int
@@ -109,13 +109,10 @@ class V32Config:
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
     """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant, where
-    asked, else where the dots are mma.sync (not a 64-head tile on a wgmma / tcgen05 GPU) and a program walks at least
-    ``LIFT_MIN_TILES`` tiles (as the V4 decode, :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
+    asked, else by the V4 decode's rule (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
     if kv_format != "fp8_656" or not cfg.int_dequant:
         return False
-    if cfg.q_lift is not None:
-        return cfg.q_lift
-    return not (info.has_wgmma and cfg.block_h >= 64) and tiles_per_program >= LIFT_MIN_TILES
+    return q_lift_default(cfg, info, tiles_per_program) if cfg.q_lift is None else cfg.q_lift
 
 
 def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None = None) -> int:
@@ -253,14 +250,13 @@ def _load_v32_nope(
             b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
         else:
             tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
-            if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
+            if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
                 b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
                 b_kb = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
-                b_sc = b_sc * TWO_POW_120_LESS_LIFT  # [BLOCK_N, NT] scale * 2^112 (exact for scales below 2^16)
-            elif INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
-                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
-                two_120 = tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # exact in bf16
-                b_kb = e4m3_bits_to_bf16(b_k8) * two_120  # the e4m3 value, exact in bf16
+                if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
+                    b_sc = b_sc * TWO_POW_120_LESS_LIFT  # [BLOCK_N, NT] scale * 2^112 (exact for scales below 2^16)
+                else:
+                    b_kb = b_kb * tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # the e4m3 value, exact in bf16
             else:
                 p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
                 b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, NT, 128]
