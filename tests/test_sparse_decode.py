@@ -27,10 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def make_case(batch, heads, topk, extra_topk, *, sink=True, invalid=0.0, seed=0, lengths="full"):
-    """sglang-contract kwargs: main cache page 64 (padded page stride), extra cache page 32."""
+def make_case(batch, heads, topk, extra_topk, *, sink=True, invalid=0.0, seed=0, lengths="full", pages=(64, 32)):
+    """sglang-contract kwargs: main cache page 64 (padded page stride), extra cache page 32 (``pages``)."""
     gen = torch.Generator().manual_seed(seed)
-    main = layouts.random_v4_cache(3, 64, generator=gen)
+    main = layouts.random_v4_cache(3, pages[0], generator=gen)
     kw = dict(
         q=torch.randn(batch, 1, heads, 512, generator=gen).to(torch.bfloat16),
         k_cache=main.k_cache,
@@ -45,7 +45,7 @@ def make_case(batch, heads, topk, extra_topk, *, sink=True, invalid=0.0, seed=0,
     elif lengths == "full":
         kw["topk_length"] = torch.full((batch,), topk, dtype=torch.int32)
     if extra_topk:
-        extra = layouts.random_v4_cache(2, 32, generator=gen)
+        extra = layouts.random_v4_cache(2, pages[1], generator=gen)
         kw["extra_k_cache"] = extra.k_cache
         kw["extra_indices_in_kvcache"] = layouts.random_slots(
             batch, extra_topk, extra.num_slots, generator=gen, invalid_fraction=invalid
@@ -78,6 +78,16 @@ def check(kw, out, lse):
 def test_matches_reference(nan_empty, batch, heads, topk, extra_topk, sink, invalid, lengths, splits):
     kw = make_case(batch, heads, topk, extra_topk, sink=sink, invalid=invalid, lengths=lengths, seed=heads + topk)
     with flags.SPARSEMLA_SPLIT_K.override(splits):
+        out, lse = api.sparse_decode(**kw)
+    check(kw, out, lse)
+
+
+@pytest.mark.parametrize("pages", [(48, 32), (64, 24), (40, 20)], ids=lambda p: f"main{p[0]}-extra{p[1]}")
+def test_pages_not_a_power_of_two(nan_empty, pages):
+    """The slot -> (page, row) split divides where a cache's page size is not a power of two (shifts otherwise, and
+    shifts of two sizes where both are): either cache, or both."""
+    kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=41, pages=pages)
+    with flags.SPARSEMLA_SPLIT_K.override(3):
         out, lse = api.sparse_decode(**kw)
     check(kw, out, lse)
 

@@ -3,6 +3,8 @@ NaN-poisoned outputs, CUDA-graph capture + replay, determinism. Skipped without 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -225,6 +227,28 @@ def test_integer_dequant_is_bit_identical_on_every_byte(dv_split, lift):
     want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=base)
     got = sd_triton.sparse_decode_fwd(
         **kw, num_splits=3, config=sd_triton.DecodeConfig(**{**base.__dict__, "int_dequant": True, "q_lift": lift})
+    )
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)
+
+
+PREFETCH_TILES = [
+    sd_triton.DecodeConfig(32, 32, 4, 1, partial_bf16=True, int_dequant=True),  # mma.sync targets
+    sd_triton.DecodeConfig(16, 32, 4, 1, partial_bf16=True, int_dequant=True),
+    sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True),  # sm_90's wgmma tile
+    sd_triton.DecodeConfig(64, 16, 4, 2, dv_split=2, partial_bf16=True, int_dequant=True),
+]
+
+
+@pytest.mark.parametrize("ahead,stride", [(1, 128), (3, 128), (2, 32)], ids=["pf1", "pf3", "pf2-s32"])
+@pytest.mark.parametrize("cfg", PREFETCH_TILES, ids=lambda c: f"{c.block_h}x{c.block_n}-w{c.num_warps}-dv{c.dv_split}")
+def test_l2_prefetch_changes_no_bit(nan_empty, cfg, ahead, stride):
+    """DecodeConfig.l2_prefetch (rows of a tile ahead prefetched into L2) computes the same bits as without it, with
+    prefetched tiles crossing from the main cache into the extra one and past a split's end."""
+    kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=91)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=cfg)
+    got = sd_triton.sparse_decode_fwd(
+        **kw, num_splits=3, config=dataclasses.replace(cfg, l2_prefetch=ahead, prefetch_stride=stride)
     )
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)

@@ -31,12 +31,12 @@ interpreted = pytest.mark.skipif(
 )
 
 
-def make_case(kv_format, batch, s_q, heads, topk, *, blocks=3, invalid=0.0, lengths=None, seed=0):
-    """(args, kwargs) of ``sparse_decode_v32``: a random cache of ``blocks`` 64-token pages, distinct slots per query
-    row (each of the s_q rows its own set), a fraction set to -1."""
+def make_case(kv_format, batch, s_q, heads, topk, *, blocks=3, invalid=0.0, lengths=None, seed=0, page=64):
+    """(args, kwargs) of ``sparse_decode_v32``: a random cache of ``blocks`` ``page``-token pages, distinct slots per
+    query row (each of the s_q rows its own set), a fraction set to -1."""
     gen = torch.Generator().manual_seed(seed)
-    kv = layouts.random_v32_cache(blocks, kv_format, generator=gen)
-    num_slots = blocks * layouts.V32_PAGE
+    kv = layouts.random_v32_cache(blocks, kv_format, page_size=page, generator=gen)
+    num_slots = blocks * page
     rows = [torch.randperm(num_slots, generator=gen)[:topk] for _ in range(batch * s_q)]
     idx = torch.stack(rows).to(torch.int32).view(batch, s_q, topk)
     if invalid:
@@ -80,6 +80,17 @@ CASES = [
 def test_matches_reference(nan_empty, kv_format, batch, s_q, heads, topk, invalid, lengths, splits):
     args, kw = make_case(kv_format, batch, s_q, heads, topk, invalid=invalid, lengths=lengths, seed=heads + topk)
     with flags.SPARSEMLA_SPLIT_K.override(splits):
+        out, lse = api.sparse_decode_v32(*args, **kw)
+    check(args, kw, out, lse)
+
+
+@interpreted
+@pytest.mark.parametrize("page", [48, 40], ids=["page48", "page40"])
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_page_not_a_power_of_two(nan_empty, kv_format, page):
+    """The slot -> (page, row) split divides where the page size is not a power of two (a shift otherwise)."""
+    args, kw = make_case(kv_format, 2, 1, 16, 40, invalid=0.1, lengths="short", seed=43, page=page)
+    with flags.SPARSEMLA_SPLIT_K.override(3):
         out, lse = api.sparse_decode_v32(*args, **kw)
     check(args, kw, out, lse)
 

@@ -226,6 +226,28 @@ def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
         check(args, kw_dv, out, lse)
 
 
+PREFETCH_TILES = [  # the chosen tiles of each kind (sm_90's wgmma tile, the mma.sync tiles of H > 16 and H <= 16)
+    v32.V32Config(64, 64, 8, 3, True, nope_chunks=4),
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True),
+    v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True),
+]
+
+
+@pytest.mark.parametrize("ahead,stride", [(1, 128), (4, 128), (2, 32)], ids=["pf1", "pf4", "pf2-s32"])
+@pytest.mark.parametrize("cfg", PREFETCH_TILES, ids=_variant_id)
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_l2_prefetch_changes_no_bit(nan_empty, cfg, kv_format, ahead, stride):
+    """V32Config.l2_prefetch (rows of a tile ahead prefetched into L2) computes the same bits as without it, with
+    prefetched tiles past a split's end and invalid slots among them."""
+    _runnable(cfg, kv_format)
+    args, kw = make_case(kv_format, 3, 2, 128, seed=93)
+    want = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=cfg)
+    pf = replace(cfg, l2_prefetch=ahead, prefetch_stride=stride)
+    got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=pf)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(args, kw, *got)
+
+
 @pytest.mark.parametrize("chunks,stage_k", [(1, False), (4, True)], ids=["chosen", "c4-stage_k"])
 def test_integer_dequant_is_bit_identical_to_the_fp8_type(chunks, stage_k):
     """The integer e4m3 -> bf16 path (every target) equals the fp8 conversion instructions (sm_89+) bit for bit,

@@ -10,6 +10,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh ws", carry=[".gpu-cubins"])   # after build-ws
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lazy", carry=[".gpu-cubins"])   # after build-lazy
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lift", carry=[".gpu-cubins/lift", ".gpu-cubins/lift_v32"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh pf", carry=[".gpu-cubins/pf", ".gpu-cubins/pf_v32"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -82,6 +83,15 @@ LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:1
 LIFT_SHAPES=1x64,8x64,32x64,64x64,128x64,1024x64,64x128,128x128,64x8,32x8
 LIFT_V32=64x64-w8-s3-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LIFT_V32_SHAPES=64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,8:128:fp8_656,128:16:fp8_656
+# `pf`: the rows of a tile a few tiles ahead prefetched into L2 (DecodeConfig / V32Config.l2_prefetch, off by
+# default; prefetch.global.L2, every target): the V4 decode has no software pipeline (1 stage: each tile's gather
+# waits on memory), the V3.2 wgmma tile 3 stages in 231,424 B (2 -> 3 stages was 238 -> 191 us at B = 64 H = 128).
+# Ahead of time (3.8) it adds 45-120 instructions a thread per tile (2-3 prefetches; paging_prefetch_aot-*.json).
+# V4 in both paths from 3.8 cubins (`build-pf`; sm_89 path also at sm_89's blocks per SM), V3.2 in both paths.
+PF_VARIANTS=pf1,pf2,pf3
+PF_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,64x8
+PF_V32=64x64-w8-s3-c4,32x32-w4-s2-c4-opaque,16x32-w4-s3-c4-opaque
+PF_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,64:128:bf16_576
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -131,6 +141,24 @@ variant_build() {  # NAME VARIANTS SHAPES V32_ONLY V32_SHAPES: the V4 decode's l
         done
     fi
     du -sh .gpu-cubins/"$1"*
+}
+v4_variant_run() {  # NAME VARIANTS SHAPES STEM LIMIT_S: variant_build's V4 cubins timed in both code paths (3.8 only;
+    # the sm_89 path also at sm_89's blocks per SM) -> $OUT/STEM-{native,sm89}-h200.json
+    local ws=results/bench/explore/warp_split_decode.py
+    timeout "$5" python3 $ws --bench native --shapes "$3" --variants "$2" --cubins ".gpu-cubins/$1/native" \
+        --only-t38 --git-sha "$SHA" --out "$OUT/$4-native-h200.json" | cut -c1-160
+    TRITON_OVERRIDE_ARCH=sm89 timeout "$5" python3 $ws --bench sm89 --shapes "$3" --variants "$2" \
+        --cubins ".gpu-cubins/$1/sm89" --occupancy-of sm_89 --only-t38 --git-sha "$SHA" \
+        --out "$OUT/$4-sm89-h200.json" | cut -c1-160
+}
+v32_variant_run() {  # NAME V32_ONLY V32_SHAPES LIMIT_S: variant_build's V3.2 configs in both paths (3.6 JIT and 3.8)
+    local p env
+    for p in native sm89; do
+        env=()
+        [ $p = sm89 ] && env=(env TRITON_OVERRIDE_ARCH=sm89)
+        "${env[@]}" timeout "$4" python3 -m benchmarks.explore_v32_configs --only "$2" --splits auto --shapes "$3" \
+            --cubins ".gpu-cubins/${1}_v32" --git-sha "$SHA" --out-dir "$OUT/v32_$1" | tail -2
+    done
 }
 
 case "${1:-}" in
@@ -226,19 +254,21 @@ lift)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    ws=results/bench/explore/warp_split_decode.py
-    timeout 80 python3 $ws --bench native --shapes "$LIFT_SHAPES" --variants nolift,lift --cubins .gpu-cubins/lift/native \
-        --only-t38 --git-sha "$SHA" --out "$OUT/q_lift-native-h200.json" | cut -c1-160
-    TRITON_OVERRIDE_ARCH=sm89 timeout 130 python3 $ws --bench sm89 --shapes "$LIFT_SHAPES" --variants nolift,lift \
-        --cubins .gpu-cubins/lift/sm89 --occupancy-of sm_89 --only-t38 --git-sha "$SHA" \
-        --out "$OUT/q_lift-sm89-h200.json" | cut -c1-160
+    v4_variant_run lift nolift,lift "$LIFT_SHAPES" q_lift 130
     [ "${LIFT_SKIP_TESTS:-0}" = 1 ] || PATH_LIMIT_S=110 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
         tests/test_sparse_decode_gpu.py tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
     [ "${LIFT_SKIP_V32:-0}" = 1 ] && exit 0  # a short call: V4 and the tests only
-    timeout 75 python3 -m benchmarks.explore_v32_configs --only "$LIFT_V32" --splits auto --shapes "$LIFT_V32_SHAPES" \
-        --cubins .gpu-cubins/lift_v32 --git-sha "$SHA" --out-dir "$OUT/v32_lift" | tail -2
-    TRITON_OVERRIDE_ARCH=sm89 timeout 75 python3 -m benchmarks.explore_v32_configs --only "$LIFT_V32" --splits auto \
-        --shapes "$LIFT_V32_SHAPES" --cubins .gpu-cubins/lift_v32 --git-sha "$SHA" --out-dir "$OUT/v32_lift" | tail -2
+    v32_variant_run lift "$LIFT_V32" "$LIFT_V32_SHAPES" 75
+    ;;
+build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
+    variant_build pf "$PF_VARIANTS" "$PF_SHAPES" "$PF_V32" "$PF_V32_SHAPES"
+    ;;
+pf)  # PF_SKIP_V4=1 / PF_SKIP_V32=1: one half (if both do not fit one call)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    [ "${PF_SKIP_V4:-0}" = 1 ] || v4_variant_run pf "$PF_VARIANTS" "$PF_SHAPES" l2_prefetch 200
+    [ "${PF_SKIP_V32:-0}" = 1 ] || v32_variant_run pf "$PF_V32" "$PF_V32_SHAPES" 120
     ;;
 ws)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -281,7 +311,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

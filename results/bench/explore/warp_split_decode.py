@@ -352,10 +352,14 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     and split count (both from the GPU facts in force: ``device.assume`` under occupancy matching)."""
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
-    if variant in ("lazy", "nolift", "lift"):  # the launcher's kernel with lazy_rescale / q_lift off / q_lift forced
+    pf = re.fullmatch(r"pf(\d+)(?:s(\d+))?", variant)  # pf<N>[s<S>]: l2_prefetch N tiles ahead, every S bytes
+    if variant in ("lazy", "nolift", "lift") or pf:  # the launcher's kernel with one field changed
         q = kw["q"]
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
-        cfg = replace(cfg, lazy_rescale=True) if variant == "lazy" else replace(cfg, q_lift=variant == "lift")
+        if pf:
+            cfg = replace(cfg, l2_prefetch=int(pf.group(1)), prefetch_stride=int(pf.group(2) or 128))
+        else:
+            cfg = replace(cfg, lazy_rescale=True) if variant == "lazy" else replace(cfg, q_lift=variant == "lift")
         return T.sparse_decode_fwd(**kw, config=cfg)[0]
     nw, warps, st = variant_options(variant)
     return ws_decode_fwd(**kw, nw=nw, scores_t=st, warps=warps)[0]

@@ -37,6 +37,8 @@ import triton.language as tl
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
+from sparsemla.kernels.paging import page_shift, page_split_either
+from sparsemla.kernels.prefetch import prefetch_l2, prefetch_rows_l2
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -68,7 +70,9 @@ class DecodeConfig:
     int_dequant): the integer path's 2^-120 is folded into the tile's scale multiply and q's and the output's NoPE
     columns are scaled by 2^8 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
     for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default:
-    :func:`q_lift_default`)."""
+    :func:`q_lift_default`). l2_prefetch (0: off): each iteration prefetches into L2 the data and scale rows of the tile
+    that many tiles ahead, one address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same
+    results). Off until timed."""
 
     block_h: int
     block_n: int
@@ -81,10 +85,15 @@ class DecodeConfig:
     opaque_tile: bool | None = None
     lazy_rescale: bool = False
     q_lift: bool | None = None
+    l2_prefetch: int = 0
+    prefetch_stride: int = 128
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
+        if self.l2_prefetch < 0 or self.prefetch_stride not in (32, 64, 128):
+            raise ValueError(f"l2_prefetch must be >= 0 tiles and prefetch_stride 32, 64 or 128 bytes, got "
+                             f"{self.l2_prefetch} / {self.prefetch_stride}")  # fmt: skip
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
@@ -437,6 +446,22 @@ def _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t, o_n, BLOCK_N: tl.co
 
 
 @triton.jit
+def _prefetch_v4_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x,
+                      STRIDE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGE_SHIFT_X: tl.constexpr):  # fmt: skip
+    """L2 prefetch of the 576-byte data rows and 8-byte scale rows of slot ids ``b_idx`` [BLOCK_N] (-1 skipped) in
+    the main cache (``in_main``, a scalar) or the extra one."""
+    m_n = b_idx >= 0
+    b_slot = tl.where(m_n, b_idx, 0)
+    b_page, b_off = page_split_either(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+    p_cache = tl.where(in_main, cache, cache_x)
+    psz = tl.where(in_main, page_size, page_size_x)
+    pst = tl.where(in_main, page_stride, page_stride_x).to(tl.int64)
+    o_tok = b_page.to(tl.int64) * pst + b_off.to(tl.int64) * DATA_ROW
+    prefetch_rows_l2(p_cache, o_tok, m_n, DATA_ROW, STRIDE)
+    prefetch_l2(p_cache + b_page.to(tl.int64) * pst + psz * DATA_ROW + b_off.to(tl.int64) * SCALE_ROW, m_n)
+
+
+@triton.jit
 def _sparse_decode_kernel(
     q, cache, idx, length, cache_x, idx_x, length_x, sink,
     out, lse, o_part, lse_part,
@@ -447,7 +472,8 @@ def _sparse_decode_kernel(
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN_X: tl.constexpr, HAS_SINK: tl.constexpr,
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
     CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
-    Q_LIFT: tl.constexpr = False,
+    Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
+    PAGE_SHIFT: tl.constexpr = -1, PAGE_SHIFT_X: tl.constexpr = -1,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -455,7 +481,11 @@ def _sparse_decode_kernel(
 
     Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits). DV_SPLIT = 2: the program owns one 256-column half of the
     output (V = that half of the gathered row) and computes the full QK itself, so its accumulator is half as big
-    (one warpgroup holds it) and the two halves need no merge; both compute the same scores and LSE."""
+    (one warpgroup holds it) and the two halves need no merge; both compute the same scores and LSE.
+
+    PAGE_SHIFT / PAGE_SHIFT_X: log2 of the caches' page sizes, -1 when not a power of two (:mod:`~sparsemla.kernels.
+    paging`). PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (ids loaded one
+    iteration before; this split's tiles only)."""
     i_r = tl.program_id(0)
     i_hb = tl.program_id(1) // DV_SPLIT
     i_dv = tl.program_id(1) % DV_SPLIT
@@ -499,6 +529,9 @@ def _sparse_decode_kernel(
     # index row are scalars selected per tile, so both caches share one pipelined loop body.
     # The slot ids of the next tile are loaded one iteration ahead (their latency hides behind this tile's math).
     b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, o_n, BLOCK_N)
+    if PREFETCH > 0:  # L2 prefetch: the slot ids of tile t_lo + PREFETCH (this split's tiles only), one tile ahead
+        b_idx_pf = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, t_lo + PREFETCH, o_n, BLOCK_N)
+        b_idx_pf = tl.where(t_lo + PREFETCH < t_hi, b_idx_pf, -1)
     for i_t in range(t_lo, t_hi):
         in_main = i_t < t_main
         p_cache = tl.where(in_main, cache, cache_x)
@@ -506,10 +539,16 @@ def _sparse_decode_kernel(
         pst = tl.where(in_main, page_stride, page_stride_x)
         b_idx = b_idx_next  # [BLOCK_N] slot ids of tile i_t
         b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, o_n, BLOCK_N)
+        if PREFETCH > 0:
+            _prefetch_v4_rows(cache, cache_x, b_idx_pf, i_t + PREFETCH < t_main, page_size, page_stride, page_size_x,
+                              page_stride_x, PF_STRIDE, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+            b_idx_pf = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1 + PREFETCH, o_n, BLOCK_N)
+            b_idx_pf = tl.where(i_t + 1 + PREFETCH < t_hi, b_idx_pf, -1)
         m_n = b_idx >= 0
         b_slot = tl.where(m_n, b_idx, 0)
-        b_page = (b_slot // psz).to(tl.int64)
-        b_off = (b_slot % psz).to(tl.int64)
+        b_page, b_off = page_split_either(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+        b_page = b_page.to(tl.int64)
+        b_off = b_off.to(tl.int64)
         o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
         o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
         o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
@@ -755,6 +794,8 @@ def sparse_decode_fwd(
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=q_lift(cfg, info, triton.cdiv(max_tiles, splits)) and not interpret,
+        PREFETCH=0 if interpret else cfg.l2_prefetch, PF_STRIDE=cfg.prefetch_stride,
+        PAGE_SHIFT=page_shift(page_size), PAGE_SHIFT_X=page_shift(page_size_x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -35,6 +35,8 @@ from sparsemla.kernels.dequant import (
     opaque_bf16,
 )
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
+from sparsemla.kernels.paging import page_shift, page_split
+from sparsemla.kernels.prefetch import prefetch_rows_l2
 from sparsemla.kernels.sparse_decode.triton import (
     _lazy_softmax,
     _rescaled,
@@ -46,6 +48,8 @@ from sparsemla.kernels.sparse_decode.triton import (
 LOG2E = 1.4426950408889634
 SCALE_OFF_F32 = tl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of an fp8 row: 128 fp32 units
 ROPE_OFF_BF16 = tl.constexpr(528 // 2)  # the bf16 RoPE starts at byte 528 of an fp8 row: 264 bf16 units
+ROW_BYTES_FP8 = tl.constexpr(V32_FP8_BYTES)  # 656
+ROW_BYTES_BF16 = tl.constexpr(2 * V32_DIM)  # 1,152
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,11 @@ class V32Config:
     carries 2^(120 - 8) instead, q's NoPE is scaled by 2^8 once per program and the output by 2^8 at the end
     (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`): the same bits for scales below 2^16, one bf16 multiply per
     gathered value fewer (None, the default: the V4 decode's rule,
-    :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
+    :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`).
+
+    l2_prefetch (0: off): each iteration prefetches into L2 the rows of the tile that many tiles ahead, one address
+    every ``prefetch_stride`` bytes of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same
+    results. Off until timed."""
 
     block_h: int
     block_n: int
@@ -105,6 +113,8 @@ class V32Config:
     opaque_k: bool = False
     lazy_rescale: bool = False
     q_lift: bool | None = None
+    l2_prefetch: int = 0
+    prefetch_stride: int = 128
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
@@ -160,6 +170,9 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
     """Raise ValueError when ``cfg`` cannot run on ``info`` (the launcher calls it for every config, chosen or not)."""
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
+    if cfg.l2_prefetch < 0 or cfg.prefetch_stride not in (32, 64, 128):
+        raise ValueError(f"l2_prefetch must be >= 0 tiles and prefetch_stride 32, 64 or 128 bytes, got "
+                         f"{cfg.l2_prefetch} / {cfg.prefetch_stride}")  # fmt: skip
     if info is dev.INTERPRETER:
         return
     if not cfg.int_dequant and not info.has_fp8:
@@ -290,6 +303,21 @@ def _load_v32_rope(kv, o_tok, m_n, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_v32_rows(kv, b_idx, num_slots, page_size, stride_kb, stride_kt, KV_FP8: tl.constexpr,
+                       STRIDE: tl.constexpr, PAGE_SHIFT: tl.constexpr):  # fmt: skip
+    """L2 prefetch of the cache rows of slot ids ``b_idx`` [BLOCK_N] (invalid ids skipped): 656 bytes a row for
+    fp8_656 (``kv`` uint8, strides in bytes), 1,152 for bf16_576 (``kv`` bf16, strides in elements)."""
+    m_n = (b_idx >= 0) & (b_idx < num_slots)
+    b_slot = tl.where(m_n, b_idx, 0)
+    b_page, b_off = page_split(b_slot, page_size, PAGE_SHIFT)
+    o_row = b_page.to(tl.int64) * stride_kb + b_off.to(tl.int64) * stride_kt
+    if KV_FP8:
+        prefetch_rows_l2(kv, o_row, m_n, ROW_BYTES_FP8, STRIDE)
+    else:
+        prefetch_rows_l2(kv.to(tl.pointer_type(tl.uint8), bitcast=True), o_row * 2, m_n, ROW_BYTES_BF16, STRIDE)
+
+
+@triton.jit
 def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr, LIFT: tl.constexpr = False):
     """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32); LIFT: times 2^LIFT_LOG2."""
     if C0 == 0:
@@ -320,7 +348,8 @@ def _sparse_decode_v32_kernel(
     INT_DEQUANT: tl.constexpr, STAGE_K: tl.constexpr, HAS_LEN: tl.constexpr, SINGLE: tl.constexpr,
     OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
-    Q_LIFT: tl.constexpr = False,
+    Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
+    PAGE_SHIFT: tl.constexpr = -1,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
@@ -330,7 +359,10 @@ def _sparse_decode_v32_kernel(
 
     NOPE_CHUNKS (1, 2, 4): the 512 NoPE dims are W = 512 / NOPE_CHUNKS-wide chunks c -- q_c, K_c, acc_c -- so each
     dot's operands and each accumulator's rescale are a quarter (a half) of the tile: S = sum_c q_c K_c^T + q_r K_r^T,
-    acc_c += P K_c. Same arithmetic, same row loads; only how much of the tile one instruction sequence holds."""
+    acc_c += P K_c. Same arithmetic, same row loads; only how much of the tile one instruction sequence holds.
+
+    PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (their ids loaded one iteration
+    before; this split's tiles only)."""
     W: tl.constexpr = 512 // NOPE_CHUNKS
     i_r = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -366,13 +398,21 @@ def _sparse_decode_v32_kernel(
     o_n = tl.arange(0, BLOCK_N)
     # the slot ids of the next tile are loaded one iteration ahead (their latency hides behind this tile's math)
     b_idx_next = tl.load(p_idx + t_lo * BLOCK_N + o_n, mask=t_lo * BLOCK_N + o_n < n_valid, other=-1)  # [BLOCK_N]
+    if PREFETCH > 0:  # the slot ids of tile t_lo + PREFETCH
+        o_pf = (t_lo + PREFETCH) * BLOCK_N + o_n
+        b_idx_pf = tl.load(p_idx + o_pf, mask=(o_pf < n_valid) & (t_lo + PREFETCH < t_hi), other=-1)  # [BLOCK_N]
     for i_t in range(t_lo, t_hi):
         b_idx = b_idx_next
         o_next = (i_t + 1) * BLOCK_N + o_n
         b_idx_next = tl.load(p_idx + o_next, mask=o_next < n_valid, other=-1)  # [BLOCK_N]
+        if PREFETCH > 0:
+            _prefetch_v32_rows(kv, b_idx_pf, num_slots, page_size, stride_kb, stride_kt, KV_FP8, PF_STRIDE, PAGE_SHIFT)
+            o_pf = (i_t + 1 + PREFETCH) * BLOCK_N + o_n
+            b_idx_pf = tl.load(p_idx + o_pf, mask=(o_pf < n_valid) & (i_t + 1 + PREFETCH < t_hi), other=-1)
         m_n = (b_idx >= 0) & (b_idx < num_slots)
         b_slot = tl.where(m_n, b_idx, 0)
-        o_tok = (b_slot // page_size).to(tl.int64) * stride_kb + (b_slot % page_size).to(tl.int64) * stride_kt
+        b_page, b_off = page_split(b_slot, page_size, PAGE_SHIFT)
+        o_tok = b_page.to(tl.int64) * stride_kb + b_off.to(tl.int64) * stride_kt
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
@@ -573,7 +613,8 @@ def sparse_decode_v32_fwd(
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
         OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)) and not interpret,
-        SINGLE=splits == 1,
+        SINGLE=splits == 1, PREFETCH=0 if interpret else cfg.l2_prefetch, PF_STRIDE=cfg.prefetch_stride,
+        PAGE_SHIFT=page_shift(kv_cache.shape[1]),
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

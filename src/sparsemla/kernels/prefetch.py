@@ -1,0 +1,36 @@
+"""L2 prefetch of gathered rows (``prefetch.global.L2``: PTX ISA 2.0, every target from sm_80; SASS ``CCTL.E.PF2``).
+
+Why: the decode kernels gather their KV rows through indices, so the hardware sees no stream to run ahead of, and
+the copies of the software pipeline (``num_stages``) are bounded by shared memory: sm_90's 64-head V3.2 tile holds 3
+stages in 231,424 of its 232,448 B, the sm_86/89/120 tiles 1-2. A prefetch puts the rows of a tile a few iterations
+ahead into L2 without taking shared memory or registers (it returns nothing and never faults on the loads it skips),
+so the pipeline's own copies of that tile later hit in L2. It changes no value: the kernels compute the same bits
+with and without it.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def prefetch_l2(ptrs, mask):
+    """Prefetch into L2 the line holding each of ``ptrs`` where ``mask`` (any shape; the asm's result is unused)."""
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+        constraints="=r,l,r",
+        args=[ptrs, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def prefetch_rows_l2(base, o_row, m_row, ROW_BYTES: tl.constexpr, STRIDE: tl.constexpr):
+    """Prefetch into L2 the ``ROW_BYTES``-byte rows at byte offsets ``o_row`` [N] (int64) of the uint8 pointer
+    ``base``, where ``m_row`` [N]: one address every ``STRIDE`` bytes from each row's start and its last byte, so
+    every ``STRIDE``-byte granule the row touches gets one (whatever the row's alignment)."""
+    NPF: tl.constexpr = (ROW_BYTES - 1 + STRIDE - 1) // STRIDE + 1  # addresses per row
+    o_c = tl.arange(0, triton.next_power_of_2(NPF))
+    o_b = tl.minimum(o_c * STRIDE, ROW_BYTES - 1)  # [NP] byte offsets within the row, the last one its last byte
+    prefetch_l2(base + o_row[:, None] + o_b[None, :], m_row[:, None] & (o_c < NPF)[None, :])  # [N, NP]
