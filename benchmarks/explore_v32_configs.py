@@ -78,13 +78,14 @@ CONFIGS = (
     (64, 64, 8, 3, 4, False, True, False, False, False),
     (16, 32, 4, 3, 4, False, True, True, False, False),
     (32, 32, 4, 2, 4, False, True, True, False, False),
-    # the rows of a tile ahead prefetched into L2 (V32Config.l2_prefetch: tiles ahead, bytes between addresses)
+    # the rows of tiles beyond the pipeline's copies prefetched into L2 (V32Config.l2_prefetch: how many tiles beyond,
+    # prefetch_stride: bytes between addresses)
+    (64, 64, 8, 3, 4, False, True, False, False, None, 1),
     (64, 64, 8, 3, 4, False, True, False, False, None, 2),
-    (64, 64, 8, 3, 4, False, True, False, False, None, 4),
-    (64, 64, 8, 3, 4, False, True, False, False, None, 4, 32),
+    (64, 64, 8, 3, 4, False, True, False, False, None, 1, 32),
+    (32, 32, 4, 2, 4, False, True, True, False, None, 1),
     (32, 32, 4, 2, 4, False, True, True, False, None, 2),
-    (32, 32, 4, 2, 4, False, True, True, False, None, 4),
-    (16, 32, 4, 3, 4, False, True, True, False, None, 3),
+    (16, 32, 4, 3, 4, False, True, True, False, None, 1),
 )
 SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 

@@ -5,7 +5,8 @@ the copies of the software pipeline (``num_stages``) are bounded by shared memor
 stages in 231,424 of its 232,448 B, the sm_86/89/120 tiles 1-2. A prefetch puts the rows of a tile a few iterations
 ahead into L2 without taking shared memory or registers (it returns nothing and never faults on the loads it skips),
 so the pipeline's own copies of that tile later hit in L2. It changes no value: the kernels compute the same bits
-with and without it.
+with and without it. Every address a kernel prefetches lies in a row that the same program loads a few iterations
+later, and masked lanes are predicated off (the PTX ISA does not say what a prefetch of an unmapped address does).
 """
 
 import triton
@@ -30,7 +31,14 @@ def prefetch_rows_l2(base, o_row, m_row, ROW_BYTES: tl.constexpr, STRIDE: tl.con
     """Prefetch into L2 the ``ROW_BYTES``-byte rows at byte offsets ``o_row`` [N] (int64) of the uint8 pointer
     ``base``, where ``m_row`` [N]: one address every ``STRIDE`` bytes from each row's start and its last byte, so
     every ``STRIDE``-byte granule the row touches gets one (whatever the row's alignment)."""
-    NPF: tl.constexpr = (ROW_BYTES - 1 + STRIDE - 1) // STRIDE + 1  # addresses per row
+    o_b, m_b = prefetch_offsets(ROW_BYTES, STRIDE)  # [NP]
+    prefetch_l2(base + o_row[:, None] + o_b[None, :], m_row[:, None] & m_b[None, :])  # [N, NP]
+
+
+@triton.jit
+def prefetch_offsets(ROW_BYTES: tl.constexpr, STRIDE: tl.constexpr):
+    """(byte offsets [NP] within a row, which of them are used [NP]): 0, STRIDE, 2 * STRIDE, ... and the row's last
+    byte, NPF = ceil((ROW_BYTES - 1) / STRIDE) + 1 of them, NP the next power of two."""
+    NPF: tl.constexpr = (ROW_BYTES - 1 + STRIDE - 1) // STRIDE + 1
     o_c = tl.arange(0, triton.next_power_of_2(NPF))
-    o_b = tl.minimum(o_c * STRIDE, ROW_BYTES - 1)  # [NP] byte offsets within the row, the last one its last byte
-    prefetch_l2(base + o_row[:, None] + o_b[None, :], m_row[:, None] & (o_c < NPF)[None, :])  # [N, NP]
+    return tl.minimum(o_c * STRIDE, ROW_BYTES - 1), o_c < NPF

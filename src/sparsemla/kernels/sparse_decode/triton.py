@@ -71,8 +71,8 @@ class DecodeConfig:
     columns are scaled by 2^8 once per program instead (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`: the same bits
     for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default:
     :func:`q_lift_default`). l2_prefetch (0: off): each iteration prefetches into L2 the data and scale rows of the tile
-    that many tiles ahead, one address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same
-    results). Off until timed."""
+    that many tiles beyond the last one the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one
+    address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same results). Off until timed."""
 
     block_h: int
     block_n: int
@@ -794,8 +794,9 @@ def sparse_decode_fwd(
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=q_lift(cfg, info, triton.cdiv(max_tiles, splits)) and not interpret,
-        PREFETCH=0 if interpret else cfg.l2_prefetch, PF_STRIDE=cfg.prefetch_stride,
-        PAGE_SHIFT=page_shift(page_size), PAGE_SHIFT_X=page_shift(page_size_x),
+        PREFETCH=0 if interpret or not cfg.l2_prefetch else cfg.l2_prefetch + cfg.num_stages - 1,
+        PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
+        PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -98,9 +98,9 @@ class V32Config:
     gathered value fewer (None, the default: the V4 decode's rule,
     :func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`).
 
-    l2_prefetch (0: off): each iteration prefetches into L2 the rows of the tile that many tiles ahead, one address
-    every ``prefetch_stride`` bytes of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same
-    results. Off until timed."""
+    l2_prefetch (0: off): each iteration prefetches into L2 the rows of the tile that many tiles beyond the last one
+    the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one address every ``prefetch_stride`` bytes
+    of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same results. Off until timed."""
 
     block_h: int
     block_n: int
@@ -613,7 +613,9 @@ def sparse_decode_v32_fwd(
         INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
         OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)) and not interpret,
-        SINGLE=splits == 1, PREFETCH=0 if interpret else cfg.l2_prefetch, PF_STRIDE=cfg.prefetch_stride,
+        SINGLE=splits == 1,
+        PREFETCH=0 if interpret or not cfg.l2_prefetch else cfg.l2_prefetch + cfg.num_stages - 1,
+        PF_STRIDE=cfg.prefetch_stride,
         PAGE_SHIFT=page_shift(kv_cache.shape[1]),
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
