@@ -82,11 +82,15 @@ def test_matches_reference(nan_empty, batch, heads, topk, extra_topk, sink, inva
     check(kw, out, lse)
 
 
-@pytest.mark.parametrize("pages", [(48, 32), (64, 24), (40, 20)], ids=lambda p: f"main{p[0]}-extra{p[1]}")
-def test_pages_not_a_power_of_two(nan_empty, pages):
+@pytest.mark.parametrize(
+    "pages,extra_topk",
+    [((48, 32), 24), ((64, 24), 24), ((40, 20), 24), ((48, 32), 0)],
+    ids=["main48-extra32", "main64-extra24", "main40-extra20", "main48-noextra"],
+)
+def test_pages_not_a_power_of_two(nan_empty, pages, extra_topk):
     """The slot -> (page, row) split divides where a cache's page size is not a power of two (shifts otherwise, and
-    shifts of two sizes where both are): either cache, or both."""
-    kw = make_case(2, 16, 40, 24, invalid=0.1, lengths="short", seed=41, pages=pages)
+    shifts of two sizes where both are): either cache, or both, or the only one."""
+    kw = make_case(2, 16, 40, extra_topk, invalid=0.1, lengths="short", seed=41, pages=pages)
     with flags.SPARSEMLA_SPLIT_K.override(3):
         out, lse = api.sparse_decode(**kw)
     check(kw, out, lse)

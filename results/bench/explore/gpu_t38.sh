@@ -267,10 +267,10 @@ pf)  # the decode GPU tests of both paths first (PF_SKIP_TESTS=1: not); PF_SKIP_
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    [ "${PF_SKIP_TESTS:-0}" = 1 ] || PATH_LIMIT_S=110 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
+    [ "${PF_SKIP_TESTS:-0}" = 1 ] || PATH_LIMIT_S=140 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
         tests/test_sparse_decode_gpu.py tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
-    [ "${PF_SKIP_V4:-0}" = 1 ] || v4_variant_run pf "$PF_VARIANTS" "$PF_SHAPES" l2_prefetch 200
-    [ "${PF_SKIP_V32:-0}" = 1 ] || v32_variant_run pf "$PF_V32" "$PF_V32_SHAPES" 120
+    [ "${PF_SKIP_V4:-0}" = 1 ] || v4_variant_run pf "$PF_VARIANTS" "$PF_SHAPES" l2_prefetch 150
+    [ "${PF_SKIP_V32:-0}" = 1 ] || v32_variant_run pf "$PF_V32" "$PF_V32_SHAPES" 90
     ;;
 ws)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
