@@ -102,8 +102,9 @@ def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
     return name
 
 
-def _configs(v32, wanted: list[str], fmt: str, info) -> list:  # noqa: ANN001 - the module and a DeviceInfo
-    """The CONFIGS whose name contains one of ``wanted`` and that fit ``info``'s shared memory with ``fmt`` rows."""
+def _configs(v32, wanted: list[str], fmt: str, info, exact: bool = False) -> list:  # noqa: ANN001 - module, DeviceInfo
+    """The CONFIGS whose name contains one of ``wanted`` (``exact``: is one of them) and that fit ``info``'s shared
+    memory with ``fmt`` rows."""
     out = []
     for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
         opaque, lazy, lift, ahead, stride = (*extra, *(False, False, None, 0, 128)[len(extra) :])  # omitted: defaults
@@ -111,9 +112,8 @@ def _configs(v32, wanted: list[str], fmt: str, info) -> list:  # noqa: ANN001 - 
                             opaque_k=opaque, lazy_rescale=lazy, q_lift=lift, l2_prefetch=ahead,
                             prefetch_stride=stride)  # fmt: skip
         if (
-            any(part in config_name(cfg) for part in wanted)
-            and v32.shared_bytes_v32(cfg, fmt, info) <= info.smem_per_block
-        ):
+            config_name(cfg) in wanted if exact else any(part in config_name(cfg) for part in wanted)
+        ) and v32.shared_bytes_v32(cfg, fmt, info) <= info.smem_per_block:
             out.append(cfg)  # (over the budget: the launcher refuses it; no row to spend a compile on)
     return out
 
@@ -124,6 +124,8 @@ def main(
     git_sha: str = typer.Option("", help="Commit measured (the GPU machine's copy has no .git)."),
     ctx: int = typer.Option(8192, help="kv slots per request."),
     only: str = typer.Option("", help="Only the configs whose name contains one of these comma-separated parts."),
+    exact: bool = typer.Option(False, help="--only lists whole config names."),
+    only_t38: bool = typer.Option(False, "--only-t38", help="With --cubins: time the 3.8 cubins only (no JIT)."),
     splits_: str = typer.Option("auto,4", "--splits", help="Comma-separated split counts ('auto' or ints)."),
     shapes: str = typer.Option(SHAPES, help="Comma-separated B:H:kv_format points."),
     build_cubins: Path = typer.Option(None, help="Here, no GPU: compile the rows' launches into DIR/<--path>."),
@@ -149,7 +151,7 @@ def main(
                 kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), 0, "cpu", fill=False)
                 args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
                 v32.sparse_decode_v32_fwd(*args, kv_format=fmt)  # the reference row's launch
-                for cfg in _configs(v32, wanted, fmt, facts):
+                for cfg in _configs(v32, wanted, fmt, facts, exact):
                     for splits in split_counts:
                         v32.sparse_decode_v32_fwd(*args, kv_format=fmt, num_splits=splits, config=cfg)
 
@@ -163,6 +165,8 @@ def main(
         from benchmarks import prod_cubins
 
         modes.append(("_t38", prod_cubins.Replayer(prod_cubins.path_dir(cubins, code_path))))
+        if only_t38:  # production's compiler only: the GPU machine's JIT compiles are most of a run's time
+            modes = modes[1:]
     rows: list[dict] = []
     doc = {
         "op": "v32_configs",
@@ -185,7 +189,7 @@ def main(
         kw = make_inputs(Shape(B=B, s_q=1, H=H, topk=2048, kv_format=fmt, ctx=ctx), seed=B + H)
         args = (kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"])
         want, _ = v32.sparse_decode_v32_fwd(*args, kv_format=fmt)
-        for cfg in _configs(v32, wanted, fmt, info):
+        for cfg in _configs(v32, wanted, fmt, info, exact):
             for splits in split_counts:
                 shared = v32.shared_bytes_v32(cfg, fmt, info)
                 row = dict(B=B, H=H, kv_format=fmt, config=config_name(cfg), nope_chunks=cfg.nope_chunks,

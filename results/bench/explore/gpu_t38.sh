@@ -81,7 +81,8 @@ LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:1
 # code paths from 3.8 cubins (`build-lift`; the sm_89 path also at sm_89's blocks per SM), V3.2 in both paths (3.6
 # JIT and 3.8 cubins), after the decode GPU tests of both paths. `err` of `nolift` against `base` is 0 where B > 8.
 LIFT_SHAPES=1x64,8x64,32x64,64x64,128x64,1024x64,64x128,128x128,64x8,32x8
-LIFT_V32=64x64-w8-s3-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
+LIFT_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-nolift,16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-nolift
+LIFT_V32+=,32x32-w4-s2-c4-opaque,32x32-w4-s2-c4-opaque-nolift
 LIFT_V32_SHAPES=64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,8:128:fp8_656,128:16:fp8_656
 # `pf`: the rows of a tile a few tiles ahead prefetched into L2 (DecodeConfig / V32Config.l2_prefetch, off by
 # default; prefetch.global.L2, every target): the V4 decode has no software pipeline (1 stage: each tile's gather
@@ -90,7 +91,8 @@ LIFT_V32_SHAPES=64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,8:128:fp8_656,128:1
 # V4 in both paths from 3.8 cubins (`build-pf`; sm_89 path also at sm_89's blocks per SM), V3.2 in both paths.
 PF_VARIANTS=pf1,pf2,pf3
 PF_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,64x8
-PF_V32=64x64-w8-s3-c4,32x32-w4-s2-c4-opaque,16x32-w4-s3-c4-opaque
+PF_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-pf1,64x64-w8-s3-c4-pf2,64x64-w8-s3-c4-pf1s32,32x32-w4-s2-c4-opaque
+PF_V32+=,32x32-w4-s2-c4-opaque-pf1,32x32-w4-s2-c4-opaque-pf2,16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-pf1
 PF_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,64:128:bf16_576
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
@@ -137,7 +139,7 @@ variant_build() {  # NAME VARIANTS SHAPES V32_ONLY V32_SHAPES: the V4 decode's l
     if [ -n "$4" ]; then
         for p in native sm89; do
             PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins ".gpu-cubins/${1}_v32" \
-                --path $p --only "$4" --splits auto --shapes "$5"
+                --path $p --only "$4" --exact --splits auto --shapes "$5"
         done
     fi
     du -sh .gpu-cubins/"$1"*
@@ -151,13 +153,14 @@ v4_variant_run() {  # NAME VARIANTS SHAPES STEM LIMIT_S: variant_build's V4 cubi
         --cubins ".gpu-cubins/$1/sm89" --occupancy-of sm_89 --only-t38 --git-sha "$SHA" \
         --out "$OUT/$4-sm89-h200.json" | cut -c1-160
 }
-v32_variant_run() {  # NAME V32_ONLY V32_SHAPES LIMIT_S: variant_build's V3.2 configs in both paths (3.6 JIT and 3.8)
+v32_variant_run() {  # NAME V32_ONLY V32_SHAPES LIMIT_S: variant_build's V3.2 configs in both paths (3.8 cubins)
     local p env
     for p in native sm89; do
         env=()
         [ $p = sm89 ] && env=(env TRITON_OVERRIDE_ARCH=sm89)
-        "${env[@]}" timeout "$4" python3 -m benchmarks.explore_v32_configs --only "$2" --splits auto --shapes "$3" \
-            --cubins ".gpu-cubins/${1}_v32" --git-sha "$SHA" --out-dir "$OUT/v32_$1" | tail -2
+        "${env[@]}" timeout "$4" python3 -m benchmarks.explore_v32_configs --only "$2" --exact --only-t38 \
+            --splits auto --shapes "$3" --cubins ".gpu-cubins/${1}_v32" --git-sha "$SHA" --out-dir "$OUT/v32_$1" \
+            | tail -2
     done
 }
 
