@@ -180,6 +180,17 @@ build)  # what the other modes replay (carry limit: 64 MiB with the tree and .gp
         --configs "$DCFG89O" --shapes "$DCFG89O_SHAPES" | grep -v '^\['
     du -sh .gpu-cubins
     ;;
+build-decode)  # only the formal decode runs' cubins (`paths-decode`, `v32`): after a decode kernel changed
+    PYTHONPATH=src:. .venv/bin/python -m benchmarks.decode --build-cubins .gpu-cubins/decode "${DECODE[@]}" \
+        --paths native,sm89
+    PYTHONPATH=src:. .venv/bin/python -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
+    ;;
+build-next)  # what the next device session replays: `pf`, `paths-decode`, `v32`, `lift`, `ws` (decode sets rebuilt)
+    rm -rf .gpu-cubins/{pf,pf_v32,decode,decode_v32,lift,lift_v32,ws}
+    for mode in build-pf build-decode build-lift build-ws; do
+        bash results/bench/explore/gpu_t38.sh $mode || exit 1
+    done
+    ;;
 run)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
@@ -316,7 +327,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
