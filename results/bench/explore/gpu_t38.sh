@@ -81,7 +81,7 @@ LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:1
 # code paths from 3.8 cubins (`build-lift`; the sm_89 path also at sm_89's blocks per SM), V3.2 in both paths (3.6
 # JIT and 3.8 cubins), after the decode GPU tests of both paths. `err` of `nolift` against `base` is 0 where B > 8.
 LIFT_SHAPES=1x64,8x64,32x64,64x64,128x64,1024x64,64x128,128x128,64x8,32x8
-LIFT_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-nolift,16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-nolift
+LIFT_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-lift,16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-nolift
 LIFT_V32+=,32x32-w4-s2-c4-opaque,32x32-w4-s2-c4-opaque-nolift
 LIFT_V32_SHAPES=64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,8:128:fp8_656,128:16:fp8_656
 # `pf`: the rows of a tile a few tiles ahead prefetched into L2 (DecodeConfig / V32Config.l2_prefetch, off by
