@@ -30,7 +30,7 @@ def page_split_either(slot, in_main, page_size, page_size_x, PAGE_SHIFT: tl.cons
     """:func:`page_split` for a tile of one of two caches, the main one where ``in_main`` (a scalar) and else the
     extra one, with their page sizes and shifts (equal shifts: one constexpr shift, no select)."""
     if PAGE_SHIFT >= 0 and PAGE_SHIFT == PAGE_SHIFT_X:
-        return slot >> PAGE_SHIFT, slot & ((1 << PAGE_SHIFT) - 1)
+        return page_split(slot, page_size, PAGE_SHIFT)
     if PAGE_SHIFT >= 0 and PAGE_SHIFT_X >= 0:
         shift = tl.where(in_main, PAGE_SHIFT, PAGE_SHIFT_X)
         return slot >> shift, slot & ((1 << shift) - 1)

@@ -3,14 +3,31 @@
 Why: the decode kernels gather their KV rows through indices, so the hardware sees no stream to run ahead of, and
 the copies of the software pipeline (``num_stages``) are bounded by shared memory: sm_90's 64-head V3.2 tile holds 3
 stages in 231,424 of its 232,448 B, the sm_86/89/120 tiles 1-2. A prefetch puts the rows of a tile a few iterations
-ahead into L2 without taking shared memory or registers (it returns nothing and never faults on the loads it skips),
-so the pipeline's own copies of that tile later hit in L2. It changes no value: the kernels compute the same bits
-with and without it. Every address a kernel prefetches lies in a row that the same program loads a few iterations
-later, and masked lanes are predicated off (the PTX ISA does not say what a prefetch of an unmapped address does).
+ahead into L2 without taking shared memory or registers (it returns nothing), so the pipeline's own copies of that
+tile later hit in L2. It changes no value: the kernels compute the same bits with and without it. Every address a
+kernel prefetches lies in a row that the same program loads a few iterations later, and masked lanes are predicated
+off (the PTX ISA does not say what a prefetch of an unmapped address does).
 """
 
 import triton
 import triton.language as tl
+
+STRIDES = (32, 64, 128)  # bytes between a row's prefetch addresses: one per 32-byte sector .. one per 128-byte line
+
+
+def check_prefetch(l2_prefetch: int, stride: int) -> None:
+    """Raise ValueError unless ``l2_prefetch`` (tiles, 0: off) and ``stride`` (bytes) are a valid prefetch setting
+    (``DecodeConfig`` / ``V32Config.l2_prefetch`` and ``prefetch_stride``)."""
+    if l2_prefetch < 0 or stride not in STRIDES:
+        raise ValueError(f"l2_prefetch must be >= 0 tiles and prefetch_stride one of {STRIDES} bytes, got "
+                         f"{l2_prefetch} / {stride}")  # fmt: skip
+
+
+def prefetch_ahead(l2_prefetch: int, num_stages: int, interpreted: bool) -> int:
+    """The kernels' ``PREFETCH``: how many tiles past the current one iteration i prefetches, ``l2_prefetch`` tiles
+    beyond the last one the software pipeline already copies (i + num_stages - 1); 0 (off) under the interpreter,
+    which runs no PTX."""
+    return 0 if interpreted or not l2_prefetch else l2_prefetch + num_stages - 1
 
 
 @triton.jit

@@ -38,7 +38,7 @@ from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT, e4m3_bits_to_bf16, opaque_bf16
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 from sparsemla.kernels.paging import page_shift, page_split_either
-from sparsemla.kernels.prefetch import prefetch_l2, prefetch_rows_l2
+from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_l2, prefetch_rows_l2
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -91,9 +91,7 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
-        if self.l2_prefetch < 0 or self.prefetch_stride not in (32, 64, 128):
-            raise ValueError(f"l2_prefetch must be >= 0 tiles and prefetch_stride 32, 64 or 128 bytes, got "
-                             f"{self.l2_prefetch} / {self.prefetch_stride}")  # fmt: skip
+        check_prefetch(self.l2_prefetch, self.prefetch_stride)
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
@@ -446,19 +444,34 @@ def _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t, o_n, BLOCK_N: tl.co
 
 
 @triton.jit
+def _token_offsets(b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, PAGE_SHIFT: tl.constexpr,
+                   PAGE_SHIFT_X: tl.constexpr):  # fmt: skip
+    """Where the tokens of slot ids ``b_idx`` [BLOCK_N] live in the main cache (``in_main``, a scalar) or the extra
+    one: (valid [BLOCK_N], data-row byte offsets, the same rows in bf16 units, scale-row byte offsets) -- int64; an
+    invalid id (-1) gets slot 0's offsets."""
+    m_n = b_idx >= 0
+    b_slot = tl.where(m_n, b_idx, 0)
+    b_page, b_off = page_split_either(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+    b_page = b_page.to(tl.int64)
+    b_off = b_off.to(tl.int64)
+    psz = tl.where(in_main, page_size, page_size_x)
+    pst = tl.where(in_main, page_stride, page_stride_x)
+    o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
+    o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
+    o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
+    return m_n, o_tok, o_rope, o_scale
+
+
+@triton.jit
 def _prefetch_v4_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x,
                       STRIDE: tl.constexpr, PAGE_SHIFT: tl.constexpr, PAGE_SHIFT_X: tl.constexpr):  # fmt: skip
     """L2 prefetch of the 576-byte data rows and 8-byte scale rows of slot ids ``b_idx`` [BLOCK_N] (-1 skipped) in
     the main cache (``in_main``, a scalar) or the extra one."""
-    m_n = b_idx >= 0
-    b_slot = tl.where(m_n, b_idx, 0)
-    b_page, b_off = page_split_either(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+    m_n, o_tok, _, o_scale = _token_offsets(b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x,
+                                            PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
     p_cache = tl.where(in_main, cache, cache_x)
-    psz = tl.where(in_main, page_size, page_size_x)
-    pst = tl.where(in_main, page_stride, page_stride_x).to(tl.int64)
-    o_tok = b_page.to(tl.int64) * pst + b_off.to(tl.int64) * DATA_ROW
     prefetch_rows_l2(p_cache, o_tok, m_n, DATA_ROW, STRIDE)
-    prefetch_l2(p_cache + b_page.to(tl.int64) * pst + psz * DATA_ROW + b_off.to(tl.int64) * SCALE_ROW, m_n)
+    prefetch_l2(p_cache + o_scale, m_n)
 
 
 @triton.jit
@@ -535,8 +548,6 @@ def _sparse_decode_kernel(
     for i_t in range(t_lo, t_hi):
         in_main = i_t < t_main
         p_cache = tl.where(in_main, cache, cache_x)
-        psz = tl.where(in_main, page_size, page_size_x)
-        pst = tl.where(in_main, page_stride, page_stride_x)
         b_idx = b_idx_next  # [BLOCK_N] slot ids of tile i_t
         b_idx_next = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, o_n, BLOCK_N)
         if PREFETCH > 0:
@@ -544,14 +555,8 @@ def _sparse_decode_kernel(
                               page_stride_x, PF_STRIDE, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
             b_idx_pf = _load_tile_idx(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1 + PREFETCH, o_n, BLOCK_N)
             b_idx_pf = tl.where(i_t + 1 + PREFETCH < t_hi, b_idx_pf, -1)
-        m_n = b_idx >= 0
-        b_slot = tl.where(m_n, b_idx, 0)
-        b_page, b_off = page_split_either(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
-        b_page = b_page.to(tl.int64)
-        b_off = b_off.to(tl.int64)
-        o_tok = b_page * pst + b_off * DATA_ROW  # byte offset of the token's 576-byte data row
-        o_rope = b_page * (pst // 2) + b_off * DATA_ROW_BF16  # the same row in bf16 units (page strides are even)
-        o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
+        m_n, o_tok, o_rope, o_scale = _token_offsets(b_idx, in_main, page_size, page_stride, page_size_x,
+                                                     page_stride_x, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
         if ALIGNED:
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
@@ -794,7 +799,7 @@ def sparse_decode_fwd(
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=q_lift(cfg, info, triton.cdiv(max_tiles, splits)) and not interpret,
-        PREFETCH=0 if interpret or not cfg.l2_prefetch else cfg.l2_prefetch + cfg.num_stages - 1,
+        PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

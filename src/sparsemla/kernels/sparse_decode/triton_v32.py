@@ -36,7 +36,7 @@ from sparsemla.kernels.dequant import (
 )
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.paging import page_shift, page_split
-from sparsemla.kernels.prefetch import prefetch_rows_l2
+from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_rows_l2
 from sparsemla.kernels.sparse_decode.triton import (
     _lazy_softmax,
     _rescaled,
@@ -170,9 +170,7 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
     """Raise ValueError when ``cfg`` cannot run on ``info`` (the launcher calls it for every config, chosen or not)."""
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
-    if cfg.l2_prefetch < 0 or cfg.prefetch_stride not in (32, 64, 128):
-        raise ValueError(f"l2_prefetch must be >= 0 tiles and prefetch_stride 32, 64 or 128 bytes, got "
-                         f"{cfg.l2_prefetch} / {cfg.prefetch_stride}")  # fmt: skip
+    check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
     if info is dev.INTERPRETER:
         return
     if not cfg.int_dequant and not info.has_fp8:
@@ -303,14 +301,21 @@ def _load_v32_rope(kv, o_tok, m_n, KV_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _row_offsets(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT: tl.constexpr):
+    """(valid [BLOCK_N], int64 offsets of the rows in the cache's units) of slot ids ``b_idx``; an invalid id (< 0 or
+    past the cache) gets slot 0's offset."""
+    m_n = (b_idx >= 0) & (b_idx < num_slots)
+    b_slot = tl.where(m_n, b_idx, 0)
+    b_page, b_off = page_split(b_slot, page_size, PAGE_SHIFT)
+    return m_n, b_page.to(tl.int64) * stride_kb + b_off.to(tl.int64) * stride_kt
+
+
+@triton.jit
 def _prefetch_v32_rows(kv, b_idx, num_slots, page_size, stride_kb, stride_kt, KV_FP8: tl.constexpr,
                        STRIDE: tl.constexpr, PAGE_SHIFT: tl.constexpr):  # fmt: skip
     """L2 prefetch of the cache rows of slot ids ``b_idx`` [BLOCK_N] (invalid ids skipped): 656 bytes a row for
     fp8_656 (``kv`` uint8, strides in bytes), 1,152 for bf16_576 (``kv`` bf16, strides in elements)."""
-    m_n = (b_idx >= 0) & (b_idx < num_slots)
-    b_slot = tl.where(m_n, b_idx, 0)
-    b_page, b_off = page_split(b_slot, page_size, PAGE_SHIFT)
-    o_row = b_page.to(tl.int64) * stride_kb + b_off.to(tl.int64) * stride_kt
+    m_n, o_row = _row_offsets(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
     if KV_FP8:
         prefetch_rows_l2(kv, o_row, m_n, ROW_BYTES_FP8, STRIDE)
     else:
@@ -409,10 +414,7 @@ def _sparse_decode_v32_kernel(
             _prefetch_v32_rows(kv, b_idx_pf, num_slots, page_size, stride_kb, stride_kt, KV_FP8, PF_STRIDE, PAGE_SHIFT)
             o_pf = (i_t + 1 + PREFETCH) * BLOCK_N + o_n
             b_idx_pf = tl.load(p_idx + o_pf, mask=(o_pf < n_valid) & (i_t + 1 + PREFETCH < t_hi), other=-1)
-        m_n = (b_idx >= 0) & (b_idx < num_slots)
-        b_slot = tl.where(m_n, b_idx, 0)
-        b_page, b_off = page_split(b_slot, page_size, PAGE_SHIFT)
-        o_tok = b_page.to(tl.int64) * stride_kb + b_off.to(tl.int64) * stride_kt
+        m_n, o_tok = _row_offsets(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
@@ -614,7 +616,7 @@ def sparse_decode_v32_fwd(
         OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
         Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)) and not interpret,
         SINGLE=splits == 1,
-        PREFETCH=0 if interpret or not cfg.l2_prefetch else cfg.l2_prefetch + cfg.num_stages - 1,
+        PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride,
         PAGE_SHIFT=page_shift(kv_cache.shape[1]),
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
