@@ -209,8 +209,8 @@ print(json.dumps(rows))
 
 
 def test_l2_prefetch_compiles_on_every_kind_of_target():
-    """DecodeConfig / V32Config.l2_prefetch (off by default, timed in the explore runs) compiles for sm_80, sm_90 and
-    sm_120 within the gate, and the prefetches are in the SASS (``CCTL.E.PF2``: prefetch.global.L2)."""
+    """DecodeConfig / V32Config.l2_prefetch (V4: one tile ahead from 4 tiles a program by default) compiles for
+    sm_80, sm_90 and sm_120 within the gate, and the prefetches are in the SASS (``CCTL.E.PF2``: prefetch.global.L2)."""
     import json
     import subprocess
     import sys

@@ -366,6 +366,21 @@ def test_the_launch_gets_the_configured_or_the_compilers_axis_order(nan_empty, m
     assert torch.equal(auto_out, out) or (auto_out.float() - out.float()).abs().max() < 1e-2
 
 
+def test_l2_prefetch_default_follows_the_work_per_program():
+    """DecodeConfig.l2_prefetch (None): one tile ahead where a program walks PREFETCH_MIN_TILES tiles or more (timed:
+    it wins from 5 tiles a program and loses 1-4 % at 1-3) of >= 512 scores (the 16 x 16 tiles keep their register
+    count), none otherwise; an explicit count is kept, negatives refused."""
+    many = sd_triton.PREFETCH_MIN_TILES
+    tile, small = sd_triton.DecodeConfig(32, 16, 4, 1), sd_triton.DecodeConfig(16, 16, 4, 1)
+    assert sd_triton.l2_prefetch_default(tile, many) == 1 and sd_triton.l2_prefetch_default(tile, 10 * many) == 1
+    assert sd_triton.l2_prefetch_default(tile, many - 1) == 0 and sd_triton.l2_prefetch_default(tile, 1) == 0
+    assert sd_triton.l2_prefetch_default(small, 10 * many) == 0
+    assert sd_triton.DecodeConfig(32, 32, 4, 1).l2_prefetch is None
+    assert sd_triton.DecodeConfig(32, 32, 4, 1, l2_prefetch=0).l2_prefetch == 0
+    with pytest.raises(ValueError, match="l2_prefetch"):
+        sd_triton.DecodeConfig(32, 32, 4, 1, l2_prefetch=-1)
+
+
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90", "sm_100", "sm_120"])
 def test_q_lift_default_follows_the_tile_and_its_work(target):
     """DecodeConfig.q_lift (None): lifted where the dots are mma.sync and a program walks LIFT_MIN_TILES tiles or more;

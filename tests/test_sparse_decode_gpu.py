@@ -246,7 +246,7 @@ def test_l2_prefetch_changes_no_bit(nan_empty, cfg, ahead, stride):
     """DecodeConfig.l2_prefetch (rows of a tile ahead prefetched into L2) computes the same bits as without it, with
     prefetched tiles crossing from the main cache into the extra one and past a split's end."""
     kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=91)
-    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=cfg)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=dataclasses.replace(cfg, l2_prefetch=0))
     got = sd_triton.sparse_decode_fwd(
         **kw, num_splits=3, config=dataclasses.replace(cfg, l2_prefetch=ahead, prefetch_stride=stride)
     )

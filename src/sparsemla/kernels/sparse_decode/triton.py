@@ -72,7 +72,8 @@ class DecodeConfig:
     for scales 2^-111 .. 2^15), one multiply per gathered value instead of two (None, the default:
     :func:`q_lift_default`). l2_prefetch (0: off): each iteration prefetches into L2 the data and scale rows of the tile
     that many tiles beyond the last one the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one
-    address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same results). Off until timed."""
+    address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same results); None, the default:
+    :func:`l2_prefetch_default`."""
 
     block_h: int
     block_n: int
@@ -85,13 +86,13 @@ class DecodeConfig:
     opaque_tile: bool | None = None
     lazy_rescale: bool = False
     q_lift: bool | None = None
-    l2_prefetch: int = 0
+    l2_prefetch: int | None = None
     prefetch_stride: int = 128
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
-        check_prefetch(self.l2_prefetch, self.prefetch_stride)
+        check_prefetch(self.l2_prefetch or 0, self.prefetch_stride)
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
@@ -150,6 +151,22 @@ def q_lift_default(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: i
     spills (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json;
     V3.2's 64-head tile 80-120 B)."""
     return cfg.int_dequant and not wgmma_tile(cfg, info) and tiles_per_program >= LIFT_MIN_TILES
+
+
+# DecodeConfig.l2_prefetch by default: one tile ahead from this many tiles per program. H200, 3.8 cubins, graph
+# replay (results/bench/explore/l2_prefetch-{native,sm89}-h200-1f0fdf4.json): 1 - 3 tiles a program (B = 1, 8) lose
+# 0.2 - 0.5 us (+1 .. +4 %); from 5 tiles it wins: native B = 128 H = 64 71.2 -> 63.8 us, 1024 rows 474 -> 430, B = 64
+# H = 128 66.9 -> 62.9; sm_89 path at sm_89's blocks per SM B = 64 H = 64 72.7 -> 64.8, B = 128 148 -> 130, 1024
+# rows 1,065 -> 962; at the H200's 54.3 -> 53.2 and 91.6 -> 87.1. Not on tiles of fewer than 512 scores (the 16 x 16
+# tiles of <= 8 rows with <= 16 heads): not timed with it, and it takes their registers past SMALL_TILE_REGS (sm_89
+# 128 -> 159 ahead of time).
+PREFETCH_MIN_TILES = 4
+
+
+def l2_prefetch_default(cfg: DecodeConfig, tiles_per_program: int) -> int:
+    """``DecodeConfig.l2_prefetch`` when None: 1 (the rows of the tile after the pipeline's, into L2) where a program
+    walks at least :data:`PREFETCH_MIN_TILES` tiles of at least 512 scores, else 0."""
+    return 1 if tiles_per_program >= PREFETCH_MIN_TILES and cfg.block_h * cfg.block_n >= 512 else 0
 
 
 def q_lift(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> bool:
@@ -783,6 +800,8 @@ def sparse_decode_fwd(
     # the interpreter cannot run the integer dequant's inline PTX
     chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
     opaque = opaque_tile(cfg, info)
+    tiles_per_program = triton.cdiv(max_tiles, splits)
+    l2_prefetch = l2_prefetch_default(cfg, tiles_per_program) if cfg.l2_prefetch is None else cfg.l2_prefetch
     _sparse_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
@@ -798,8 +817,8 @@ def sparse_decode_fwd(
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
         DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
         OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        Q_LIFT=q_lift(cfg, info, triton.cdiv(max_tiles, splits)) and not interpret,
-        PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
+        Q_LIFT=q_lift(cfg, info, tiles_per_program) and not interpret,
+        PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
