@@ -5,24 +5,12 @@ GPU tier checks the kernels that use it against the conversion unit (test_sparse
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
 import torch
 
-from sparsemla.kernels.dequant import (
-    E4M3_TO_BF16_PTX,
-    LATE_OUT_FACTOR,
-    LATE_P_FACTOR,
-    LATE_Q_LIFT,
-    LATE_S_FACTOR,
-    LIFT_LOG2,
-    TWO_POW_120,
-    TWO_POW_120_LESS_LIFT,
-    TWO_POW_LIFT,
-)
-from sparsemla.kernels.sparse_decode.triton import RESCALE_SLACK
+from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX, LIFT_LOG2, TWO_POW_120, TWO_POW_120_LESS_LIFT, TWO_POW_LIFT
 
 MASK32 = 0xFFFFFFFF
 
@@ -139,47 +127,3 @@ def test_v32_lift_gives_the_same_bits_for_fp32_scales():
         got = (bits * (sc * float(TWO_POW_120_LESS_LIFT.value))).to(torch.bfloat16).double() * 2.0**lift
         want = (x.float() * sc).to(torch.bfloat16).double()
         assert torch.equal(got, want), f"scale {sc.item()!r}"
-
-
-def test_late_scale_constants_agree():
-    """V32Config.late_scale's factors: q's lift times the scores' factor and P's factor times the output's undo the
-    integer path's 2^-120; every one a power of two (exact in fp32 and bf16)."""
-    for c in (LATE_Q_LIFT, LATE_S_FACTOR, LATE_P_FACTOR, LATE_OUT_FACTOR):
-        mantissa, _ = math.frexp(float(c.value))
-        assert mantissa == 0.5, c
-    assert float(LATE_Q_LIFT.value) * float(LATE_S_FACTOR.value) == 2.0**120
-    assert float(LATE_P_FACTOR.value) * float(LATE_OUT_FACTOR.value) == 2.0**120
-
-
-def test_late_scale_scores_are_the_unlifted_scores():
-    """A late-scaled score term -- fp32(bf16(q * 2^64) * (e4m3 * 2^-120)) * fp32(scale * 2^56) -- is the same fp32
-    number as fp32(q * e4m3) * scale, for every e4m3 value, |q| from 2^-40 to 2^40 and scales from 2^-100 to 2^15.9
-    (what the tensor cores multiply is exact in fp32 both ways; powers of two move no rounding)."""
-    x = _e4m3_values().float()
-    gen = torch.Generator().manual_seed(5)
-    q = torch.exp2(torch.empty(64, dtype=torch.float64).uniform_(-40, 40, generator=gen)).to(torch.bfloat16)
-    q = q * torch.where(torch.rand(64, generator=gen) < 0.5, -1.0, 1.0).to(torch.bfloat16)
-    scales = torch.exp2(torch.empty(64, dtype=torch.float64).uniform_(-100, 15.9, generator=gen)).float()
-    k = x * 2.0**-120  # e4m3_bits_to_bf16's value (exact in bf16 and fp32)
-    q_lift = (q * torch.tensor(float(LATE_Q_LIFT.value), dtype=torch.bfloat16)).float()
-    assert torch.isfinite(q_lift).all()
-    got = (q_lift[:, None] * k[None, :])[:, :, None] * (scales * float(LATE_S_FACTOR.value))[None, None, :]
-    want = (q.float()[:, None] * x[None, :])[:, :, None] * scales[None, None, :]
-    assert torch.equal(got, want)
-
-
-def test_late_scale_p_stays_finite_and_rounds_as_unlifted():
-    """P * scale * 2^96 in bf16 (the late scale's PV operand) is finite for p in [0, 2^8] (the lazy rescale lets P
-    reach 2^RESCALE_SLACK) and scales below 2^16, and equals bf16(p * scale) * 2^96 wherever p * scale is normal."""
-    gen = torch.Generator().manual_seed(6)
-    slack = 2.0 ** float(RESCALE_SLACK.value)  # the lazy rescale's largest P
-    p = torch.cat([torch.rand(4000, generator=gen), torch.rand(1000, generator=gen) * slack,
-                   torch.tensor([slack, 1.0, 0.0, 2.0**-60])]).float()  # fmt: skip
-    scales = torch.cat([torch.exp2(torch.empty(200, dtype=torch.float64).uniform_(-60, 15.99, generator=gen)),
-                        torch.tensor([2.0**16 * (1 - 2.0**-24)], dtype=torch.float64)]).float()  # fmt: skip
-    got = (p[:, None] * (scales * float(LATE_P_FACTOR.value))[None, :]).to(torch.bfloat16)
-    assert torch.isfinite(got).all()
-    plain = p[:, None] * scales[None, :]
-    normal = plain.abs() >= 2.0**-126
-    want = plain.to(torch.bfloat16).double() * 2.0**96
-    assert torch.equal(got.double()[normal], want[normal])

@@ -106,13 +106,11 @@ def _climbing_cache(kv_format: str, blocks: int, gen: torch.Generator) -> torch.
 
 
 @interpreted
-@pytest.mark.parametrize("late", [False, True], ids=["", "late"])
 @pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
 @pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
-def test_lazy_rescale_matches_reference(nan_empty, kv_format, splits, late):
+def test_lazy_rescale_matches_reference(nan_empty, kv_format, splits):
     """V32Config.lazy_rescale on a cache whose rows grow along the slots, each row's slots in order: a row's maximum
-    passes the reference by more than RESCALE_SLACK mid-row (checked on the scores), 4 NoPE chunks, s_q 2; also with
-    late_scale, whose P then exceeds 1."""
+    passes the reference by more than RESCALE_SLACK mid-row (checked on the scores), 4 NoPE chunks, s_q 2."""
     args, kw = make_case(kv_format, 2, 2, 13, 64, invalid=0.1, lengths="short", seed=41)
     args[1] = _climbing_cache(kv_format, 3, torch.Generator().manual_seed(41))
     args[2] = args[2].sort(dim=-1).values
@@ -120,7 +118,7 @@ def test_lazy_rescale_matches_reference(nan_empty, kv_format, splits, late):
     rows = layouts.decode_v32_rows(kv, idx[0, 0].clamp_min(0).long(), kv_format).float()  # [64, 576]
     s = (q[0, 0].float() @ rows.T) * SCALE * v32.LOG2E
     assert (s[:, 48:].amax(1) > s[:, :16].amax(1) + 8.0).any(), "the case must climb"
-    cfg = v32.V32Config(16, 16, 4, 1, nope_chunks=4, lazy_rescale=True, late_scale=late)
+    cfg = v32.V32Config(16, 16, 4, 1, nope_chunks=4, lazy_rescale=True)
     out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
     check(args, kw, out, lse)
     base = v32.sparse_decode_v32_fwd(
@@ -220,17 +218,13 @@ def test_topk_zero_gives_empty_rows(nan_empty):
 # -- launch-shape variants: V32Config fields whose defaults are the chosen kernel -------------------------------------
 def _cfg_id(cfg):
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
-    name = f"{cfg.block_h}x{cfg.block_n}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
-    return name + ("-late" if cfg.late_scale else "")
+    return f"{cfg.block_h}x{cfg.block_n}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
 
 
 C4 = v32.V32Config(16, 16, 4, 1, nope_chunks=4)
 C2_STAGE = v32.V32Config(32, 16, 4, 1, nope_chunks=2, stage_k=True)
 C4_STAGE_64 = v32.V32Config(64, 16, 8, 2, nope_chunks=4, stage_k=True)
 STAGE = v32.V32Config(16, 16, 4, 1, stage_k=True)
-C4_LATE = v32.V32Config(16, 16, 4, 1, nope_chunks=4, late_scale=True)
-C4_LATE_64 = v32.V32Config(64, 16, 8, 2, nope_chunks=4, late_scale=True)
-C4_LATE_STAGE = v32.V32Config(32, 16, 4, 1, nope_chunks=4, stage_k=True, late_scale=True)
 VARIANT_CASES = [  # (kv_format, batch, s_q, heads, topk, invalid, lengths, splits, cfg)
     (fmt, b, s, h, k, inv, lens, sp, cfg)
     for fmt in layouts.V32_FORMATS
@@ -241,9 +235,6 @@ VARIANT_CASES = [  # (kv_format, batch, s_q, heads, topk, invalid, lengths, spli
         (1, 2, 33, 44, 0.1, "short", 2, C2_STAGE),
         (1, 1, 128, 24, 0.1, None, 2, C4_STAGE_64),
         (2, 2, 5, 48, 0.2, "short", 3, STAGE),
-        (2, 2, 33, 48, 0.1, "short", 3, C4_LATE),
-        (1, 1, 128, 24, 0.1, None, 2, C4_LATE_64),
-        (3, 1, 17, 37, 0.0, None, "auto", C4_LATE_STAGE),
     ]
 ]
 
@@ -259,16 +250,15 @@ VARIANT_CASES = [  # (kv_format, batch, s_q, heads, topk, invalid, lengths, spli
     ],
 )
 def test_config_variants_match_reference(nan_empty, kv_format, batch, s_q, heads, topk, invalid, lengths, splits, cfg):
-    """nope_chunks (q, K and the accumulator in 2 or 4 chunks), stage_k (fp8: K through a select) and late_scale (fp8:
-    K's scale on the scores and P) against the reference: odd head counts, masked head blocks, split-K,
-    topk_length."""
+    """nope_chunks (q, K and the accumulator in 2 or 4 chunks) and stage_k (fp8: K through a select) against the
+    reference: odd head counts, masked head blocks, split-K, topk_length."""
     args, kw = make_case(kv_format, batch, s_q, heads, topk, invalid=invalid, lengths=lengths, seed=heads + topk)
     out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
     check(args, kw, out, lse)
 
 
 @interpreted
-@pytest.mark.parametrize("cfg", [C4, C2_STAGE, C4_STAGE_64, C4_LATE], ids=_cfg_id)
+@pytest.mark.parametrize("cfg", [C4, C2_STAGE, C4_STAGE_64], ids=_cfg_id)
 @pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
 def test_config_variants_empty_rows_and_d_v(nan_empty, kv_format, cfg):
     """Rows with no valid entry (all -1, topk_length 0) get out 0 and lse +inf in every chunk, split or not; a d_v
@@ -290,30 +280,6 @@ def test_config_variants_empty_rows_and_d_v(nan_empty, kv_format, cfg):
         check(args, kw_dv, out, lse)
 
 
-@interpreted
-def test_late_scale_reaches_the_kernel(monkeypatch):
-    """late_scale is a launch constant for fp8_656 only (its results match the default's to rounding, so only the
-    launch shows it ran): the fp8 call launches LATE_SCALE=True, the bf16 call and the default False."""
-    seen = []
-    real = v32._sparse_decode_v32_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["LATE_SCALE"])
-                return real[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(v32, "_sparse_decode_v32_kernel", Spy())
-    monkeypatch.setattr(v32, "_is_interpreted", lambda: True)
-    for kv_format, late in (("fp8_656", True), ("bf16_576", True), ("fp8_656", False)):
-        args, kw = make_case(kv_format, 1, 1, 3, 16, seed=8)
-        cfg = v32.V32Config(16, 16, 4, 1, nope_chunks=4, late_scale=late)
-        check(args, kw, *v32.sparse_decode_v32_fwd(*args, **kw, num_splits=1, config=cfg))
-    assert seen == [True, False, False]
-
-
 def test_config_checks():
     """nope_chunks must be whole 128-wide scale tiles; 64-head tiles with a split accumulator are refused on sm_100
     (Triton 3.8 compiles them to a trap there) but fine elsewhere; <= 32-head tiles are mma.sync everywhere."""
@@ -323,14 +289,6 @@ def test_config_checks():
         v32.check_v32_config(v32.V32Config(64, 32, 8, 2, nope_chunks=4), dev.target("sm_100"))
     with pytest.raises(ValueError, match="e4m3"):
         v32.check_v32_config(v32.V32Config(32, 32, 8, 1, int_dequant=False), dev.target("sm_86"))
-    for chunks in (1, 2):  # the late scale takes one fp32 scale tile per chunk
-        with pytest.raises(ValueError, match="late_scale needs nope_chunks=4"):
-            v32.check_v32_config(v32.V32Config(16, 16, 4, 1, nope_chunks=chunks, late_scale=True), dev.target("sm_89"))
-    late = v32.V32Config(16, 32, 4, 3, nope_chunks=4, late_scale=True)
-    with pytest.raises(ValueError, match="q_lift"):
-        v32.check_v32_config(dataclasses.replace(late, q_lift=True), dev.target("sm_89"))
-    assert not v32.v32_q_lift(late, dev.target("sm_89"), "fp8_656", 64)  # the lift's default stays off with it
-    assert v32.v32_q_lift(dataclasses.replace(late, late_scale=False), dev.target("sm_89"), "fp8_656", 64)
     for target in dev.TARGETS:
         v32.check_v32_config(v32.V32Config(32, 32, 4, 2, nope_chunks=4, stage_k=True), dev.target(target))
         if target != "sm_100":

@@ -11,7 +11,6 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lazy", carry=[".gpu-cubins"])   # after build-lazy
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lift", carry=[".gpu-cubins/lift", ".gpu-cubins/lift_v32"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh pf", carry=[".gpu-cubins/pf", ".gpu-cubins/pf_v32"])
-#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh late", carry=[".gpu-cubins/late_v32"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -95,14 +94,8 @@ PF_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,64x8
 PF_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-pf1,64x64-w8-s3-c4-pf2,64x64-w8-s3-c4-pf1s32,32x32-w4-s2-c4-opaque
 PF_V32+=,32x32-w4-s2-c4-opaque-pf1,32x32-w4-s2-c4-opaque-pf2,16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-pf1
 PF_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,64:128:bf16_576
-# `late`: the V3.2 decode with K's fp32 scale on the scores and P instead of on every gathered value
-# (V32Config.late_scale, off by default; ahead of time (3.8) sm_89 loop 1,362 -> 1,100 instructions at H = 128,
-# 1,159 -> 791 at H = 16, sm_120 1,162 -> 846; sm_90's wgmma tile spills 552 B with it): the V3.2 GPU tests of both
-# paths first (LATE_SKIP_TESTS=1: not; the late tiles and its integer path's bit identity with the fp8 type are in
-# them), then the chosen fp8 tiles with and without it in both paths (3.8 cubins, `build-late`).
-LATE_V32=64x64-w8-s3-c4,64x64-w8-s3-c4-late,32x32-w4-s2-c4-opaque,32x32-w4-s2-c4-opaque-late,16x32-w4-s3-c4-opaque
-LATE_V32+=,16x32-w4-s3-c4-opaque-late
-LATE_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,8:16:fp8_656,64:16:fp8_656,128:16:fp8_656
+# (`late`, V32Config.late_scale -- K's fp32 scale on the scores and P -- ran at 1f0fdf4: v32_configs_late-*-h200-
+# 2026-12-05.json, slower; the code was removed after 6c92a05.)
 # `fused`: the fused logits + top-k launch (B = 1 4k target) next to the unfused top-k default
 FUSED_VARIANTS=default,fused
 FUSED_SHAPES=1x4096,8x4096
@@ -194,10 +187,9 @@ build-decode)  # only the formal decode runs' cubins (`paths-decode`, `v32`): af
         --paths native,sm89
     PYTHONPATH=src:. .venv/bin/python -m benchmarks.decode_v32 --build-cubins .gpu-cubins/decode_v32 --paths native,sm89
     ;;
-build-next)  # what the next device session replays: `pf`, `paths-decode`, `v32`, `lift`, `ws`, `late` (decode sets
-    # rebuilt)
-    rm -rf .gpu-cubins/{pf,pf_v32,decode,decode_v32,lift,lift_v32,ws,late_v32}
-    for mode in build-pf build-decode build-lift build-ws build-late; do
+build-next)  # what the next device session replays: `pf`, `paths-decode`, `v32`, `lift`, `ws` (decode sets rebuilt)
+    rm -rf .gpu-cubins/{pf,pf_v32,decode,decode_v32,lift,lift_v32,ws}
+    for mode in build-pf build-decode build-lift build-ws; do
         bash results/bench/explore/gpu_t38.sh $mode || exit 1
     done
     ;;
@@ -284,21 +276,6 @@ lift)
     [ "${LIFT_SKIP_V32:-0}" = 1 ] && exit 0  # a short call: V4 and the tests only
     v32_variant_run lift "$LIFT_V32" "$LIFT_V32_SHAPES" 75
     ;;
-build-late)  # the cubins of `late` (V3.2 only, both paths)
-    for p in native sm89; do
-        PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins .gpu-cubins/late_v32 \
-            --path $p --only "$LATE_V32" --exact --splits auto --shapes "$LATE_V32_SHAPES" || exit 1
-    done
-    du -sh .gpu-cubins/late_v32
-    ;;
-late)
-    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    [ "${LATE_SKIP_TESTS:-0}" = 1 ] || PATH_LIMIT_S=120 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
-        tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
-    v32_variant_run late "$LATE_V32" "$LATE_V32_SHAPES" 150
-    ;;
 build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
     variant_build pf "$PF_VARIANTS" "$PF_SHAPES" "$PF_V32" "$PF_V32_SHAPES"
     ;;
@@ -352,7 +329,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-late|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|late|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,8 @@ scale applied late -- to the scores and to P (``V32Config.late_scale``) -- again
 gathered value. Each case on each target is compiled with the installed Triton for the launcher's tile; the loop's
 instructions, the opcodes that change, registers, spills and shared memory are recorded.
 
+The late scale lost on the H200 and was removed; this script runs at 6c92a05, the last commit with it.
+
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/late_scale_aot.py --out F.json
 """
 

@@ -24,16 +24,6 @@ TWO_POW_120 = tl.constexpr(1.329227995784916e36)
 LIFT_LOG2 = tl.constexpr(8)
 TWO_POW_LIFT = tl.constexpr(256.0)  # 2 ** LIFT_LOG2
 TWO_POW_120_LESS_LIFT = tl.constexpr(5.192296858534828e33)  # 2 ** (120 - LIFT_LOG2): V3.2's fp32 scale factor
-# The V3.2 decode's late scale (V32Config.late_scale): K stays e4m3 * 2^-120 in bf16 (no multiply at all; e4m3's
-# subnormals stay subnormal bf16) and its fp32 tile scale is applied to the scores and to P instead. q's NoPE is lifted
-# by 2^64 so that the products q * k sit at q * v * 2^-56 (normal down to |q * v| = 2^-70; exact for |q| < 2^64); the
-# scores' factor is then scale * 2^56. P's factor is scale * 2^96: below 2^128 (finite in bf16) for P up to 2^8 (the
-# lazy rescale's slack) and scales below 2^24; the accumulated output sits at out * 2^-24 (normal down to 2^-102)
-# and the output's factor is 2^24. All powers of two.
-LATE_Q_LIFT = tl.constexpr(1.8446744073709552e19)  # 2 ** 64
-LATE_S_FACTOR = tl.constexpr(7.205759403792794e16)  # 2 ** (120 - 64)
-LATE_P_FACTOR = tl.constexpr(7.922816251426434e28)  # 2 ** 96
-LATE_OUT_FACTOR = tl.constexpr(16777216.0)  # 2 ** (120 - 96)
 
 
 # e4m3_bits_to_bf16's PTX, four bytes $2 -> two bf16x2 $0 (bytes 0, 1) and $1 (bytes 2, 3). prmt spreads the bytes

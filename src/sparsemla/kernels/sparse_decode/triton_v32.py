@@ -28,10 +28,6 @@ import triton.language as tl
 
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import (
-    LATE_OUT_FACTOR,
-    LATE_P_FACTOR,
-    LATE_Q_LIFT,
-    LATE_S_FACTOR,
     TWO_POW_120,
     TWO_POW_120_LESS_LIFT,
     TWO_POW_LIFT,
@@ -104,18 +100,7 @@ class V32Config:
 
     l2_prefetch (0: off): each iteration prefetches into L2 the rows of the tile that many tiles beyond the last one
     the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one address every ``prefetch_stride`` bytes
-    of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same results. Off until timed.
-
-    late_scale (fp8_656 with nope_chunks=4; no effect on bf16_576): each K chunk (one fp32 scale tile of 128 dims)
-    goes into both dots unscaled -- the integer path's e4m3 * 2^-120, exact, with no multiply or conversion after it
-    -- and its per-token scale multiplies the chunk's [block_h, block_n] scores and the P of its PV dot instead
-    (powers of two keep the scores, P and the accumulators normal: :data:`~sparsemla.kernels.dequant.LATE_Q_LIFT`;
-    e4m3's subnormals reach the tensor cores as subnormal bf16). That replaces three
-    instructions per gathered value (bf16 -> fp32, the scale multiply, half a pack to bf16) by a few per score. Not
-    the same bits as the default: K * scale is never rounded to bf16, P * scale is (relative error of the same size;
-    tests hold it to the reference's tolerance). Off: on the H200 the fewer instructions did not turn into time (the
-    16-head tile 4-6 % slower, the 32-head one -2 .. +1 %, the wgmma tile 80 % slower; results/bench/explore/
-    v32_configs_late-*-h200-2026-12-05.json, README.md)."""
+    of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same results. Off until timed."""
 
     block_h: int
     block_n: int
@@ -130,14 +115,12 @@ class V32Config:
     q_lift: bool | None = None
     l2_prefetch: int = 0
     prefetch_stride: int = 128
-    late_scale: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
     """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant, where
-    asked, else by the V4 decode's rule (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`); never with
-    ``late_scale``, which has no scale multiply to fold the 2^-120 into."""
-    if kv_format != "fp8_656" or not cfg.int_dequant or cfg.late_scale:
+    asked, else by the V4 decode's rule (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
+    if kv_format != "fp8_656" or not cfg.int_dequant:
         return False
     return q_lift_default(cfg, info, tiles_per_program) if cfg.q_lift is None else cfg.q_lift
 
@@ -187,10 +170,6 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
     """Raise ValueError when ``cfg`` cannot run on ``info`` (the launcher calls it for every config, chosen or not)."""
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
-    if cfg.late_scale and cfg.nope_chunks != 4:  # checked for every format (bf16_576 ignores the field)
-        raise ValueError(f"late_scale needs nope_chunks=4 (one fp32 scale tile per chunk), got {cfg.nope_chunks}")
-    if cfg.late_scale and cfg.q_lift:
-        raise ValueError("late_scale has no scale multiply to fold q_lift into: leave q_lift None or False")
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
     if info is dev.INTERPRETER:
         return
@@ -260,52 +239,39 @@ def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr,
 def _load_v32_nope(
     kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr,
-    OPAQUE_K: tl.constexpr = False, LIFT: tl.constexpr = False, LATE: tl.constexpr = False,
+    OPAQUE_K: tl.constexpr = False, LIFT: tl.constexpr = False,
 ):  # fmt: skip
     """NoPE columns [C0, C0 + W) of the tile's rows, [BLOCK_N, W] bf16 (fp32 under DOT_F32); masked rows are 0.
     LIFT (fp8 with INT_DEQUANT): times 2^-LIFT_LOG2 (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`).
 
     KV_FP8: ``kv`` is the uint8 cache, ``o_tok`` [BLOCK_N] the rows' byte offsets; NoPE = e4m3 * scale[tile] computed
     in fp32 and rounded once (C0 and W multiples of 128: whole scale tiles). Else ``kv`` is the bf16 cache and
-    ``o_tok`` the rows' element offsets. LATE (fp8, W = 128: one scale tile): the e4m3 values unscaled, exact (times
-    2^-120 with INT_DEQUANT); the caller applies the tile's scale (:func:`_load_v32_scale`) to scores and P."""
+    ``o_tok`` the rows' element offsets."""
     if KV_FP8:
         NT: tl.constexpr = W // 128  # scale tiles in the chunk
         o_c = tl.arange(0, NT)
         o_d = tl.arange(0, 128)
         o_k = o_tok[:, None, None] + (C0 + o_c * 128)[None, :, None] + o_d[None, None, :]
-        if LATE:
-            tl.static_assert(NT == 1, "the late scale takes one scale tile per chunk (nope_chunks=4)")
-            if DOT_F32:
-                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-                b_k = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.float32)  # [BLOCK_N, 1, 128]
-            elif INT_DEQUANT:
-                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, 1, 128] uint8 (e4m3 bits)
-                b_k = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
-            else:
-                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-                b_k = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, 1, 128]
+        p_sc = kv.to(tl.pointer_type(tl.float32), bitcast=True)
+        o_sc = o_tok // 4 + SCALE_OFF_F32 + C0 // 128
+        b_sc = tl.load(p_sc + o_sc[:, None] + o_c[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, NT] fp32
+        if DOT_F32:
+            p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+            b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, NT, 128] fp8
+            b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
         else:
-            p_sc = kv.to(tl.pointer_type(tl.float32), bitcast=True)
-            o_sc = o_tok // 4 + SCALE_OFF_F32 + C0 // 128
-            b_sc = tl.load(p_sc + o_sc[:, None] + o_c[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, NT] fp32
-            if DOT_F32:
-                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-                b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, NT, 128] fp8
-                b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
-            else:
-                tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
-                if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
-                    b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3)
-                    b_kb = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
-                    if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
-                        b_sc = b_sc * TWO_POW_120_LESS_LIFT  # [BLOCK_N, NT] scale * 2^112 (exact below 2^16)
-                    else:
-                        b_kb = b_kb * tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # the e4m3 value, exact in bf16
+            tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
+            if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
+                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
+                b_kb = e4m3_bits_to_bf16(b_k8)  # e4m3 * 2^-120, exact
+                if LIFT:  # (e4m3 * 2^-120) * (scale * 2^(120 - LIFT_LOG2)) below: one multiply, rounded once
+                    b_sc = b_sc * TWO_POW_120_LESS_LIFT  # [BLOCK_N, NT] scale * 2^112 (exact for scales below 2^16)
                 else:
-                    p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
-                    b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, NT, 128]
-                b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
+                    b_kb = b_kb * tl.full([1, 1, 1], TWO_POW_120, tl.bfloat16)  # the e4m3 value, exact in bf16
+            else:
+                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+                b_kb = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.bfloat16)  # [BLOCK_N, NT, 128]
+            b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
         b_k = tl.reshape(b_k, [BLOCK_N, W])
         if OPAQUE_K:
             b_k = opaque_bf16(b_k)
@@ -317,53 +283,6 @@ def _load_v32_nope(
         if DOT_F32:
             b_k = b_k.to(tl.float32)
     return b_k
-
-
-@triton.jit
-def _load_v32_scale(kv, o_tok, m_n, C0: tl.constexpr):
-    """The fp32 scale of NoPE columns [C0, C0 + 128) of the tile's fp8_656 rows, [BLOCK_N]; masked rows 0."""
-    p_sc = kv.to(tl.pointer_type(tl.float32), bitcast=True)
-    return tl.load(p_sc + o_tok // 4 + (SCALE_OFF_F32 + C0 // 128), mask=m_n, other=0.0)  # [BLOCK_N] fp32
-
-
-@triton.jit
-def _late_scores(b_q, b_k, b_sc, INT_DEQUANT: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One NoPE chunk's scores under the late scale, [BLOCK_H, BLOCK_N] fp32: (q_c . k_c) * scale per token. With
-    INT_DEQUANT q_c is lifted by 2^64 and k_c is e4m3 * 2^-120, so the factor is scale * 2^56."""
-    b_d = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-    if INT_DEQUANT:
-        b_sc = b_sc * LATE_S_FACTOR  # exact (a power of two)
-    return b_d * b_sc[None, :]
-
-
-@triton.jit
-def _late_p(b_p, b_sc, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr):
-    """P for one NoPE chunk's PV dot under the late scale: p * scale per token (times 2^96 with INT_DEQUANT, whose K
-    is e4m3 * 2^-120: the accumulator holds out * 2^-24), [BLOCK_H, BLOCK_N] bf16 (fp32 under DOT_F32)."""
-    if INT_DEQUANT:
-        b_sc = b_sc * LATE_P_FACTOR  # exact (a power of two)
-    b_pc = b_p * b_sc[None, :]
-    if not DOT_F32:
-        b_pc = b_pc.to(tl.bfloat16)
-    return b_pc
-
-
-@triton.jit
-def _add_chunk_scores(
-    b_s, b_q, kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr,
-    INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr, OPAQUE_K: tl.constexpr,
-    LIFT: tl.constexpr, LATE: tl.constexpr, DOT_PREC: tl.constexpr,
-):  # fmt: skip
-    """NoPE chunk [C0, C0 + W) of the tile (:func:`_load_v32_nope`) and the scores with its q_c K_c^T added:
-    (K_c [BLOCK_N, W], its per-token scale [BLOCK_N] fp32 under LATE (else unused zeros), scores [BLOCK_H, BLOCK_N])."""
-    b_k = _load_v32_nope(kv, o_tok, m_n, C0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, LIFT, LATE)
-    if LATE:
-        b_sc = _load_v32_scale(kv, o_tok, m_n, C0)  # [BLOCK_N] fp32
-        b_s += _late_scores(b_q, b_k, b_sc, INT_DEQUANT, DOT_PREC)
-    else:
-        b_sc = tl.zeros([BLOCK_N], dtype=tl.float32)  # (not used)
-        b_s = tl.dot(b_q, tl.trans(b_k), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-    return b_k, b_sc, b_s
 
 
 @triton.jit
@@ -404,12 +323,8 @@ def _prefetch_v32_rows(kv, b_idx, num_slots, page_size, stride_kb, stride_kt, KV
 
 
 @triton.jit
-def _load_q_chunk(
-    p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr, LIFT: tl.constexpr = False,
-    LATE: tl.constexpr = False,
-):  # fmt: skip
-    """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32); LIFT: times 2^LIFT_LOG2;
-    LATE (the late scale with the integer dequant): times 2^64."""
+def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.constexpr, LIFT: tl.constexpr = False):
+    """q columns C0 + o_d of the program's heads, [BLOCK_H, W] bf16 (fp32 under DOT_F32); LIFT: times 2^LIFT_LOG2."""
     if C0 == 0:
         b_q = tl.load(p_q + o_d[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, W]
     else:
@@ -418,8 +333,6 @@ def _load_q_chunk(
         b_q = b_q.to(tl.float32)
     if LIFT:
         b_q = b_q * tl.full([1, 1], TWO_POW_LIFT, tl.bfloat16)  # exact for |q| < 2^119
-    if LATE:
-        b_q = b_q * tl.full([1, 1], LATE_Q_LIFT, tl.bfloat16)  # exact for |q| < 2^64
     return b_q
 
 
@@ -441,7 +354,7 @@ def _sparse_decode_v32_kernel(
     OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
-    PAGE_SHIFT: tl.constexpr = -1, LATE_SCALE: tl.constexpr = False,
+    PAGE_SHIFT: tl.constexpr = -1,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
@@ -454,16 +367,7 @@ def _sparse_decode_v32_kernel(
     acc_c += P K_c. Same arithmetic, same row loads; only how much of the tile one instruction sequence holds.
 
     PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (their ids loaded one iteration
-    before; this split's tiles only).
-
-    LATE_SCALE (fp8_656, NOPE_CHUNKS = 4: one fp32 scale tile per chunk): K_c stays unscaled and its per-token scale
-    multiplies the chunk's scores and the P of its PV dot: S = sum_c (q_c K_c^T) * scale_c + q_r K_r^T, acc_c +=
-    (P * scale_c) K_c. Not the reference's bits (it rounds K * scale to bf16; this rounds P * scale)."""
-    tl.static_assert(not (DOT_F32 and INT_DEQUANT), "the interpreter runs fp32 dots from fp8 loads, not inline PTX")
-    tl.static_assert(not (LATE_SCALE and Q_LIFT), "the late scale has no scale multiply to fold the lift into")
-    if LATE_SCALE:
-        tl.static_assert(KV_FP8 and NOPE_CHUNKS == 4, "the late scale is for fp8_656 in 4 chunks")
-    LATE_Q: tl.constexpr = LATE_SCALE and INT_DEQUANT  # q lifted by 2^64 (dequant.LATE_Q_LIFT)
+    before; this split's tiles only)."""
     W: tl.constexpr = 512 // NOPE_CHUNKS
     i_r = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -476,12 +380,12 @@ def _sparse_decode_v32_kernel(
     o_d = tl.arange(0, W)
     o_e = tl.arange(0, 64)
     p_q = q + i_b.to(tl.int64) * stride_qb + i_s.to(tl.int64) * stride_qs + o_h.to(tl.int64)[:, None] * stride_qh
-    b_q0 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 0, DOT_F32, Q_LIFT, LATE_Q)  # [BLOCK_H, W] NoPE chunk 0
+    b_q0 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 0, DOT_F32, Q_LIFT)  # [BLOCK_H, W] NoPE chunk 0
     if NOPE_CHUNKS >= 2:
-        b_q1 = _load_q_chunk(p_q, o_d, m_h, stride_qd, W, DOT_F32, Q_LIFT, LATE_Q)
+        b_q1 = _load_q_chunk(p_q, o_d, m_h, stride_qd, W, DOT_F32, Q_LIFT)
     if NOPE_CHUNKS == 4:
-        b_q2 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 2 * W, DOT_F32, Q_LIFT, LATE_Q)
-        b_q3 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 3 * W, DOT_F32, Q_LIFT, LATE_Q)
+        b_q2 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 2 * W, DOT_F32, Q_LIFT)
+        b_q3 = _load_q_chunk(p_q, o_d, m_h, stride_qd, 3 * W, DOT_F32, Q_LIFT)
     b_qr = tl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
     if DOT_F32:
         b_qr = b_qr.to(tl.float32)
@@ -514,30 +418,24 @@ def _sparse_decode_v32_kernel(
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
-        b_k0 = _load_v32_nope(
-            kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT, LATE_SCALE
-        )
+        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT)
         if NOPE_CHUNKS == 1:  # the whole row before the first dot: the chosen configs compile to the same kernel
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
-        if LATE_SCALE:
-            b_sc0 = _load_v32_scale(kv, o_tok, m_n, 0)  # [BLOCK_N] fp32
-            b_s = _late_scores(b_q0, b_k0, b_sc0, INT_DEQUANT, DOT_PREC)  # [BLOCK_H, BLOCK_N]
-        else:
-            b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         if NOPE_CHUNKS >= 2:
-            b_k1, b_sc1, b_s = _add_chunk_scores(
-                b_s, b_q1, kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT,
-                LATE_SCALE, DOT_PREC,
-            )  # fmt: skip
+            b_k1 = _load_v32_nope(
+                kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
+            b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS == 4:
-            b_k2, b_sc2, b_s = _add_chunk_scores(
-                b_s, b_q2, kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT,
-                LATE_SCALE, DOT_PREC,
-            )  # fmt: skip
-            b_k3, b_sc3, b_s = _add_chunk_scores(
-                b_s, b_q3, kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT,
-                LATE_SCALE, DOT_PREC,
-            )  # fmt: skip
+            b_k2 = _load_v32_nope(
+                kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
+            b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PREC)
+            b_k3 = _load_v32_nope(
+                kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+            )
+            b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS > 1:  # chunk by chunk: each chunk's load is followed by its dot, the RoPE last
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
@@ -558,33 +456,21 @@ def _sparse_decode_v32_kernel(
             b_p = tl.math.exp2(b_s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(b_p, 1)
             m_i = m_new
-        if LATE_SCALE:  # each chunk's P carries its K chunk's scale
-            acc0 = tl.dot(_late_p(b_p, b_sc0, INT_DEQUANT, DOT_F32), b_k0, _rescaled(acc0, alpha, LAZY_RESCALE),
-                          input_precision=DOT_PREC)  # fmt: skip
-            acc1 = tl.dot(_late_p(b_p, b_sc1, INT_DEQUANT, DOT_F32), b_k1, _rescaled(acc1, alpha, LAZY_RESCALE),
-                          input_precision=DOT_PREC)  # fmt: skip
-            acc2 = tl.dot(_late_p(b_p, b_sc2, INT_DEQUANT, DOT_F32), b_k2, _rescaled(acc2, alpha, LAZY_RESCALE),
-                          input_precision=DOT_PREC)  # fmt: skip
-            acc3 = tl.dot(_late_p(b_p, b_sc3, INT_DEQUANT, DOT_F32), b_k3, _rescaled(acc3, alpha, LAZY_RESCALE),
-                          input_precision=DOT_PREC)  # fmt: skip
+        if DOT_F32:
+            b_pd = b_p
         else:
-            if DOT_F32:
-                b_pd = b_p
-            else:
-                b_pd = b_p.to(tl.bfloat16)
-            acc0 = tl.dot(b_pd, b_k0, _rescaled(acc0, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, W]
-            if NOPE_CHUNKS >= 2:
-                acc1 = tl.dot(b_pd, b_k1, _rescaled(acc1, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
-            if NOPE_CHUNKS == 4:
-                acc2 = tl.dot(b_pd, b_k2, _rescaled(acc2, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
-                acc3 = tl.dot(b_pd, b_k3, _rescaled(acc3, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
+            b_pd = b_p.to(tl.bfloat16)
+        acc0 = tl.dot(b_pd, b_k0, _rescaled(acc0, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, W]
+        if NOPE_CHUNKS >= 2:
+            acc1 = tl.dot(b_pd, b_k1, _rescaled(acc1, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
+        if NOPE_CHUNKS == 4:
+            acc2 = tl.dot(b_pd, b_k2, _rescaled(acc2, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
+            acc3 = tl.dot(b_pd, b_k3, _rescaled(acc3, alpha, LAZY_RESCALE), input_precision=DOT_PREC)
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
     if Q_LIFT:
         inv_l = inv_l * TWO_POW_LIFT  # PV over K * 2^-LIFT_LOG2: back to scale (exact)
-    if LATE_Q:
-        inv_l = inv_l * LATE_OUT_FACTOR  # the accumulator holds out * 2^-24 (exact)
     m_o = m_h[:, None] & (o_d < DV)[None, :]  # chunk 0's columns
     if SINGLE:
         p_o = out + (i_r.to(tl.int64) * H + o_h[:, None]) * DV + o_d[None, :]  # [BLOCK_H, W], chunk 0's columns
@@ -733,7 +619,6 @@ def sparse_decode_v32_fwd(
         PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride,
         PAGE_SHIFT=page_shift(kv_cache.shape[1]),
-        LATE_SCALE=cfg.late_scale and kv_format == "fp8_656",
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
