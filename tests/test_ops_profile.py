@@ -50,6 +50,21 @@ def test_make_profile_runs_this_command() -> None:
     assert "sparsemla profile --target http://h:1" in out.stdout
 
 
+def test_errors_stay_one_line_when_stderr_is_no_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """An error and its hint are one line each on a captured stderr (rich would wrap them at 80 columns there, and a
+    wrap that falls inside a phrase breaks every grep for it: the idle test below once failed that way, by the length
+    of its temporary directory's name)."""
+    import typer
+
+    from sparsemla.console import USAGE_ERROR, fail
+
+    message, hint = " ".join(["the server was idle"] * 12), " ".join(["profile while load runs"] * 8)
+    with pytest.raises(typer.Exit) as exc:
+        fail(message, hint)
+    assert exc.value.exit_code == USAGE_ERROR
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}", f"hint: {hint}"]
+
+
 def test_idle_server_exits_3_within_the_timeout_and_says_so(sim, trace_root: Path) -> None:
     nobody = f"http://127.0.0.1:{procs.free_port()}"  # no exporter there: `profile` profiles directly
     out, took = _profile(sim.url, nobody, trace_root / "direct", "--timeout", str(TIMEOUT))

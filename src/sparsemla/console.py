@@ -8,7 +8,9 @@ import typer
 from rich.console import Console
 
 console = Console()
-err_console = Console(stderr=True)
+# Errors and hints are never hard-wrapped: a terminal wraps them itself, and in a log or a captured stderr a message
+# cut at 80 columns breaks every grep for its words (rich wraps at the console's width, 80 where stderr is no terminal).
+err_console = Console(stderr=True, soft_wrap=True)
 
 USAGE_ERROR = 2
 
