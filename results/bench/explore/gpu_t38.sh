@@ -11,6 +11,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lazy", carry=[".gpu-cubins"])   # after build-lazy
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lift", carry=[".gpu-cubins/lift", ".gpu-cubins/lift_v32"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh pf", carry=[".gpu-cubins/pf", ".gpu-cubins/pf_v32"])
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh next", carry=[".gpu-cubins/decode", ".gpu"])  # ~9 min
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -279,6 +280,14 @@ lift)
 build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
     variant_build pf "$PF_VARIANTS" "$PF_SHAPES" "$PF_V32" "$PF_V32_SHAPES"
     ;;
+next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
+    # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    DECODE_LIMIT_S=${DECODE_LIMIT_S:-240} bash results/bench/explore/gpu_t38.sh paths-decode
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    PATH_LIMIT_S=${NEXT_TESTS_LIMIT_S:-140} OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
+        tests/test_sparse_decode_gpu.py tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
+    ;;
 pf)  # the decode GPU tests of both paths first (PF_SKIP_TESTS=1: not); PF_SKIP_V4=1 / PF_SKIP_V32=1: one half
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
@@ -329,7 +338,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
