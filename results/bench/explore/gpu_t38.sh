@@ -283,8 +283,7 @@ build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    DECODE_LIMIT_S=${DECODE_LIMIT_S:-240} bash results/bench/explore/gpu_t38.sh paths-decode
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    DECODE_LIMIT_S=${DECODE_LIMIT_S:-240} bash results/bench/explore/gpu_t38.sh paths-decode  # (sets up the machine)
     PATH_LIMIT_S=${NEXT_TESTS_LIMIT_S:-140} OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
         tests/test_sparse_decode_gpu.py tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
     ;;
