@@ -73,6 +73,9 @@ WS_SHAPES_NATIVE=64x8,64x16,128x16
 # `build-lazy`, and at sm_89's blocks per SM), V3.2 in both paths (3.6 JIT and 3.8 cubins,
 # benchmarks.explore_v32_configs). Judge by the 3.8 rows: 3.6 spills 752-816 B a thread on sm_90's 64-head tiles
 # with the lazy branch, 3.8 none.
+# `sub`: 64-token tiles as two half tiles (DecodeConfig.sub_tiles: P staged half at a time, so the 32 x 64 tile is
+# 100,352 B and fits sm_86/89/120; whole it needs 102,400) against the launcher in the sm_89 path
+SUB_SHAPES=64x64,128x64,256x64,1024x64,8192x64,64x128,128x128,64x8,1024x8
 LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
 LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:16:fp8_656,64:128:bf16_576
@@ -279,6 +282,22 @@ lift)
     ;;
 build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
     variant_build pf "$PF_VARIANTS" "$PF_SHAPES" "$PF_V32" "$PF_V32_SHAPES"
+    ;;
+build-sub)  # the cubins of `sub` (sm_89 path only: the half tiles are for mma.sync targets)
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins .gpu-cubins/sub/sm89 \
+        --path sm89 --shapes "$SUB_SHAPES" --variants sub2 --occupancy-of sm_89
+    du -sh .gpu-cubins/sub
+    ;;
+sub)  # V4 decode, sm_89 path: the launcher against 64-token tiles as two half tiles (DecodeConfig.sub_tiles), at the
+    # H200's and at sm_89's blocks per SM, then the sub-tile GPU tests in both paths
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout 240 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
+        --shapes "$SUB_SHAPES" --variants sub2 --cubins .gpu-cubins/sub/sm89 --occupancy-of sm_89 --only-t38 \
+        --git-sha "$SHA" --out "$OUT/sub_tiles-sm89-h200.json" | cut -c1-160
+    PATH_LIMIT_S=60 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \
+        -k sub_tiles | grep -E 'passed|failed|error|rc='
     ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths

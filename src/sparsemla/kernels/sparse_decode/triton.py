@@ -88,11 +88,14 @@ class DecodeConfig:
     q_lift: bool | None = None
     l2_prefetch: int | None = None
     prefetch_stride: int = 128
+    sub_tiles: int = 1
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
             raise ValueError(f"dv_split must be 1 or 2, got {self.dv_split}")
         check_prefetch(self.l2_prefetch or 0, self.prefetch_stride)
+        if self.sub_tiles not in (1, 2) or (self.sub_tiles == 2 and (self.dv_split != 1 or self.lazy_rescale)):
+            raise ValueError(f"sub_tiles must be 1, or 2 with dv_split=1 and no lazy_rescale, got {self.sub_tiles}")
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
 
@@ -238,8 +241,8 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     owns one half of V), plus ~1.5 KB per token and extra pipeline stage for the raw rows in flight."""
     wgmma = wgmma_tile(cfg, info)
     opaque = opaque_tile(cfg, info)
-    if opaque and not wgmma:
-        return (cfg.block_h + cfg.block_n) * V4_DIM * 2 + cfg.block_h * cfg.block_n * 2
+    if opaque and not wgmma:  # P staged per sub-tile (one at a time)
+        return (cfg.block_h + cfg.block_n) * V4_DIM * 2 + cfg.block_h * (cfg.block_n // cfg.sub_tiles) * 2
     tiles = cfg.block_h + (1 if wgmma or cfg.dv_split == 2 else 2) * cfg.block_n
     return tiles * V4_DIM * 2 + (cfg.num_stages - 1) * cfg.block_n * 1536
 
@@ -492,6 +495,55 @@ def _prefetch_v4_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, pa
 
 
 @triton.jit
+def _sub_tiles_step(
+    acc, m_i, l_i, b_q, b_idx, p_cache, in_main, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
+    BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
+    INT_DEQUANT: tl.constexpr, CHUNKS_FIRST: tl.constexpr, Q_LIFT: tl.constexpr, OPAQUE_TILE: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, PAGE_SHIFT_X: tl.constexpr,
+):  # fmt: skip
+    """One tile of ``BLOCK_N`` tokens as two half tiles (even and odd tokens: the order inside a tile does not matter)
+    with one online-softmax step: each half's rows are gathered, scored and multiplied by their own P half, so the
+    P staging buffer is half as big."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    b_ia, b_ib = tl.split(tl.reshape(b_idx, [HALF, 2]))  # [HALF] even / odd tokens of the tile
+    m_a, tok_a, rope_a, sc_a = _token_offsets(b_ia, in_main, page_size, page_stride, page_size_x, page_stride_x,
+                                              PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+    m_b, tok_b, rope_b, sc_b = _token_offsets(b_ib, in_main, page_size, page_stride, page_size_x, page_stride_x,
+                                              PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+    if ALIGNED:
+        tok_a = tl.multiple_of(tok_a, 16)
+        tok_b = tl.multiple_of(tok_b, 16)
+        rope_a = tl.multiple_of(rope_a, 8)
+        rope_b = tl.multiple_of(rope_b, 8)
+    b_ka = _load_kv_tile(p_cache, tok_a, rope_a, sc_a, m_a, HALF, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST,
+                         Q_LIFT)  # fmt: skip
+    b_kb = _load_kv_tile(p_cache, tok_b, rope_b, sc_b, m_b, HALF, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST,
+                         Q_LIFT)  # fmt: skip
+    if OPAQUE_TILE:
+        b_ka = opaque_bf16(b_ka)
+        b_kb = opaque_bf16(b_kb)
+    b_sa = tl.dot(b_q, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, HALF]
+    b_sb = tl.dot(b_q, tl.trans(b_kb), input_precision=DOT_PREC)  # [BLOCK_H, HALF]
+    b_sa = tl.where(m_a[None, :], b_sa * qk_scale, float("-inf"))
+    b_sb = tl.where(m_b[None, :], b_sb * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.maximum(tl.max(b_sa, 1), tl.max(b_sb, 1)))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    # each P half is made right before its dot, so its staging buffer is free again when the other one is made
+    b_pa = tl.math.exp2(b_sa - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(b_pa, 1)
+    if not DOT_F32:
+        b_pa = b_pa.to(tl.bfloat16)
+    acc = tl.dot(b_pa, b_ka, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, 512]
+    b_pb = tl.math.exp2(b_sb - m_use[:, None])
+    l_i += tl.sum(b_pb, 1)
+    if not DOT_F32:
+        b_pb = b_pb.to(tl.bfloat16)
+    acc = tl.dot(b_pb, b_kb, acc, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _sparse_decode_kernel(
     q, cache, idx, length, cache_x, idx_x, length_x, sink,
     out, lse, o_part, lse_part,
@@ -503,7 +555,7 @@ def _sparse_decode_kernel(
     SINGLE: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
     CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
-    PAGE_SHIFT: tl.constexpr = -1, PAGE_SHIFT_X: tl.constexpr = -1,
+    PAGE_SHIFT: tl.constexpr = -1, PAGE_SHIFT_X: tl.constexpr = -1, SUB_TILES: tl.constexpr = 1,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -577,43 +629,47 @@ def _sparse_decode_kernel(
         if ALIGNED:
             o_tok = tl.multiple_of(o_tok, 16)
             o_rope = tl.multiple_of(o_rope, 8)
-        if DV_SPLIT == 1:
-            b_k = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
-            )
-            if OPAQUE_TILE:
-                b_k = opaque_bf16(b_k)
-            b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+        if SUB_TILES == 2:
+            acc, m_i, l_i = _sub_tiles_step(
+                acc, m_i, l_i, b_q, b_idx, p_cache, in_main, page_size, page_stride, page_size_x, page_stride_x,
+                qk_scale, BLOCK_N, ALIGNED, DOT_F32, DOT_PREC, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT, OPAQUE_TILE,
+                PAGE_SHIFT, PAGE_SHIFT_X,
+            )  # fmt: skip
         else:
-            b_ka = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
-            )
-            b_kb = _load_kv_tile(
-                p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT
-            )
-            if OPAQUE_TILE:
-                b_ka = opaque_bf16(b_ka)
-                b_kb = opaque_bf16(b_kb)
-            b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-            b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
-            b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
-        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        if LAZY_RESCALE:
-            b_p, m_i, l_i, alpha, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
-            if moved:
-                acc = acc * alpha[:, None]
-        else:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
-            alpha = tl.math.exp2(m_i - m_use)
-            b_p = tl.math.exp2(b_s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(b_p, 1)
-            m_i = m_new
-        if DOT_F32:
-            b_pd = b_p
-        else:
-            b_pd = b_p.to(tl.bfloat16)
-        acc = tl.dot(b_pd, b_k, _rescaled(acc, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_DV]
+            if DV_SPLIT == 1:
+                b_k = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 8, ALIGNED, DOT_F32, INT_DEQUANT,
+                                     CHUNKS_FIRST, Q_LIFT)  # fmt: skip
+                if OPAQUE_TILE:
+                    b_k = opaque_bf16(b_k)
+                b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+            else:
+                b_ka = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 0, 4, ALIGNED, DOT_F32, INT_DEQUANT,
+                                     CHUNKS_FIRST, Q_LIFT)  # fmt: skip
+                b_kb = _load_kv_tile(p_cache, o_tok, o_rope, o_scale, m_n, BLOCK_N, 4, 4, ALIGNED, DOT_F32, INT_DEQUANT,
+                                     CHUNKS_FIRST, Q_LIFT)  # fmt: skip
+                if OPAQUE_TILE:
+                    b_ka = opaque_bf16(b_ka)
+                    b_kb = opaque_bf16(b_kb)
+                b_s = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
+                b_s = tl.dot(b_qb, tl.trans(b_kb), b_s, input_precision=DOT_PREC)
+                b_k = tl.where(i_dv == 0, b_ka, b_kb)  # V = this program's half of the row: [BLOCK_N, 256]
+            b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))
+            if LAZY_RESCALE:
+                b_p, m_i, l_i, alpha, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
+                if moved:
+                    acc = acc * alpha[:, None]
+            else:
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
+                alpha = tl.math.exp2(m_i - m_use)
+                b_p = tl.math.exp2(b_s - m_use[:, None])
+                l_i = l_i * alpha + tl.sum(b_p, 1)
+                m_i = m_new
+            if DOT_F32:
+                b_pd = b_p
+            else:
+                b_pd = b_p.to(tl.bfloat16)
+            acc = tl.dot(b_pd, b_k, _rescaled(acc, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [H, DV]
 
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
@@ -821,6 +877,7 @@ def sparse_decode_fwd(
         PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
+        SUB_TILES=cfg.sub_tiles,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
