@@ -243,17 +243,22 @@ def test_split_choice_fills_sms_and_drops_to_one():
 
 def test_programs_per_sm_follow_each_targets_shared_memory():
     """The split count fills SMs x resident programs: opaque mma.sync tiles are sized exactly (an sm_86/89/120 SM,
-    100 KB, holds two 16 x 32 programs of 50,176 B and one 32 x 32 of 67,584 B; an A100 two of those), registers cap
-    them at two (an H200 holds two, as its sm_89-path split counts were measured); from 256 programs an SM that holds
-    one 32 x 32 program gets 32 x 16 tiles, one that holds two keeps 32 x 32."""
+    100 KB, holds two 16 x 32 programs of 50,176 B and one 32 x 32 of 67,584 B or one 32 x 64 in half tiles of
+    100,352 B; an A100 two 32 x 32 and one 32 x 64), registers cap them at two (an H200 holds two, as its sm_89-path
+    split counts were measured). With 32 heads a program: 64-token half tiles from MMA_WIDE_TILE_BUSY programs per
+    resident 32 x 32 program where an SM holds as many 32 x 64 ones (not an A100); else from 256 programs an SM that
+    holds one 32 x 32 program gets 32 x 16 tiles, one that holds two keeps 32 x 32."""
     h200, sm89, sm80 = dev.target("sm_90"), dev.target("sm_89"), dev.target("sm_80")
     h200_as_sm89 = dev.running_as(h200, (8, 9))
     c16x32 = sd_triton.choose_tiles(sm89, 8, rows=64)
-    c32x32 = sd_triton.choose_tiles(sm89, 64, rows=64)
+    c32x32 = sd_triton.choose_tiles(sm89, 64, rows=16)
+    c32x64 = sd_triton.choose_tiles(sm89, 64, rows=64)
     assert (c16x32.block_h, c16x32.block_n, c32x32.block_h, c32x32.block_n) == (16, 32, 32, 32)
-    assert [sd_triton.shared_bytes(c, sm89) for c in (c16x32, c32x32)] == [50_176, 67_584]  # the compiler's figures
+    assert (c32x64.block_h, c32x64.block_n, c32x64.sub_tiles, c32x32.sub_tiles) == (32, 64, 2, 1)
+    assert [sd_triton.shared_bytes(c, sm89) for c in (c16x32, c32x32, c32x64)] == [50_176, 67_584, 100_352]
     assert [sd_triton.resident_programs(c16x32, i) for i in (sm89, dev.target("sm_120"), h200_as_sm89)] == [2, 2, 2]
     assert [sd_triton.resident_programs(c32x32, i) for i in (sm89, sm80, h200_as_sm89)] == [1, 2, 2]
+    assert [sd_triton.resident_programs(c32x64, i) for i in (sm89, sm80, h200_as_sm89)] == [1, 1, 2]
     # registers bound the rest (ahead of time): 16 x 16 tiles take 128 registers on the H200 (four per SM), 160 on
     # sm_80 (three); the 32 x 16 tile two everywhere
     c16x16, c32x16 = sd_triton.choose_tiles(sm89, 8, rows=1), sd_triton.choose_tiles(sm89, 64, rows=1)
@@ -261,12 +266,16 @@ def test_programs_per_sm_follow_each_targets_shared_memory():
     assert [sd_triton.resident_programs(c16x16, i) for i in (h200, h200_as_sm89, sm80, sm89)] == [4, 4, 3, 2]
     assert [sd_triton.resident_programs(c32x16, i) for i in (h200_as_sm89, sm80, sm89)] == [2, 2, 2]
     assert sd_triton.resident_programs(sd_triton.choose_tiles(h200, 8, rows=64), h200) == 2
-    for info, big_tiles in ((sm89, False), (dev.target("sm_86"), False), (dev.target("sm_120"), False),
-                            (sm80, True), (h200_as_sm89, True)):  # fmt: skip
-        assert sd_triton.choose_tiles(info, 64, rows=64).block_n == 32  # 128 programs
-        assert sd_triton.choose_tiles(info, 64, rows=128).block_n == (32 if big_tiles else 16), info.name
-        assert sd_triton.choose_tiles(info, 128, rows=8192).block_n == (32 if big_tiles else 16), info.name
+    wide_from = sd_triton.MMA_WIDE_TILE_BUSY
+    for info in (sm89, dev.target("sm_86"), dev.target("sm_120"), h200_as_sm89):
+        per_sm = sd_triton.resident_programs(c32x32, info)
+        for rows, heads in ((wide_from * per_sm // 2, 64), (128, 64), (64, 128), (8192, 128)):
+            assert sd_triton.choose_tiles(info, heads, rows).block_n == 64, (info.name, rows, heads)
+        assert sd_triton.choose_tiles(info, 64, rows=wide_from * per_sm // 2 - 1).block_n == 32, info.name
+    assert [sd_triton.choose_tiles(sm80, 64, rows).block_n for rows in (32, 64, 128, 8192)] == [32, 32, 32, 32]
+    for info in (sm89, sm80, h200_as_sm89):
         assert sd_triton.choose_tiles(info, 64, rows=1).block_n == 16  # <= 2 programs: short tiles everywhere
+        assert sd_triton.choose_tiles(info, 8, rows=8192).sub_tiles == 1  # 16-head tiles never take half tiles
 
 
 @pytest.mark.parametrize("splits,heads", [(2, 64), (20, 64), (132, 128), (7, 8)])

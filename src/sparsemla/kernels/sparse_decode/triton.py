@@ -73,7 +73,9 @@ class DecodeConfig:
     :func:`q_lift_default`). l2_prefetch (0: off): each iteration prefetches into L2 the data and scale rows of the tile
     that many tiles beyond the last one the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one
     address every ``prefetch_stride`` bytes (:mod:`sparsemla.kernels.prefetch`; the same results); None, the default:
-    :func:`l2_prefetch_default`."""
+    :func:`l2_prefetch_default`. sub_tiles (1 or 2; 2 needs dv_split=1 and no lazy rescale): each tile is gathered,
+    scored and multiplied as its even and odd tokens (two half tiles, one online-softmax step), so P is staged in
+    shared memory half at a time (the 32 x 64 mma.sync tile: 100,352 B instead of 102,400)."""
 
     block_h: int
     block_n: int
@@ -109,6 +111,14 @@ RESCALE_SLACK = tl.constexpr(8.0)
 # (results/bench/explore/decode_t38_configs_sm89_occupancy-h200.json): H=64 B=128 153.5 -> 143.8 us, B=1024 1112 ->
 # 1061, 8192 rows 8605 -> 8242, H=128 B=128 288 -> 262; B=64 (128 programs) 79.0 against 103.4: the 32 x 32 tile.
 MMA_SMALL_TILE_BUSY = 256
+# mma.sync targets, H > 16: from this many programs per resident 32 x 32 program of an SM, the 32 x 64 tile as two
+# half tiles (sub_tiles=2, 100,352 B), where an SM holds as many of those as of 32 x 32 ones (sm_86/89/120: one
+# each; an A100 holds two 32 x 32 and one 32 x 64, so it keeps 32 x 32). sm_89 path, 3.8 cubins, H100
+# (results/bench/explore/sub_tiles*-sm89-h100-cfaf665.json), at sm_89's blocks per SM: H=64 B=32 41.0 -> 36.7 us,
+# B=64 66.8 -> 56.4, B=128 130 -> 109, 1024 rows 970 -> 750, 8192 rows 7,263 -> 5,763, H=128 B=64 129 -> 102; at the
+# H100's (two per SM) from 128 programs: B=64 54.3 -> 52.4, B=128 88.0 -> 80.0, 8192 rows 4,926 -> 4,695, H=128 B=64
+# 85.7 -> 76.6, but B=32 34.6 -> 36.2 (64 programs); 16-32 programs even (+-5 %), 4 programs lose (13.9 -> 15.7).
+MMA_WIDE_TILE_BUSY = 64
 
 
 def tile_chunks_first() -> bool:
@@ -201,9 +211,11 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
     memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
     ``(block_h + block_n) x 1 KB`` + P through its opaque move (:func:`opaque_tile_default`, :func:`shared_bytes`), so
     a 64-head x 64-token tile needs 196,608 / 139,264 B. Within the budget,
-    H > 16: 32-head blocks, 16-token tiles (49 KB) while ``rows x head blocks <= 2``, 32-token tiles (66 KB) above,
-    and 16-token tiles again from :data:`MMA_SMALL_TILE_BUSY` programs where an SM holds only one 32-token program
-    (100 KB of shared memory per SM: sm_86/89/120; an A100 holds two). One pipeline stage: a second one doubles the
+    H > 16: 32-head blocks, 16-token tiles (49 KB) while ``rows x head blocks <= 2``, 32-token tiles (66 KB) above;
+    64-token tiles as two half tiles (``sub_tiles=2``: P staged half at a time, 100,352 B) from
+    :data:`MMA_WIDE_TILE_BUSY` programs per resident 32-token program where an SM holds as many of them (sm_86/89/120:
+    one each; not an A100); else 16-token tiles again from :data:`MMA_SMALL_TILE_BUSY` programs where an SM holds only
+    one 32-token program (an A100 holds two). One pipeline stage: a second one doubles the
     gathered tile's staging buffers and does not fit. Measured in the sm_89 code path on the H200, at its own and at
     sm_89's blocks per SM (``benchmarks/prod_cubins.py``'s occupancy emulation; docs/performance.md).
 
@@ -217,7 +229,13 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         busy = rows * triton.cdiv(num_heads, 32)
         small = DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True)
         big = replace(small, block_n=32)
-        if busy <= 2 or (busy >= MMA_SMALL_TILE_BUSY and resident_programs(big, info) < 2):
+        wide = replace(small, block_n=64, sub_tiles=2)
+        if busy <= 2:
+            return small
+        per_sm = resident_programs(big, info)
+        if resident_programs(wide, info) >= per_sm and busy >= MMA_WIDE_TILE_BUSY * per_sm:
+            return wide
+        if busy >= MMA_SMALL_TILE_BUSY and per_sm < 2:
             return small
         return big
     busy = rows * triton.cdiv(num_heads, 64)
