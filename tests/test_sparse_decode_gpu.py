@@ -182,8 +182,9 @@ def test_other_configs_match_reference(nan_empty, cfg, splits):
 )
 def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batch, heads):
     """The tiles and split counts the launcher picks for another GPU's shared memory per SM (on this GPU's SMs): 32 x
-    16 tiles from 256 programs where an SM holds one 32 x 32 program, split counts from the opaque tiles' exact
-    size (test_programs_per_sm_follow_each_targets_shared_memory) compute the same function."""
+    64 tiles in half tiles from 128 programs where an SM holds as many of them as of 32 x 32 ones (sm_89 / sm_120;
+    an A100 keeps 32 x 32), split counts from the opaque tiles' exact size
+    (test_programs_per_sm_follow_each_targets_shared_memory) compute the same function."""
     from dataclasses import replace
 
     from sparsemla.kernels import device as dev
@@ -191,8 +192,9 @@ def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batc
     kw = make_case(batch, heads, 128, 512, sink=True, invalid=0.05, seed=batch + heads)
     here = dev.device_info(kw["q"].device)
     info = replace(dev.target(target), num_sms=here.num_sms)
-    if batch * heads >= 8192:  # 256 programs of 32 heads: 32 x 16 tiles where an SM holds one 32 x 32 program
-        assert sd_triton.choose_config(info, heads, batch).block_n == (32 if target == "sm_80" else 16)
+    if batch * heads >= 4096:  # >= 128 programs of 32 heads
+        cfg = sd_triton.choose_config(info, heads, batch)
+        assert (cfg.block_n, cfg.sub_tiles) == ((32, 1) if target == "sm_80" else (64, 2))
     with dev.assume(info):
         out, lse = api.sparse_decode(**kw)
     check(kw, out, lse)
