@@ -195,7 +195,11 @@ OCCUPANCY_NOTE = (
     "splits from 8 rows (8 x 64: 8, 16 x 64: 4, 32 x 64: 2, 8 x 128: 4, 16 x 128: 2; the forced counts measured "
     "bracket them). The H200's native choices did not change; in its sm_89 path only the 32 x 16 tile at <= 2 "
     "programs (B = 1 at H = 64) counts two programs per SM instead of three (its 228-238 registers allow two): with "
-    "2048 / 8192 extra indices it takes 68 / 130 splits instead of 136 / 174 (not re-timed)."
+    "2048 / 8192 extra indices it takes 68 / 130 splits instead of 136 / 174 (not re-timed). `auto` here is the "
+    "launcher of that run: since b147edb, 100 KB SMs take 32 x 64 tiles in two half tiles (`DecodeConfig.sub_tiles`, "
+    "100,352 B) from 64 programs instead of 32 x 32 / 32 x 16 (sm_89's blocks per SM, H100: B = 64 H = 64 66.8 -> "
+    "56.4 us, 1024 rows 970 -> 750; `results/bench/explore/sub_tiles-sm89-h100-cfaf665.json`; the both-paths table "
+    "above is of that launcher)."
 )
 
 
@@ -343,11 +347,12 @@ def _prefill_lines(cells: dict) -> list[str]:
 
 def _projection_lines(cells: dict, data: dict) -> list[str]:
     """A PROJECTION (not a measurement) of the target shapes on GPUs this project has not run on: the bytes floor at
-    the GPU's bandwidth, and the sm_89-path time measured on the H200 scaled by waves: the measured configuration's
-    programs over the GPU's SMs x programs per SM (``resident_programs``: its shared memory per SM) against the
-    H200's. (Where that GPU's own choice differs -- 32 x 16 tiles from 256 programs on 100 KB SMs -- it was measured
-    faster at that GPU's blocks per SM, results/bench/explore/decode_t38_configs_occupancy3_sm89-h200.json: the
-    projection keeps the measured configuration.)"""
+    the GPU's bandwidth, and the sm_89-path time measured on the H200 scaled by waves: the GPU's own configuration's
+    programs over its SMs x programs per SM (``resident_programs``: its shared memory per SM) against the measured
+    configuration's on the H200. (Where the GPU's own tile differs from the measured one -- an A100 keeps 32 x 32
+    tiles, two per SM, where the H200's sm_89 path takes 32 x 64 half tiles from 128 programs -- the measured time
+    stands for it, though 32 x 32 tiles ran 2-12 % slower than the half tiles at an H100's blocks per SM,
+    results/bench/explore/sub_tiles-sm89-h100-cfaf665.json.)"""
     from dataclasses import replace
 
     from sparsemla.kernels import device as dev
@@ -360,9 +365,9 @@ def _projection_lines(cells: dict, data: dict) -> list[str]:
     h, swa, x = TARGET_SHAPE
     lines = ["", "**Projection (not a measurement)** for the target shapes on the GPUs this project is for, µs: "
              "`floor` = KV bytes / the GPU's DRAM bandwidth; `projected` = max(floor, the sm_89-path graph replay "
-             "measured above x the ratio of waves: programs / (SMs x programs that fit one SM's shared memory) of the "
-             "measured configuration, that GPU against the H200). It ignores clock and L2 differences: a scale, not a "
-             "promise.", ""]  # fmt: skip
+             "measured above x the ratio of waves: programs / (SMs x programs that fit one SM's shared memory) of that "
+             "GPU's own configuration against the measured one on the H200). It ignores clock and L2 differences: a "
+             "scale, not a promise.", ""]  # fmt: skip
     lines += ["| GPU | SMs | TB/s | " + " | ".join(f"B={b} floor / projected" for b in TARGETS) + " |"]
     lines += ["|---|---|---|" + "---|" * len(TARGETS)]
     measured = dev.running_as(dev.target("sm_90"), (8, 9))  # what the sm_89 path configures on the H200
@@ -378,12 +383,17 @@ def _projection_lines(cells: dict, data: dict) -> list[str]:
             if s89 is None:
                 cells_txt.append(f"{fmt_us(floor)} / -")
                 continue
-            cfg = choose_config(measured, h, b)
-            shape = (b, -(-h // cfg.block_h) * cfg.dv_split, -(-swa // cfg.block_n) + -(-x // cfg.block_n))
-            scale = _waves(shape, cfg, target) / _waves(shape, cfg, here)
+            cfg, own = choose_config(measured, h, b), choose_config(target, h, b)
+            scale = _waves(_launch_shape(b, own), own, target) / _waves(_launch_shape(b, cfg), cfg, here)
             cells_txt.append(f"{fmt_us(floor)} / {fmt_us(max(floor, s89 * scale))}")
         lines.append(f"| {name} | {sms} | {bw / 1e12:.2f} | " + " | ".join(cells_txt) + " |")
     return lines
+
+
+def _launch_shape(batch: int, cfg: object) -> tuple[int, int, int]:
+    """(rows, head blocks, tiles per row) of the target shape's decode launch with ``cfg``."""
+    h, swa, x = TARGET_SHAPE
+    return batch, -(-h // cfg.block_h) * cfg.dv_split, -(-swa // cfg.block_n) + -(-x // cfg.block_n)
 
 
 def _waves(shape: tuple[int, int, int], cfg: object, info: object) -> int:
