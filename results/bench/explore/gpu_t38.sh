@@ -134,6 +134,9 @@ ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine,
         --variants "${!variants}" --shapes "${!shapes}" --code "$SHA" --out "$OUT/$2" | cut -c1-200
 }
 
+gpu_tag() {  # h200 / h100 / ...: the device tool may lend an H100 for a call that asks for none in particular
+    nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]+' | tr 'A-Z' 'a-z' || echo gpu
+}
 variant_build() {  # NAME VARIANTS SHAPES V32_ONLY V32_SHAPES: the V4 decode's launcher and warp_split_decode.py's
     # VARIANTS at SHAPES in both paths (the sm_89 path also at sm_89's blocks per SM) into .gpu-cubins/NAME, then
     # the V3.2 configs V32_ONLY (none when empty) into .gpu-cubins/NAME_v32
@@ -295,7 +298,7 @@ sub)  # V4 decode, sm_89 path: the launcher against 64-token tiles as two half t
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     TRITON_OVERRIDE_ARCH=sm89 timeout 240 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
         --shapes "$SUB_SHAPES" --variants sub2 --cubins .gpu-cubins/sub/sm89 --occupancy-of sm_89 --only-t38 \
-        --git-sha "$SHA" --out "$OUT/sub_tiles-sm89-h200.json" | cut -c1-160
+        --git-sha "$SHA" --out "$OUT/sub_tiles-sm89-$(gpu_tag).json" | cut -c1-160
     PATH_LIMIT_S=60 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \
         -k sub_tiles | grep -E 'passed|failed|error|rc='
     ;;
