@@ -12,6 +12,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh lift", carry=[".gpu-cubins/lift", ".gpu-cubins/lift_v32"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh pf", carry=[".gpu-cubins/pf", ".gpu-cubins/pf_v32"])
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh next", carry=[".gpu-cubins/decode", ".gpu"])  # ~9 min
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh h64", carry=[".gpu-cubins/h64", ".gpu"])  # after build-h64
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -76,6 +77,9 @@ WS_SHAPES_NATIVE=64x8,64x16,128x16
 # `sub`: 64-token tiles as two half tiles (DecodeConfig.sub_tiles: P staged half at a time, so the 32 x 64 tile is
 # 100,352 B and fits sm_86/89/120; whole it needs 102,400) against the launcher in the sm_89 path
 SUB_SHAPES=64x64,128x64,256x64,1024x64,8192x64,64x128,128x128,64x8,1024x8
+# `h64`: 64 heads x 32 tokens in two half tiles, 8 warps (100,352 B on sm_86/89/120): one gather and dequant per 64
+# heads instead of two 32-head programs each gathering the same rows -- aimed at the prefill rows' 1.33-1.35x
+H64_SHAPES=64x64,128x64,1024x64,8192x64,64x128
 LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
 LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:16:fp8_656,64:128:bf16_576
@@ -302,6 +306,18 @@ sub)  # V4 decode, sm_89 path: the launcher against 64-token tiles as two half t
     PATH_LIMIT_S=60 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \
         -k sub_tiles | grep -E 'passed|failed|error|rc='
     ;;
+build-h64)  # the cubins of `h64` (sm_89 path)
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins .gpu-cubins/h64/sm89 \
+        --path sm89 --shapes "$H64_SHAPES" --variants h64sub2 --occupancy-of sm_89
+    ;;
+h64)  # V4 decode, sm_89 path: 64 heads x 32 tokens in half tiles (8 warps, 100,352 B) against the launcher
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
+        --shapes "$H64_SHAPES" --variants h64sub2 --cubins .gpu-cubins/h64/sm89 --occupancy-of sm_89 --only-t38 \
+        --git-sha "$SHA" --out "$OUT/h64_sub2-sm89-$(gpu_tag).json" | cut -c1-160
+    ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -359,7 +375,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
