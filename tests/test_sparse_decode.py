@@ -111,22 +111,26 @@ def test_column_halves_match_reference(nan_empty, splits, chunks_first):
     check(kw, out, lse)
 
 
+@pytest.mark.parametrize("joint", [False, True], ids=["own-reductions", "joint-reductions"])
 @pytest.mark.parametrize("chunks_first", ORDERS)
 @pytest.mark.parametrize(
     "heads,splits,lengths", [(32, 1, "full"), (29, 3, "short")], ids=["H32-1split-full", "H29-3splits-short"]
 )
-def test_sub_tiles_match_reference(nan_empty, heads, splits, lengths, chunks_first):
+def test_sub_tiles_match_reference(nan_empty, heads, splits, lengths, chunks_first, joint):
     """sub_tiles=2: each tile is gathered, scored and multiplied as its even and odd tokens (two half tiles, one
     online-softmax step), so P is staged half at a time; invalid entries, short rows, the extra cache, both axis
-    orders. Only dv_split=1 without the lazy rescale takes it."""
+    orders; the halves' row maximum and sum reduced apart or jointly (sub_joint_reduce). Only dv_split=1 without the
+    lazy rescale takes it, and only it takes the joint reductions."""
     kw = make_case(2, heads, 40, 24, invalid=0.15, lengths=lengths, seed=23 + heads)
     cfg = sd_triton.DecodeConfig(block_h=32, block_n=16, num_warps=4, num_stages=1, sub_tiles=2,
-                                 chunks_first=chunks_first)  # fmt: skip
+                                 chunks_first=chunks_first, sub_joint_reduce=joint)  # fmt: skip
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
     for bad in (dict(sub_tiles=3), dict(sub_tiles=2, dv_split=2), dict(sub_tiles=2, lazy_rescale=True)):
         with pytest.raises(ValueError, match="sub_tiles"):
             dataclasses.replace(cfg, **bad)
+    with pytest.raises(ValueError, match="sub_joint_reduce"):
+        dataclasses.replace(cfg, sub_tiles=1, sub_joint_reduce=True)
 
 
 def _climbing_scales(k_cache: torch.Tensor) -> None:

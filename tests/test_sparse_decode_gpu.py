@@ -256,14 +256,15 @@ def test_l2_prefetch_changes_no_bit(nan_empty, cfg, ahead, stride):
     check(kw, *got)
 
 
+@pytest.mark.parametrize("joint", [False, True], ids=["own-reductions", "joint-reductions"])
 @pytest.mark.parametrize("splits", [1, 5], ids=["1split", "5splits"])
 @pytest.mark.parametrize("heads", [64, 29], ids=["H64", "H29"])
-def test_sub_tiles_match_reference(nan_empty, heads, splits):
+def test_sub_tiles_match_reference(nan_empty, heads, splits, joint):
     """sub_tiles=2 (each 64-token tile as its even and odd tokens, P staged half at a time: the 32 x 64 mma.sync
     tile within 101,376 B) on the GPU's own code, invalid entries, the extra cache, the lift and the prefetch
     defaults (8 tiles a program); the same scores as whole tiles up to the bf16 rounding of P."""
     kw = make_case(5, heads, 128, 2048, sink=True, invalid=0.05, seed=77 + heads)
-    cfg = sd_triton.DecodeConfig(32, 64, 4, 1, partial_bf16=True, int_dequant=True, sub_tiles=2)
+    cfg = sd_triton.DecodeConfig(32, 64, 4, 1, partial_bf16=True, int_dequant=True, sub_tiles=2, sub_joint_reduce=joint)
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
 

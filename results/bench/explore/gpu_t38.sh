@@ -78,7 +78,8 @@ WS_SHAPES_NATIVE=64x8,64x16,128x16
 # 100,352 B and fits sm_86/89/120; whole it needs 102,400) against the launcher in the sm_89 path
 SUB_SHAPES=64x64,128x64,256x64,1024x64,8192x64,64x128,128x128,64x8,1024x8
 # `h64`: 64 heads x 32 tokens in two half tiles, 8 warps (100,352 B on sm_86/89/120): one gather and dequant per 64
-# heads instead of two 32-head programs each gathering the same rows -- aimed at the prefill rows' 1.33-1.35x
+# heads instead of two 32-head programs each gathering the same rows -- and `sub2j`, the launcher's half tiles with
+# one row-max and one row-sum reduction over both halves: aimed at the prefill rows' 1.33-1.35x
 H64_SHAPES=64x64,128x64,1024x64,8192x64,64x128
 LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
 LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
@@ -308,14 +309,15 @@ sub)  # V4 decode, sm_89 path: the launcher against 64-token tiles as two half t
     ;;
 build-h64)  # the cubins of `h64` (sm_89 path)
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins .gpu-cubins/h64/sm89 \
-        --path sm89 --shapes "$H64_SHAPES" --variants h64sub2 --occupancy-of sm_89
+        --path sm89 --shapes "$H64_SHAPES" --variants h64sub2,sub2j --occupancy-of sm_89
     ;;
-h64)  # V4 decode, sm_89 path: 64 heads x 32 tokens in half tiles (8 warps, 100,352 B) against the launcher
+h64)  # V4 decode, sm_89 path: 64 heads x 32 tokens in half tiles (8 warps, 100,352 B) and the half tiles' joint
+    # reductions (DecodeConfig.sub_joint_reduce) against the launcher
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
-        --shapes "$H64_SHAPES" --variants h64sub2 --cubins .gpu-cubins/h64/sm89 --occupancy-of sm_89 --only-t38 \
+        --shapes "$H64_SHAPES" --variants h64sub2,sub2j --cubins .gpu-cubins/h64/sm89 --occupancy-of sm_89 --only-t38 \
         --git-sha "$SHA" --out "$OUT/h64_sub2-sm89-$(gpu_tag).json" | cut -c1-160
     ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA

@@ -353,11 +353,13 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
     pf = re.fullmatch(r"pf(\d+)(?:s(\d+))?", variant)  # pf<N>[s<S>]: l2_prefetch N tiles ahead, every S bytes
-    if variant in ("lazy", "nolift", "lift", "sub2", "h64sub2") or pf:  # the launcher's kernel with fields changed
+    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2") or pf:  # the launcher's kernel, fields changed
         q = kw["q"]
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
         if variant == "sub2":  # the launcher's heads per program, 64-token tiles as two half tiles (sub_tiles)
             return T.sparse_decode_fwd(**kw, config=replace(cfg, block_n=64, sub_tiles=2))[0]
+        if variant == "sub2j":  # the half tiles with one row-max and one row-sum reduction over both halves
+            return T.sparse_decode_fwd(**kw, config=replace(cfg, block_n=64, sub_tiles=2, sub_joint_reduce=True))[0]
         if variant == "h64sub2":  # 64 heads x 32 tokens in two half tiles, 8 warps (100,352 B: one gather per 64 heads)
             cfg = replace(cfg, block_h=64, block_n=32, num_warps=8, sub_tiles=2)
             return T.sparse_decode_fwd(**kw, config=cfg)[0]
