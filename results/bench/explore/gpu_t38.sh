@@ -142,6 +142,20 @@ ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine,
 gpu_tag() {  # h200 / h100 / ...: the device tool may lend an H100 for a call that asks for none in particular
     nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h[0-9]+' | tr 'A-Z' 'a-z' || echo gpu
 }
+sm89_variant_build() {  # NAME VARIANTS SHAPES: warp_split_decode.py's V4 VARIANTS in the sm_89 path only (also at
+    # sm_89's blocks per SM) into .gpu-cubins/NAME/sm89
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins ".gpu-cubins/$1/sm89" \
+        --path sm89 --shapes "$3" --variants "$2" --occupancy-of sm_89
+    du -sh ".gpu-cubins/$1"
+}
+sm89_variant_run() {  # NAME VARIANTS SHAPES STEM LIMIT_S: sm89_variant_build's cubins timed (3.8 only, also at sm_89's
+    # blocks per SM) -> $OUT/STEM-sm89-<gpu>.json
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout "$5" python3 results/bench/explore/warp_split_decode.py --bench sm89 \
+        --shapes "$3" --variants "$2" --cubins ".gpu-cubins/$1/sm89" --occupancy-of sm_89 --only-t38 \
+        --git-sha "$SHA" --out "$OUT/$4-sm89-$(gpu_tag).json" | cut -c1-160
+}
 variant_build() {  # NAME VARIANTS SHAPES V32_ONLY V32_SHAPES: the V4 decode's launcher and warp_split_decode.py's
     # VARIANTS at SHAPES in both paths (the sm_89 path also at sm_89's blocks per SM) into .gpu-cubins/NAME, then
     # the V3.2 configs V32_ONLY (none when empty) into .gpu-cubins/NAME_v32
@@ -292,33 +306,22 @@ build-pf)  # the cubins of `pf` (V4 and V3.2, both paths)
     variant_build pf "$PF_VARIANTS" "$PF_SHAPES" "$PF_V32" "$PF_V32_SHAPES"
     ;;
 build-sub)  # the cubins of `sub` (sm_89 path only: the half tiles are for mma.sync targets)
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins .gpu-cubins/sub/sm89 \
-        --path sm89 --shapes "$SUB_SHAPES" --variants sub2 --occupancy-of sm_89
-    du -sh .gpu-cubins/sub
+    sm89_variant_build sub sub2 "$SUB_SHAPES"
     ;;
 sub)  # V4 decode, sm_89 path: the launcher against 64-token tiles as two half tiles (DecodeConfig.sub_tiles), at the
     # H200's and at sm_89's blocks per SM, then the sub-tile GPU tests in both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    TRITON_OVERRIDE_ARCH=sm89 timeout 240 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
-        --shapes "$SUB_SHAPES" --variants sub2 --cubins .gpu-cubins/sub/sm89 --occupancy-of sm_89 --only-t38 \
-        --git-sha "$SHA" --out "$OUT/sub_tiles-sm89-$(gpu_tag).json" | cut -c1-160
+    sm89_variant_run sub sub2 "$SUB_SHAPES" sub_tiles 240
     PATH_LIMIT_S=60 OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both tests/test_sparse_decode_gpu.py \
         -k sub_tiles | grep -E 'passed|failed|error|rc='
     ;;
 build-h64)  # the cubins of `h64` (sm_89 path)
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/warp_split_decode.py --build-cubins .gpu-cubins/h64/sm89 \
-        --path sm89 --shapes "$H64_SHAPES" --variants h64sub2,sub2j --occupancy-of sm_89
+    sm89_variant_build h64 h64sub2,sub2j "$H64_SHAPES"
     ;;
 h64)  # V4 decode, sm_89 path: 64 heads x 32 tokens in half tiles (8 warps, 100,352 B) and the half tiles' joint
     # reductions (DecodeConfig.sub_joint_reduce) against the launcher
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
-    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    TRITON_OVERRIDE_ARCH=sm89 timeout 150 python3 results/bench/explore/warp_split_decode.py --bench sm89 \
-        --shapes "$H64_SHAPES" --variants h64sub2,sub2j --cubins .gpu-cubins/h64/sm89 --occupancy-of sm_89 --only-t38 \
-        --git-sha "$SHA" --out "$OUT/h64_sub2-sm89-$(gpu_tag).json" | cut -c1-160
+    sm89_variant_run h64 h64sub2,sub2j "$H64_SHAPES" h64_sub2 150
     ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
