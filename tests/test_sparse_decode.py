@@ -259,6 +259,7 @@ def test_programs_per_sm_follow_each_targets_shared_memory():
     c32x64 = sd_triton.choose_tiles(sm89, 64, rows=64)
     assert (c16x32.block_h, c16x32.block_n, c32x32.block_h, c32x32.block_n) == (16, 32, 32, 32)
     assert (c32x64.block_h, c32x64.block_n, c32x64.sub_tiles, c32x32.sub_tiles) == (32, 64, 2, 1)
+    assert c32x64.sub_joint_reduce and not c32x32.sub_joint_reduce
     assert [sd_triton.shared_bytes(c, sm89) for c in (c16x32, c32x32, c32x64)] == [50_176, 67_584, 100_352]
     assert [sd_triton.resident_programs(c16x32, i) for i in (sm89, dev.target("sm_120"), h200_as_sm89)] == [2, 2, 2]
     assert [sd_triton.resident_programs(c32x32, i) for i in (sm89, sm80, h200_as_sm89)] == [1, 2, 2]

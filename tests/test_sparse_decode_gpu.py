@@ -194,7 +194,8 @@ def test_launcher_choices_for_other_gpus_match_reference(nan_empty, target, batc
     info = replace(dev.target(target), num_sms=here.num_sms)
     if batch * heads >= 4096:  # >= 128 programs of 32 heads
         cfg = sd_triton.choose_config(info, heads, batch)
-        assert (cfg.block_n, cfg.sub_tiles) == ((32, 1) if target == "sm_80" else (64, 2))
+        want = (32, 1, False) if target == "sm_80" else (64, 2, True)
+        assert (cfg.block_n, cfg.sub_tiles, cfg.sub_joint_reduce) == want
     with dev.assume(info):
         out, lse = api.sparse_decode(**kw)
     check(kw, out, lse)

@@ -76,8 +76,8 @@ class DecodeConfig:
     :func:`l2_prefetch_default`. sub_tiles (1 or 2; 2 needs dv_split=1 and no lazy rescale): each tile is gathered,
     scored and multiplied as its even and odd tokens (two half tiles, one online-softmax step), so P is staged in
     shared memory half at a time (the 32 x 64 mma.sync tile: 100,352 B instead of 102,400). sub_joint_reduce (with
-    sub_tiles=2; off until timed): one row-max and one row-sum reduction over both halves instead of one each (ahead
-    of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled)."""
+    sub_tiles=2; the launcher's choice, :data:`MMA_WIDE_TILE_BUSY`): one row-max and one row-sum reduction over both
+    halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled)."""
 
     block_h: int
     block_n: int
@@ -123,6 +123,10 @@ MMA_SMALL_TILE_BUSY = 256
 # B=64 66.8 -> 56.4, B=128 130 -> 109, 1024 rows 970 -> 750, 8192 rows 7,263 -> 5,763, H=128 B=64 129 -> 102; at the
 # H100's (two per SM) from 128 programs: B=64 54.3 -> 52.4, B=128 88.0 -> 80.0, 8192 rows 4,926 -> 4,695, H=128 B=64
 # 85.7 -> 76.6, but B=32 34.6 -> 36.2 (64 programs); 16-32 programs even (+-5 %), 4 programs lose (13.9 -> 15.7).
+# The half tiles reduce their row maximum and sum jointly (sub_joint_reduce), H100, sm_89 path, 3.8 cubins
+# (results/bench/explore/h64_sub2-sm89-h100-932c7ab.json), at sm_89's blocks per SM: H=64 B=64 56.1 -> 54.1 us,
+# B=128 108.6 -> 104.3, 1024 rows 747 -> 716, 8192 rows 5,711 -> 5,508, H=128 B=64 102.0 -> 97.7; at the H100's:
+# 1024 rows 617 -> 595, 8192 rows 4,739 -> 4,451.
 MMA_WIDE_TILE_BUSY = 64
 
 
@@ -234,7 +238,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         busy = rows * triton.cdiv(num_heads, 32)
         small = DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True)
         big = replace(small, block_n=32)
-        wide = replace(small, block_n=64, sub_tiles=2)
+        wide = replace(small, block_n=64, sub_tiles=2, sub_joint_reduce=True)
         if busy <= 2:
             return small
         per_sm = resident_programs(big, info)
