@@ -353,9 +353,11 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
     pf = re.fullmatch(r"pf(\d+)(?:s(\d+))?", variant)  # pf<N>[s<S>]: l2_prefetch N tiles ahead, every S bytes
-    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2") or pf:  # the launcher's kernel, fields changed
-        q = kw["q"]
+    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2", "hfast") or pf:  # the launcher's kernel,
+        q = kw["q"]  # fields changed
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
+        if variant == "hfast":  # the launcher's config, a row's head blocks adjacent in the grid (heads_fastest)
+            return T.sparse_decode_fwd(**kw, config=replace(cfg, heads_fastest=True))[0]
         if variant == "sub2":  # the launcher's heads per program, 64-token tiles as two half tiles (sub_tiles)
             return T.sparse_decode_fwd(**kw, config=replace(cfg, block_n=64, sub_tiles=2))[0]
         if variant == "sub2j":  # the half tiles with one row-max and one row-sum reduction over both halves

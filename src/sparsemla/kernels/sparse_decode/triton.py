@@ -77,7 +77,9 @@ class DecodeConfig:
     scored and multiplied as its even and odd tokens (two half tiles, one online-softmax step), so P is staged in
     shared memory half at a time (the 32 x 64 mma.sync tile: 100,352 B instead of 102,400). sub_joint_reduce (with
     sub_tiles=2; the launcher's choice, :data:`MMA_WIDE_TILE_BUSY`): one row-max and one row-sum reduction over both
-    halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled)."""
+    halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled).
+    heads_fastest (off until timed): the grid's first axis walks a row's head blocks (and V halves) before the next
+    row, so the programs that gather the same tokens run side by side and the later ones read them from L2."""
 
     block_h: int
     block_n: int
@@ -94,6 +96,7 @@ class DecodeConfig:
     prefetch_stride: int = 128
     sub_tiles: int = 1
     sub_joint_reduce: bool = False
+    heads_fastest: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -587,22 +590,30 @@ def _sparse_decode_kernel(
     CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
     PAGE_SHIFT: tl.constexpr = -1, PAGE_SHIFT_X: tl.constexpr = -1, SUB_TILES: tl.constexpr = 1,
-    SUB_JOINT_REDUCE: tl.constexpr = False,
+    SUB_JOINT_REDUCE: tl.constexpr = False, HEADS_FASTEST: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
     chunk dots, so the tensor cores get long wgmma chains and the accumulator is one tensor.
 
-    Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits). DV_SPLIT = 2: the program owns one 256-column half of the
-    output (V = that half of the gathered row) and computes the full QK itself, so its accumulator is half as big
-    (one warpgroup holds it) and the two halves need no merge; both compute the same scores and LSE.
+    Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits), or HEADS_FASTEST: (B * S * cdiv(H, BLOCK_H) * DV_SPLIT,
+    1, num_splits) with a row's head blocks adjacent (they gather the same tokens). DV_SPLIT = 2: the program owns
+    one 256-column half of the output (V = that half of the gathered row) and computes the full QK itself, so its
+    accumulator is half as big (one warpgroup holds it) and the two halves need no merge; both compute the same
+    scores and LSE.
 
     PAGE_SHIFT / PAGE_SHIFT_X: log2 of the caches' page sizes, -1 when not a power of two (:mod:`~sparsemla.kernels.
     paging`). PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (ids loaded one
     iteration before; this split's tiles only)."""
-    i_r = tl.program_id(0)
-    i_hb = tl.program_id(1) // DV_SPLIT
-    i_dv = tl.program_id(1) % DV_SPLIT
+    if HEADS_FASTEST:
+        n_hd = tl.cdiv(H, BLOCK_H) * DV_SPLIT
+        i_r = tl.program_id(0) // n_hd
+        i_hd = tl.program_id(0) % n_hd
+    else:
+        i_r = tl.program_id(0)
+        i_hd = tl.program_id(1)
+    i_hb = i_hd // DV_SPLIT
+    i_dv = i_hd % DV_SPLIT
     i_sp = tl.program_id(2)
     i_b = i_r // S
     i_s = i_r % S
@@ -884,7 +895,10 @@ def sparse_decode_fwd(
     else:
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
-    grid = (rows, head_blocks * cfg.dv_split, splits)
+    if cfg.heads_fastest:
+        grid = (rows * head_blocks * cfg.dv_split, 1, splits)
+    else:
+        grid = (rows, head_blocks * cfg.dv_split, splits)
     # the interpreter cannot run the integer dequant's inline PTX
     chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
     opaque = opaque_tile(cfg, info)
@@ -909,7 +923,7 @@ def sparse_decode_fwd(
         PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
-        SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce,
+        SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=cfg.heads_fastest,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
