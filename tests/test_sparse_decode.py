@@ -135,18 +135,20 @@ def test_sub_tiles_match_reference(nan_empty, heads, splits, lengths, chunks_fir
 
 @pytest.mark.parametrize("dv_split", [1, 2], ids=["whole-row", "column-halves"])
 @pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
-def test_heads_fastest_grid_matches_the_default_order(nan_empty, splits, dv_split):
-    """heads_fastest: a row's head blocks (and V halves) are adjacent programs of the grid's first axis. Four head
-    blocks of 16 (odd real heads: 61), two query rows per batch entry (MTP), short rows and invalid entries; the
-    result equals the reference and, bit for bit, the default grid's (the same programs, another order)."""
+def test_heads_fastest_grid_matches_the_row_major_grid(nan_empty, splits, dv_split):
+    """heads_fastest (the default): a row's head blocks (and V halves) are adjacent programs of the grid's first
+    axis. Four head blocks of 16 (odd real heads: 61), two query rows per batch entry (MTP), short rows and invalid
+    entries; the result equals the reference and, bit for bit, the row-major grid's (the same programs, another
+    order)."""
     kw = make_case(3, 61, 40, 24, invalid=0.1, lengths="short", seed=27 + splits)
     gen = torch.Generator().manual_seed(5)
     kw["q"] = torch.randn(3, 2, 61, 512, generator=gen).to(torch.bfloat16)
     kw["indices"] = torch.cat([kw["indices"], kw["indices"].roll(7, dims=-1)], dim=1).contiguous()
     kw["extra_indices_in_kvcache"] = kw["extra_indices_in_kvcache"].expand(-1, 2, -1).contiguous()
-    base = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, dv_split=dv_split)
+    cfg = sd_triton.DecodeConfig(block_h=16, block_n=16, num_warps=4, num_stages=1, dv_split=dv_split)
+    assert cfg.heads_fastest  # the default
+    base = dataclasses.replace(cfg, heads_fastest=False)
     want_out, want_lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=base)
-    cfg = dataclasses.replace(base, heads_fastest=True)
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)

@@ -78,7 +78,7 @@ class DecodeConfig:
     shared memory half at a time (the 32 x 64 mma.sync tile: 100,352 B instead of 102,400). sub_joint_reduce (with
     sub_tiles=2; the launcher's choice, :data:`MMA_WIDE_TILE_BUSY`): one row-max and one row-sum reduction over both
     halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled).
-    heads_fastest (off until timed): the grid's first axis walks a row's head blocks (and V halves) before the next
+    heads_fastest (on by default): the grid's first axis walks a row's head blocks (and V halves) before the next
     row, so the programs that gather the same tokens run side by side and the later ones read them from L2."""
 
     block_h: int
@@ -96,7 +96,12 @@ class DecodeConfig:
     prefetch_stride: int = 128
     sub_tiles: int = 1
     sub_joint_reduce: bool = False
-    heads_fastest: bool = False
+    # on by default: once the grid is more than one wave, a row's head blocks launched far apart re-read its tokens
+    # from HBM (the benchmark's rows gather disjoint tokens, 383 MB at 1024 rows). H100, sm_89 path, 3.8 cubins
+    # (results/bench/explore/heads_fastest-sm89-h100-6bd2634.json): 1024 rows 593 -> 520 us, 8192 rows 4,544 ->
+    # 3,975, H=64 B=256 162 -> 143; at sm_89's blocks per SM 739 -> 703, 5,511 -> 5,357; one wave (B <= 128) the
+    # same within 1 %.
+    heads_fastest: bool = True
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
