@@ -900,7 +900,8 @@ def sparse_decode_fwd(
     else:
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
-    if cfg.heads_fastest:
+    heads_fastest = cfg.heads_fastest and head_blocks * cfg.dv_split > 1  # one program a row: the same order
+    if heads_fastest:
         grid = (rows * head_blocks * cfg.dv_split, 1, splits)
     else:
         grid = (rows, head_blocks * cfg.dv_split, splits)
@@ -928,7 +929,7 @@ def sparse_decode_fwd(
         PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
-        SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=cfg.heads_fastest,
+        SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=heads_fastest,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:
