@@ -154,6 +154,16 @@ def test_heads_fastest_grid_matches_the_row_major_grid(nan_empty, splits, dv_spl
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
+def test_decode_grid_puts_a_rows_programs_side_by_side_within_cudas_limits():
+    grid = sd_triton.decode_grid
+    assert grid(1024, 2, 1, True) == ((2, 1024, 1), True)
+    assert grid(64, 4, 3, True) == ((4, 64, 3), True)
+    assert grid(1024, 2, 1, False) == ((1024, 2, 1), False)
+    assert grid(8192, 1, 1, True) == ((8192, 1, 1), False)  # one program a row: the same order either way
+    assert grid(sd_triton.MAX_GRID_YZ, 2, 1, True) == ((2, sd_triton.MAX_GRID_YZ, 1), True)
+    assert grid(sd_triton.MAX_GRID_YZ + 1, 2, 1, True) == ((sd_triton.MAX_GRID_YZ + 1, 2, 1), False)
+
+
 def _climbing_scales(k_cache: torch.Tensor) -> None:
     """Rewrite the ue8m0 scales of a V4 cache so that a slot's NoPE grows 2x every 24 slots (2^-3 .. 2^4)."""
     raw = layouts.v4_raw_pages(k_cache)

@@ -601,8 +601,8 @@ def _sparse_decode_kernel(
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
     chunk dots, so the tensor cores get long wgmma chains and the accumulator is one tensor.
 
-    Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits), or HEADS_FASTEST: (B * S * cdiv(H, BLOCK_H) * DV_SPLIT,
-    1, num_splits) with a row's head blocks adjacent (they gather the same tokens). DV_SPLIT = 2: the program owns
+    Grid (B * S, cdiv(H, BLOCK_H) * DV_SPLIT, num_splits), or HEADS_FASTEST: the first two axes swapped, so a row's
+    head blocks are adjacent programs (they gather the same tokens; :func:`decode_grid`). DV_SPLIT = 2: the program owns
     one 256-column half of the output (V = that half of the gathered row) and computes the full QK itself, so its
     accumulator is half as big (one warpgroup holds it) and the two halves need no merge; both compute the same
     scores and LSE.
@@ -611,9 +611,8 @@ def _sparse_decode_kernel(
     paging`). PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (ids loaded one
     iteration before; this split's tiles only)."""
     if HEADS_FASTEST:
-        n_hd = tl.cdiv(H, BLOCK_H) * DV_SPLIT
-        i_r = tl.program_id(0) // n_hd
-        i_hd = tl.program_id(0) % n_hd
+        i_r = tl.program_id(1)
+        i_hd = tl.program_id(0)
     else:
         i_r = tl.program_id(0)
         i_hd = tl.program_id(1)
@@ -900,11 +899,7 @@ def sparse_decode_fwd(
     else:
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
-    heads_fastest = cfg.heads_fastest and head_blocks * cfg.dv_split > 1  # one program a row: the same order
-    if heads_fastest:
-        grid = (rows * head_blocks * cfg.dv_split, 1, splits)
-    else:
-        grid = (rows, head_blocks * cfg.dv_split, splits)
+    grid, heads_fastest = decode_grid(rows, head_blocks * cfg.dv_split, splits, cfg.heads_fastest)
     # the interpreter cannot run the integer dequant's inline PTX
     chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
     opaque = opaque_tile(cfg, info)
@@ -941,6 +936,23 @@ def sparse_decode_fwd(
             num_warps=4,
         )  # fmt: skip
     return out.to(torch.bfloat16), lse.permute(0, 2, 1)
+
+
+# CUDA's limit on a grid's second and third axes
+MAX_GRID_YZ = 65535
+
+
+def decode_grid(
+    rows: int, programs_per_row: int, splits: int, heads_fastest: bool
+) -> tuple[tuple[int, int, int], bool]:
+    """(grid, HEADS_FASTEST) of the main decode kernel: with ``heads_fastest`` and more than one program a row
+    (head blocks x V halves), the row's programs on the first axis and the rows on the second, so that they run side
+    by side (the program ids stay hardware registers: a flattened index's division costs spills ahead of time, 48 ->
+    112 B on sm_89); rows on the first axis where one program covers a row (the same order) or the rows exceed the
+    second axis' limit (:data:`MAX_GRID_YZ`)."""
+    if heads_fastest and programs_per_row > 1 and rows <= MAX_GRID_YZ:
+        return (programs_per_row, rows, splits), True
+    return (rows, programs_per_row, splits), False
 
 
 def flops_and_bytes(batch: int, heads: int, topk_total: int) -> tuple[float, float]:
