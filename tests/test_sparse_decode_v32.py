@@ -258,6 +258,22 @@ def test_config_variants_match_reference(nan_empty, kv_format, batch, s_q, heads
 
 
 @interpreted
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+@pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
+def test_heads_fastest_grid_matches_the_row_major_grid(nan_empty, kv_format, splits):
+    """heads_fastest: a row's head blocks are adjacent programs (the first two grid axes swapped). Three 16-head
+    blocks (odd real heads: 37), two query rows per batch entry, short rows and invalid slots; the result equals the
+    reference and, bit for bit, the row-major grid's."""
+    args, kw = make_case(kv_format, 3, 2, 37, 40, invalid=0.1, lengths="short", seed=31 + splits)
+    base = v32.V32Config(16, 16, 4, 1, nope_chunks=4)
+    want_out, want_lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=base)
+    cfg = dataclasses.replace(base, heads_fastest=True)
+    out, lse = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+    check(args, kw, out, lse)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+@interpreted
 @pytest.mark.parametrize("cfg", [C4, C2_STAGE, C4_STAGE_64], ids=_cfg_id)
 @pytest.mark.parametrize("kv_format", layouts.V32_FORMATS)
 def test_config_variants_empty_rows_and_d_v(nan_empty, kv_format, cfg):

@@ -14,6 +14,7 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh next", carry=[".gpu-cubins/decode", ".gpu"])  # ~9 min
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh h64", carry=[".gpu-cubins/h64", ".gpu"])  # after build-h64
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh hfast", carry=[".gpu-cubins/hfast", ".gpu"])  # build-hfast
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh hf32", carry=[".gpu-cubins/hf32_v32", ".gpu"])  # build-hf32
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -85,6 +86,9 @@ H64_SHAPES=64x64,128x64,1024x64,8192x64,64x128
 # `hfast`: the launcher with a row's head blocks adjacent in the grid (DecodeConfig.heads_fastest): the benchmark's
 # rows gather disjoint tokens (383 MB at 1024 rows), so today a row's second 32-head program finds them gone from L2
 HF_SHAPES=64x64,128x64,256x64,1024x64,8192x64,64x128,128x128
+# `hf32`: the V3.2 decode's chosen tiles with a row's head blocks adjacent in the grid (V32Config.heads_fastest)
+HF32=64x64-w8-s3-c4,64x64-w8-s3-c4-hf,64x64-w8-s2-c4,64x64-w8-s2-c4-hf,32x32-w4-s2-c4-opaque,32x32-w4-s2-c4-opaque-hf
+HF32_SHAPES=64:128:fp8_656,128:128:fp8_656,256:128:fp8_656,128:128:bf16_576
 LAZY_SHAPES=1x64,8x64,64x64,128x64,1024x64,64x128,128x128,64x8
 LAZY_V32=64x64-w8-s3-c4,64x64-w8-s2-c4,16x32-w4-s3-c4-opaque,32x32-w4-s2-c4-opaque
 LAZY_V32_SHAPES=8:128:fp8_656,64:128:fp8_656,128:128:fp8_656,64:16:fp8_656,128:16:fp8_656,64:128:bf16_576
@@ -334,6 +338,19 @@ hfast)  # V4 decode, sm_89 path: the launcher with a row's head blocks adjacent 
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     sm89_variant_run hfast hfast "$HF_SHAPES" heads_fastest 150
     ;;
+build-hf32)  # the cubins of `hf32` (V3.2, both paths)
+    for p in native sm89; do
+        PYTHONPATH=src:. .venv/bin/python -m benchmarks.explore_v32_configs --build-cubins .gpu-cubins/hf32_v32 \
+            --path $p --only "$HF32" --exact --splits auto --shapes "$HF32_SHAPES"
+    done
+    du -sh .gpu-cubins/hf32_v32
+    ;;
+hf32)  # V3.2 decode, both paths: the chosen tiles with and without the head-blocks-first grid
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    v32_variant_run hf32 "$HF32" "$HF32_SHAPES" 150
+    ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -391,7 +408,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -42,6 +42,7 @@ from sparsemla.kernels.sparse_decode.triton import (
     _rescaled,
     choose_num_splits,
     combine_blocks,
+    decode_grid,
     q_lift_default,
 )
 
@@ -100,7 +101,11 @@ class V32Config:
 
     l2_prefetch (0: off): each iteration prefetches into L2 the rows of the tile that many tiles beyond the last one
     the software pipeline copies (tile i + num_stages - 1 + l2_prefetch), one address every ``prefetch_stride`` bytes
-    of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same results. Off until timed."""
+    of a row (:func:`~sparsemla.kernels.prefetch.prefetch_rows_l2`); the same results. Off until timed.
+
+    heads_fastest: a row's head blocks are adjacent programs (the V4 decode's ``DecodeConfig.heads_fastest``,
+    :func:`~sparsemla.kernels.sparse_decode.triton.decode_grid`), so the later ones read the row's tokens from L2
+    once the grid is more than one wave. Off until timed."""
 
     block_h: int
     block_n: int
@@ -115,6 +120,7 @@ class V32Config:
     q_lift: bool | None = None
     l2_prefetch: int = 0
     prefetch_stride: int = 128
+    heads_fastest: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
@@ -354,13 +360,14 @@ def _sparse_decode_v32_kernel(
     OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
-    PAGE_SHIFT: tl.constexpr = -1,
+    PAGE_SHIFT: tl.constexpr = -1, HEADS_FASTEST: tl.constexpr = False,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
-    Grid (B * S, cdiv(H, BLOCK_H), num_splits). q [BLOCK_H, 512 + 64], K tile [BLOCK_N, 512 + 64], acc
-    [BLOCK_H, 512]. SINGLE: write out (bf16) and lse (natural log, +inf when empty) directly; else the split's
-    normalised partial [rows, splits, H, DV] and its base-2 LSE (-inf when empty) for the combine kernel.
+    Grid (B * S, cdiv(H, BLOCK_H), num_splits), the first two axes swapped with HEADS_FASTEST. q [BLOCK_H, 512 +
+    64], K tile [BLOCK_N, 512 + 64], acc [BLOCK_H, 512]. SINGLE: write out (bf16) and lse (natural log, +inf when
+    empty) directly; else the split's normalised partial [rows, splits, H, DV] and its base-2 LSE (-inf when empty)
+    for the combine kernel.
 
     NOPE_CHUNKS (1, 2, 4): the 512 NoPE dims are W = 512 / NOPE_CHUNKS-wide chunks c -- q_c, K_c, acc_c -- so each
     dot's operands and each accumulator's rescale are a quarter (a half) of the tile: S = sum_c q_c K_c^T + q_r K_r^T,
@@ -369,8 +376,12 @@ def _sparse_decode_v32_kernel(
     PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (their ids loaded one iteration
     before; this split's tiles only)."""
     W: tl.constexpr = 512 // NOPE_CHUNKS
-    i_r = tl.program_id(0)
-    i_hb = tl.program_id(1)
+    if HEADS_FASTEST:
+        i_r = tl.program_id(1)
+        i_hb = tl.program_id(0)
+    else:
+        i_r = tl.program_id(0)
+        i_hb = tl.program_id(1)
     i_sp = tl.program_id(2)
     i_b = i_r // S
     i_s = i_r % S
@@ -606,7 +617,8 @@ def sparse_decode_v32_fwd(
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse  # unused
-    _sparse_decode_v32_kernel[(rows, head_blocks, splits)](
+    grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
+    _sparse_decode_v32_kernel[grid](
         q, kv, indices, topk_length if topk_length is not None else indices, out, lse, o_part, lse_part,
         s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
         kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * LOG2E,
@@ -618,7 +630,7 @@ def sparse_decode_v32_fwd(
         SINGLE=splits == 1,
         PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
         PF_STRIDE=cfg.prefetch_stride,
-        PAGE_SHIFT=page_shift(kv_cache.shape[1]),
+        PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest,
         ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
