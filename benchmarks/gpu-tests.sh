@@ -32,4 +32,4 @@ esac
 # the record for results/gpu-tests/ (the device copy has no git: pass SHA=...)
 read -r gpu torch_v triton_v < <(python3 -c 'import torch, triton; print(torch.cuda.get_device_name().replace(" ", "_"), torch.__version__, triton.__version__)')
 python3 -m benchmarks.gpu_tests_record "$out" --sha "${SHA:-unknown}" --gpu "${gpu//_/ }" --torch "$torch_v" \
-    --triton "$triton_v" --out "$out/gpu-tests-record.json" && echo "[gpu-tests] wrote $out/gpu-tests-record.json"
+    --triton "$triton_v" --command "bash benchmarks/gpu-tests.sh $which${*:+ $*}" --out "$out/gpu-tests-record.json" && echo "[gpu-tests] wrote $out/gpu-tests-record.json"

@@ -1,8 +1,10 @@
 """Summarise the GPU test runs of ``benchmarks/gpu-tests.sh`` (JUnit XML per code path) into one JSON record for
 ``results/gpu-tests/``: ``python -m benchmarks.gpu_tests_record DIR --sha SHA --gpu NAME --torch V --triton V``.
 
-The record says, per code path, how many tests ran, passed, failed, errored and were skipped (with the skip reasons
-counted), the wall time, and the ids of every failing test; nothing is typed in by hand."""
+The record says how the tests were run (``--command``: gpu-tests.sh passes its arguments, so a run of some files
+says which) and, per code path, how many tests ran, passed, failed, errored and were skipped (with the skip reasons
+counted), how many of each test module, the wall time, and the ids of every failing test; nothing is typed in by
+hand."""
 
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ def summarise(xml_path: Path) -> dict:
     suite = ET.parse(xml_path).getroot().find("testsuite")
     if suite is None:
         raise ValueError(f"{xml_path}: no <testsuite>")
-    failed, reasons = [], Counter()
+    failed, reasons, modules = [], Counter(), Counter()
     for case in suite.iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
+        modules[case.get("classname") or case.get("name")] += 1  # a module skipped at collection: its name
         if case.find("failure") is not None or case.find("error") is not None:
             failed.append(name)
         skip = case.find("skipped")
@@ -49,6 +52,7 @@ def summarise(xml_path: Path) -> dict:
         "skip_reasons": dict(reasons.most_common()),
         "seconds": float(suite.get("time")),
         "failed": failed,
+        "modules": dict(sorted(modules.items())),
     }
 
 
@@ -63,6 +67,9 @@ def main(
     torch_version: str = typer.Option(..., "--torch"),
     triton_version: str = typer.Option(..., "--triton"),
     out: Path = typer.Option(None, help="JSON to write (default: stdout)"),
+    command: str = typer.Option(
+        "bash benchmarks/gpu-tests.sh both", help="how the tests were run (gpu-tests.sh passes its own arguments)"
+    ),
 ) -> None:
     paths = {p: summarise(run_dir / f"gpu-{p}.xml") for p in PATHS if (run_dir / f"gpu-{p}.xml").exists()}
     if not paths:
@@ -75,7 +82,7 @@ def main(
         "triton": triton_version,
         "date": stamp[:10],
         "git_sha": sha,
-        "command": "bash benchmarks/gpu-tests.sh both  (pytest -m gpu -n 12, native then TRITON_OVERRIDE_ARCH=sm89)",
+        "command": f"{command}  (pytest -m gpu -n 12, native then TRITON_OVERRIDE_ARCH=sm89)",
         "paths": paths,
     }
     text = json.dumps(record, indent=1) + "\n"

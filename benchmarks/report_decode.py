@@ -198,8 +198,12 @@ OCCUPANCY_NOTE = (
     "2048 / 8192 extra indices it takes 68 / 130 splits instead of 136 / 174 (not re-timed). `auto` here is the "
     "launcher of that run: since b147edb, 100 KB SMs take 32 x 64 tiles in two half tiles (`DecodeConfig.sub_tiles`, "
     "100,352 B) from 64 programs instead of 32 x 32 / 32 x 16 (sm_89's blocks per SM, H100: B = 64 H = 64 66.8 -> "
-    "56.4 us, 1024 rows 970 -> 750; `results/bench/explore/sub_tiles-sm89-h100-cfaf665.json`; the both-paths table "
-    "above is of that launcher)."
+    "56.4 us, 1024 rows 970 -> 750; `results/bench/explore/sub_tiles-sm89-h100-cfaf665.json`), since 664d3f4 with "
+    "their row maximum and sum reduced over both halves at once (`DecodeConfig.sub_joint_reduce`; 1024 rows 747 -> 716 "
+    "us; `h64_sub2-sm89-h100-932c7ab.json`), and since 7f94e32 a row's programs are launched side by side "
+    "(`DecodeConfig.heads_fastest`: the second 32-head program of a row reads its tokens from L2; 1024 rows 593 -> "
+    "520 us at the H100's blocks per SM, 739 -> 703 at sm_89's; `heads_fastest-sm89-h100-6bd2634.json`). The "
+    "both-paths table above is of that launcher."
 )
 
 

@@ -34,6 +34,7 @@ def test_summarise_counts_from_the_xml(tmp_path, failed):
     assert (s["tests"], s["skipped"], s["failures"]) == (5, 2, int(failed))
     assert s["passed"] == 3 - int(failed)
     assert s["failed"] == (["tests.test_x::test_b[H33]"] if failed else [])
+    assert s["modules"] == {"tests.test_containers": 1, "tests.test_x": 3, "tests.test_y": 1}
     assert s["skip_reasons"] == {
         "collection: could not import 'fastapi': No module named 'fastapi'": 1,
         "needs more shared memory than sm_89 has": 1,
@@ -48,8 +49,10 @@ def test_cli_writes_both_paths_and_refuses_an_empty_folder(tmp_path):
     _write(tmp_path / "gpu-native.xml", failed=False)
     _write(tmp_path / "gpu-sm89.xml", failed=True)
     out = tmp_path / "record.json"
-    done = runner.invoke(rec.app, [str(tmp_path), *args, "--out", str(out)])
+    command = "bash benchmarks/gpu-tests.sh both tests/test_x.py"
+    done = runner.invoke(rec.app, [str(tmp_path), *args, "--out", str(out), "--command", command])
     assert done.exit_code == 0, done.output
     record = json.loads(out.read_text())
+    assert record["command"].startswith(command + "  (")
     assert record["date"] == "2026-12-04" and record["git_sha"] == "abc"
     assert record["paths"]["native"]["failed"] == [] and record["paths"]["sm89"]["failures"] == 1
