@@ -530,6 +530,19 @@ def _prefetch_v4_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, pa
 
 
 @triton.jit
+def grid_row_and_program(HEADS_FASTEST: tl.constexpr):
+    """(row, program within the row) of this program in :func:`decode_grid`'s layout: the first two grid axes, or
+    swapped with HEADS_FASTEST (both stay hardware program ids)."""
+    if HEADS_FASTEST:
+        i_r = tl.program_id(1)
+        i_p = tl.program_id(0)
+    else:
+        i_r = tl.program_id(0)
+        i_p = tl.program_id(1)
+    return i_r, i_p
+
+
+@triton.jit
 def _sub_tiles_step(
     acc, m_i, l_i, b_q, b_idx, p_cache, in_main, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
     BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -610,12 +623,7 @@ def _sparse_decode_kernel(
     PAGE_SHIFT / PAGE_SHIFT_X: log2 of the caches' page sizes, -1 when not a power of two (:mod:`~sparsemla.kernels.
     paging`). PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (ids loaded one
     iteration before; this split's tiles only)."""
-    if HEADS_FASTEST:
-        i_r = tl.program_id(1)
-        i_hd = tl.program_id(0)
-    else:
-        i_r = tl.program_id(0)
-        i_hd = tl.program_id(1)
+    i_r, i_hd = grid_row_and_program(HEADS_FASTEST)
     i_hb = i_hd // DV_SPLIT
     i_dv = i_hd % DV_SPLIT
     i_sp = tl.program_id(2)

@@ -43,6 +43,7 @@ from sparsemla.kernels.sparse_decode.triton import (
     choose_num_splits,
     combine_blocks,
     decode_grid,
+    grid_row_and_program,
     q_lift_default,
 )
 
@@ -376,12 +377,7 @@ def _sparse_decode_v32_kernel(
     PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (their ids loaded one iteration
     before; this split's tiles only)."""
     W: tl.constexpr = 512 // NOPE_CHUNKS
-    if HEADS_FASTEST:
-        i_r = tl.program_id(1)
-        i_hb = tl.program_id(0)
-    else:
-        i_r = tl.program_id(0)
-        i_hb = tl.program_id(1)
+    i_r, i_hb = grid_row_and_program(HEADS_FASTEST)
     i_sp = tl.program_id(2)
     i_b = i_r // S
     i_s = i_r % S
