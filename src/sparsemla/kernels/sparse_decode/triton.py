@@ -955,9 +955,10 @@ def decode_grid(
 ) -> tuple[tuple[int, int, int], bool]:
     """(grid, HEADS_FASTEST) of the main decode kernel: with ``heads_fastest`` and more than one program a row
     (head blocks x V halves), the row's programs on the first axis and the rows on the second, so that they run side
-    by side (the program ids stay hardware registers: a flattened index's division costs spills ahead of time, 48 ->
-    112 B on sm_89); rows on the first axis where one program covers a row (the same order) or the rows exceed the
-    second axis' limit (:data:`MAX_GRID_YZ`)."""
+    by side; rows on the first axis where one program covers a row (the same order) or the rows exceed the second
+    axis' limit (:data:`MAX_GRID_YZ`)."""
+    # two axes rather than one flattened index: the program ids stay hardware registers (the flattened index's
+    # division spilled 112 instead of 48 B on sm_89 ahead of time)
     if heads_fastest and programs_per_row > 1 and rows <= MAX_GRID_YZ:
         return (programs_per_row, rows, splits), True
     return (rows, programs_per_row, splits), False
