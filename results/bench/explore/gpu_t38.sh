@@ -15,6 +15,8 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh h64", carry=[".gpu-cubins/h64", ".gpu"])  # after build-h64
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh hfast", carry=[".gpu-cubins/hfast", ".gpu"])  # build-hfast
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh hf32", carry=[".gpu-cubins/hf32_v32", ".gpu"])  # build-hf32
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon", carry=[".gpu-cubins/gluon", ".gpu"])  # after
+#   PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode.py build
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -351,6 +353,18 @@ hf32)  # V3.2 decode, both paths: the chosen tiles with and without the head-blo
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     v32_variant_run hf32 "$HF32" "$HF32_SHAPES" 150
     ;;
+gluon)  # V4 decode, native path: the Gluon tile (explore/gluon_decode.py: the two warpgroups split the scores'
+    # tokens) against the launcher, both from Triton 3.8 cubins (build: gluon_decode.py build); first what the GPU
+    # machine's Triton offers of Gluon's Hopper API
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    python3 -c "import triton; from triton.experimental.gluon.language.nvidia import hopper; \
+from triton.experimental.gluon import language as gl; print(triton.__version__, sorted(n for n in dir(hopper) \
+if not n.startswith('_')), 'barrier' in dir(gl), 'warp_specialize' in dir(gl))" 2>&1 | tail -2
+    timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode.py bench --cubins .gpu-cubins/gluon \
+        --git-sha "$SHA" --out "$OUT/gluon_decode-native-$(gpu_tag).json" | cut -c1-200
+    ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -408,7 +422,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
