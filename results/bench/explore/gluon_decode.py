@@ -157,9 +157,15 @@ def _cache_bytes(k_cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 
 def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, attn_sink, softmax_scale):  # noqa: ANN001
-    """(out [B, S, H, 512] bf16, lse [B, S, H] fp32) for full-length rows; H <= 64."""
+    """(out [B, S, H, 512] bf16, lse [B, H, S] fp32: the package's contract) for full-length rows (-1 entries
+    masked); H <= 64."""
     batch, s_q, heads, _ = q.shape
-    assert heads <= 64 and q.stride(3) == 1
+    assert heads <= 64 and q.stride(3) == 1 and q.dtype == torch.bfloat16
+    assert k_cache.dtype == extra_k_cache.dtype == torch.uint8, "uint8 cache views (byte strides)"
+    assert k_cache.stride(0) % 2 == 0 and extra_k_cache.stride(0) % 2 == 0, "even page strides (bf16 RoPE)"
+    assert indices.dtype == extra_indices_in_kvcache.dtype == torch.int32
+    assert indices.stride(2) == 1 and extra_indices_in_kvcache.stride(2) == 1
+    softmax_scale = 512**-0.5 if softmax_scale is None else softmax_scale
     cache, page_size, page_stride = _cache_bytes(k_cache)
     cache_x, page_size_x, page_stride_x = _cache_bytes(extra_k_cache)
     out = torch.empty(batch, s_q, heads, 512, dtype=torch.bfloat16, device=q.device)
@@ -172,7 +178,7 @@ def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, a
         q.stride(0), q.stride(1), q.stride(2), idx.stride(0), idx.stride(1), idx_x.stride(0), idx_x.stride(1),
         BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, num_warps=8,
     )  # fmt: skip
-    return out, lse
+    return out, lse.permute(0, 2, 1)
 
 
 def _inputs(rows: int, heads: int, device: str, fill: bool = True) -> dict:
@@ -271,6 +277,24 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,
                     us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
                     row.update(us=round(us, 2), err=float((got - want).norm() / want.norm()))
                 except Exception as exc:  # noqa: BLE001 - a failing variant is a finding
+                    row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+            if rows <= 1024:  # -1 entries (a short main row, every other extra row empty): out and lse vs reference
+                kw = dict(sets[0])
+                kw["indices"] = kw["indices"].clone()
+                kw["indices"][:, :, 100:] = -1
+                kw["extra_indices_in_kvcache"] = kw["extra_indices_in_kvcache"].clone()
+                kw["extra_indices_in_kvcache"][::2] = -1
+                row = dict(rows=rows, H=heads, variant="gluon", case="masked")
+                try:
+                    want_o, want_l = sparse_decode_reference(**kw, head_dim_v=512)
+                    got_o, got_l = gluon_decode(**kw)
+                    fin = torch.isfinite(want_l)
+                    row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
+                               lse_max_abs=float((got_l - want_l)[fin].abs().max()),
+                               lse_inf_match=bool(torch.equal(torch.isneginf(got_l), torch.isneginf(want_l))))  # fmt: skip
+                except Exception as exc:  # noqa: BLE001
                     row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
