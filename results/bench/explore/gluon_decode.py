@@ -30,7 +30,12 @@ import torch
 import typer
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -151,12 +156,153 @@ def _gluon_decode_kernel(
     gl.store(p_o, b_o.to(gl.bfloat16), mask=(o_ho < H)[:, None])
 
 
+@gluon.jit
+def _tile_rows(idx_row, t0, n_len, o_n, page_size, page_stride):
+    """(valid [N], data-row byte offsets [N] int64, scale-row byte offsets [N] int64) of the slot ids at
+    ``idx_row[t0 + o_n]`` (past ``n_len``: invalid), in ``o_n``'s layout."""
+    b_idx = gl.load(idx_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)
+    m_n = b_idx >= 0
+    b_slot = gl.where(m_n, b_idx, 0)
+    b_page = (b_slot // page_size).to(gl.int64)
+    b_off = (b_slot % page_size).to(gl.int64)
+    o_tok = b_page * page_stride + b_off * DATA_ROW
+    o_scale = b_page * page_stride + page_size * DATA_ROW + b_off * SCALE_ROW
+    return m_n, o_tok, o_scale
+
+
+@gluon.jit
+def _issue_tile_copies(i_t, n_main, p_idx, p_idx_x, TOPK, TOPK_X, cache, cache_x, page_size, page_stride,
+                       page_size_x, page_stride_x, nope_raw, rope_raw, o_nn, o_cn, o_nr, o_cr, o_nc,
+                       BLOCK_N: gl.constexpr):  # fmt: skip
+    """cp.async of tile ``i_t``'s NoPE bytes ([N, 512], columns >= 448 skipped) and RoPE ([N, 64] bf16) into the raw
+    buffers, one commit group; returns the tile's 8 scale bytes per token ([N] int64, in ``o_nc``'s layout)."""
+    in_main = i_t < n_main
+    t0 = gl.where(in_main, i_t, i_t - n_main) * BLOCK_N
+    n_len = gl.where(in_main, TOPK, TOPK_X)
+    idx_row = gl.where(in_main, p_idx, p_idx_x)
+    p_cache = gl.where(in_main, cache, cache_x)
+    psz = gl.where(in_main, page_size, page_size_x)
+    pst = gl.where(in_main, page_stride, page_stride_x)
+    m_n, o_tok, _ = _tile_rows(idx_row, t0, n_len, o_nn, psz, pst)
+    async_copy.async_copy_global_to_shared(nope_raw, p_cache + o_tok[:, None] + o_cn[None, :],
+                                           mask=m_n[:, None] & (o_cn < ROPE_OFFSET)[None, :])  # fmt: skip
+    m_r, o_tr, _ = _tile_rows(idx_row, t0, n_len, o_nr, psz, pst)
+    p_rope = (p_cache + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    async_copy.async_copy_global_to_shared(rope_raw, p_rope + (o_tr // 2)[:, None] + o_cr[None, :],
+                                           mask=m_r[:, None])  # fmt: skip
+    async_copy.commit_group()
+    m_c, _, o_sc = _tile_rows(idx_row, t0, n_len, o_nc, psz, pst)
+    p_w = p_cache.to(gl.pointer_type(gl.int64), bitcast=True)
+    return gl.load(p_w + o_sc // 8, mask=m_c, other=0x7F7F7F7F7F7F7F7F)  # [N] 8 ue8m0 bytes (127: 1.0)
+
+
+@gluon.jit
+def _gluon_decode_async_kernel(
+    q, cache, idx, cache_x, idx_x, sink, out, lse,
+    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_ib, stride_is, stride_xb, stride_xs,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """``_gluon_decode_kernel`` with the next tile's rows copied asynchronously (cp.async) into raw shared buffers
+    while this tile's dots run; the dequantization then reads shared memory instead of waiting on global loads.
+    Needs 16-byte aligned data rows (page strides multiple of 16) and 8-byte aligned scale rows."""
+    gl.static_assert(num_warps == 8, "two warpgroups")
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    ck: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [N, 64] dequant chunks
+    cp_n: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [num_warps, 1], [1, 0])  # [N, 512] u8: 16-byte copies
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])  # fmt: skip
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+    raw_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
+
+    i_r = gl.program_id(0)
+    i_b = i_r // S
+    i_s = i_r % S
+    o_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+    nope_raw = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 512], raw_sl)
+    rope_raw = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], raw_sl)
+
+    o_nn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_n))
+    o_cn = gl.arange(0, 512, layout=gl.SliceLayout(0, cp_n))
+    o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
+    o_cr = gl.arange(0, 64, layout=gl.SliceLayout(0, ck))
+    o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+    n_main = gl.cdiv(TOPK, BLOCK_N)
+    n_tiles = n_main + gl.cdiv(TOPK_X, BLOCK_N)
+    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+    b_w = _issue_tile_copies(0, n_main, p_idx, p_idx_x, TOPK, TOPK_X, cache, cache_x, page_size, page_stride,
+                             page_size_x, page_stride_x, nope_raw, rope_raw, o_nn, o_cn, o_nr, o_cr, o_nr,
+                             BLOCK_N)  # fmt: skip
+    for i_t in range(0, n_tiles):
+        in_main = i_t < n_main
+        t0 = gl.where(in_main, i_t, i_t - n_main) * BLOCK_N
+        b_ids = gl.load(gl.where(in_main, p_idx, p_idx_x) + t0 + o_ns, mask=t0 + o_ns < gl.where(in_main, TOPK, TOPK_X),
+                        other=-1)  # fmt: skip
+        async_copy.wait_group(0)
+        gl.barrier()  # tile i_t's raw rows are in; every warpgroup's PV of the last tile is done
+        for c in gl.static_range(7):
+            b_u = nope_raw.slice(c * 64, 64, dim=1).load(ck)  # [N, 64] e4m3 bits
+            b_sc = gl.exp2(((b_w >> (8 * c)) & 255).to(gl.float32) - 127.0).to(gl.bfloat16)  # [N]
+            b_k8 = b_u.to(gl.float8e4nv, bitcast=True)
+            k_smem.slice(c * 64, 64, dim=1).store(b_k8.to(gl.bfloat16) * b_sc[:, None])
+        k_smem.slice(ROPE_OFFSET, 64, dim=1).store(rope_raw.load(ck))
+        fence_async_shared()
+        gl.barrier()  # the tile is in k_smem for the dots; the raw buffers are free
+        if i_t + 1 < n_tiles:
+            b_w = _issue_tile_copies(i_t + 1, n_main, p_idx, p_idx_x, TOPK, TOPK_X, cache, cache_x, page_size,
+                                     page_stride, page_size_x, page_stride_x, nope_raw, rope_raw, o_nn, o_cn, o_nr,
+                                     o_cr, o_nr, BLOCK_N)  # fmt: skip
+        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                            use_acc=False, is_async=True)  # fmt: skip
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
+        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        b_p = gl.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(b_p, 1)
+        m_i = m_new
+        p_smem.store(b_p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    if HAS_SINK:
+        b_sink = gl.load(sink + o_hs, mask=o_hs < H, other=float("-inf")) * LOG2E
+        inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
+    gl.store(lse + i_r.to(gl.int64) * H + o_hs, lse2 * 0.6931471805599453, mask=o_hs < H)
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+    p_o = out + i_r.to(gl.int64) * H * 512 + o_ho.to(gl.int64)[:, None] * 512 + o_co[None, :]
+    gl.store(p_o, b_o.to(gl.bfloat16), mask=(o_ho < H)[:, None])
+
+
 def _cache_bytes(k_cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """(uint8 base, page size, page stride in bytes) of a [pages, page_size, 1, 584] uint8 V4 cache view."""
     return k_cache, k_cache.shape[1], k_cache.stride(0)
 
 
-def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, attn_sink, softmax_scale):  # noqa: ANN001
+def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, attn_sink, softmax_scale,  # noqa: ANN001
+                 pipelined: bool = False):  # fmt: skip
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32: the package's contract) for full-length rows (-1 entries
     masked); H <= 64."""
     batch, s_q, heads, _ = q.shape
@@ -171,7 +317,10 @@ def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, a
     out = torch.empty(batch, s_q, heads, 512, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
     idx, idx_x = indices, extra_indices_in_kvcache
-    _gluon_decode_kernel[(batch * s_q,)](
+    if pipelined:
+        assert k_cache.stride(0) % 16 == 0 and extra_k_cache.stride(0) % 16 == 0, "16-byte aligned rows (cp.async)"
+    kernel = _gluon_decode_async_kernel if pipelined else _gluon_decode_kernel
+    kernel[(batch * s_q,)](
         q, cache, idx, cache_x, idx_x, attn_sink, out, lse,
         s_q, heads, idx.shape[2], idx_x.shape[2], page_size, page_stride, page_size_x, page_stride_x,
         float(softmax_scale) * 1.4426950408889634,
@@ -202,19 +351,24 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
     got, sink = {}, []
     with A.compile_only("sm_90", info, "gluon", sink), A.watch_launches(lambda n, k: got.setdefault(n, k),
                                                                         compile_only=True):  # fmt: skip
-        gluon_decode(**_inputs(rows, heads, "cpu", fill=False))
-    k = got["_gluon_decode_kernel"]
-    res = next(r for r in sink if r.kernel == "_gluon_decode_kernel")
-    body = loop_body(A._cubin_tool(k.asm["cubin"], "-sass"))
-    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
-    print(f"shared {res.shared} registers {res.registers} spilled {res.spilled} loop {len(body)} instructions")
-    print(" ".join(f"{o}:{n}" for o, n in ops.most_common(30)))
+        kw = _inputs(rows, heads, "cpu", fill=False)
+        gluon_decode(**kw)
+        gluon_decode(**kw, pipelined=True)
+    for name in ("_gluon_decode_kernel", "_gluon_decode_async_kernel"):
+        res = next(r for r in sink if r.kernel == name)
+        body = loop_body(A._cubin_tool(got[name].asm["cubin"], "-sass"))
+        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
+        print(f"{name}: shared {res.shared} registers {res.registers} spilled {res.spilled} loop {len(body)}")
+        print("  " + " ".join(f"{o}:{n}" for o, n in ops.most_common(60)))
+
+
+VARIANTS = ("base", "gluon", "gluon_async")
 
 
 def _launch(variant: str, kw: dict) -> torch.Tensor:
     """out of one call: ``base`` = the package's launcher (its choices for this GPU), ``gluon`` = this kernel."""
-    if variant == "gluon":
-        return gluon_decode(**kw)[0]
+    if variant in ("gluon", "gluon_async"):
+        return gluon_decode(**kw, pipelined=variant == "gluon_async")[0]
     from sparsemla.kernels.sparse_decode import triton as T
 
     return T.sparse_decode_fwd(**kw, head_dim_v=512)[0]
@@ -229,7 +383,7 @@ def build(out: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,102
     def workload() -> None:
         for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             kw = _inputs(rows, heads, "cpu", fill=False)
-            for variant in ("base", "gluon"):
+            for variant in VARIANTS:
                 _launch(variant, kw)
 
     import triton
@@ -262,7 +416,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,
                                                 "extra_indices_in_kvcache", "attn_sink", "softmax_scale")})  # fmt: skip
             # the fp32 reference up to 1024 rows (it materialises the gathered rows in fp32), else the launcher
             want = sparse_decode_reference(**sets[0], head_dim_v=512)[0].float() if rows <= 1024 else None
-            for variant in ("base", "gluon"):
+            for variant in VARIANTS:
                 row = dict(rows=rows, H=heads, variant=variant)
                 try:
                     got = _launch(variant, sets[0]).float()
