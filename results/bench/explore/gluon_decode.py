@@ -261,12 +261,12 @@ def _gluon_decode_async_kernel(
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(rope_raw.load(ck))
         fence_async_shared()
         gl.barrier()  # the tile is in k_smem for the dots; the raw buffers are free
-        if i_t + 1 < n_tiles:
+        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                            use_acc=False, is_async=True)  # fmt: skip
+        if i_t + 1 < n_tiles:  # the next tile's index loads and copies while the score dot runs (it never reads them)
             b_w = _issue_tile_copies(i_t + 1, n_main, p_idx, p_idx_x, TOPK, TOPK_X, cache, cache_x, page_size,
                                      page_stride, page_size_x, page_stride_x, nope_raw, rope_raw, o_nn, o_cn, o_nr,
                                      o_cr, o_nr, BLOCK_N)  # fmt: skip
-        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                            use_acc=False, is_async=True)  # fmt: skip
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
         b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, 1))
@@ -281,6 +281,7 @@ def _gluon_decode_async_kernel(
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
         acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    async_copy.wait_group(0)  # no tile: the prologue's copies are still outstanding
 
     o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
@@ -319,6 +320,7 @@ def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, a
     idx, idx_x = indices, extra_indices_in_kvcache
     if pipelined:
         assert k_cache.stride(0) % 16 == 0 and extra_k_cache.stride(0) % 16 == 0, "16-byte aligned rows (cp.async)"
+        assert k_cache.data_ptr() % 16 == 0 and extra_k_cache.data_ptr() % 16 == 0, "16-byte aligned caches"
     kernel = _gluon_decode_async_kernel if pipelined else _gluon_decode_kernel
     kernel[(batch * s_q,)](
         q, cache, idx, cache_x, idx_x, attn_sink, out, lse,
