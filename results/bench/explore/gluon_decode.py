@@ -39,16 +39,41 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX  # noqa: E402 - the package's integer e4m3 -> bf16 PTX
+
 app = typer.Typer(add_completion=False)
 
 DATA_ROW: gl.constexpr = gl.constexpr(576)  # bytes: 448 fp8 NoPE, then 64 bf16 RoPE
 ROPE_OFFSET: gl.constexpr = gl.constexpr(448)
 SCALE_ROW: gl.constexpr = gl.constexpr(8)  # 7 ue8m0 scales + 1 pad, after the page's data rows
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+E4M3_PTX: gl.constexpr = E4M3_TO_BF16_PTX
+TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
 
 
 @gluon.jit
-def _gather_store_tile(p_cache, b_idx, page_size, page_stride, k_smem, o_d, BLOCK_N: gl.constexpr):
+def _e4m3_bits_to_bf16(x):
+    """uint8 e4m3 bytes -> bf16 of the value times 2^-120, exactly (the package's PTX: PRMT/SHL/AND, four bytes a
+    block; :func:`sparsemla.kernels.dequant.e4m3_bits_to_bf16`)."""
+    return gl.inline_asm_elementwise(asm=E4M3_PTX, constraints="=r,=r,r", args=[x], dtype=gl.bfloat16, is_pure=True,
+                                     pack=4)  # fmt: skip
+
+
+@gluon.jit
+def _dequant_chunk(b_u, b_e, INT_DEQUANT: gl.constexpr):
+    """[N, 64] e4m3 bytes ``b_u`` (uint8) times 2^(``b_e`` - 127) per row ([N] fp32) -> bf16: the integer bit path
+    (INT_DEQUANT: times 2^120, exact, then times the scale; one multiply by 2^(e - 7) would overflow bf16 from
+    e = 135 on) or the fp8 conversion instructions (e4m3 -> f16 -> bf16)."""
+    if INT_DEQUANT:
+        two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+        return (_e4m3_bits_to_bf16(b_u) * two_120) * gl.exp2(b_e - 127.0).to(gl.bfloat16)[:, None]
+    else:
+        return b_u.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * gl.exp2(b_e - 127.0).to(gl.bfloat16)[:, None]
+
+
+@gluon.jit
+def _gather_store_tile(p_cache, b_idx, page_size, page_stride, k_smem, o_d, BLOCK_N: gl.constexpr,
+                       INT_DEQUANT: gl.constexpr):  # fmt: skip
     """The [BLOCK_N, 512] bf16 rows of slot ids ``b_idx`` [BLOCK_N] (-1: zeros) of one V4 cache (uint8 base
     ``p_cache``) into ``k_smem``, one 64-column chunk at a time (a chunk's values live in registers, not the tile's):
     chunks 0-6 fp8 NoPE x its ue8m0 scale, chunk 7 the bf16 RoPE. ``o_d`` [64] the chunk's columns, in the layout
@@ -59,14 +84,10 @@ def _gather_store_tile(p_cache, b_idx, page_size, page_stride, k_smem, o_d, BLOC
     b_off = (b_slot % page_size).to(gl.int64)
     o_tok = b_page * page_stride + b_off * DATA_ROW  # [BLOCK_N] byte offset of the 576-byte data row
     o_scale = b_page * page_stride + page_size * DATA_ROW + b_off * SCALE_ROW  # its 8 scale bytes
-    # the fp8 conversion instructions (e4m3 -> f16 -> bf16): ahead of time 982 loop instructions a thread and tile,
-    # against 1,365 for the integer bit path written elementwise
-    p_fp8 = p_cache.to(gl.pointer_type(gl.float8e4nv), bitcast=True)
     for c in gl.static_range(7):
-        b_k8 = gl.load(p_fp8 + (o_tok + c * 64)[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [N, 64]
+        b_u = gl.load(p_cache + (o_tok + c * 64)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 64] u8
         b_e = gl.load(p_cache + o_scale + c, mask=m_n, other=127).to(gl.float32)  # [BLOCK_N] ue8m0
-        b_sc = gl.exp2(b_e - 127.0).to(gl.bfloat16)  # exact: a power of two
-        k_smem.slice(c * 64, 64, dim=1).store(b_k8.to(gl.bfloat16) * b_sc[:, None])
+        k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT))
     p_rope = (p_cache + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16), bitcast=True)
     b_r = gl.load(p_rope + (o_tok // 2)[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [BLOCK_N, 64]
     k_smem.slice(ROPE_OFFSET, 64, dim=1).store(b_r)
@@ -77,7 +98,8 @@ def _gluon_decode_kernel(
     q, cache, idx, cache_x, idx_x, sink, out, lse,
     S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is, stride_xb, stride_xs,
-    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, INT_DEQUANT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     """out [B*S, H, 512] bf16 and lse [B*S, H] (natural log, sink excluded) of one row per program (H <= BLOCK_H)."""
     gl.static_assert(num_warps == 8, "two warpgroups")
@@ -120,9 +142,9 @@ def _gluon_decode_kernel(
         b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
         gl.barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
         if in_main:
-            _gather_store_tile(cache, b_idx, page_size, page_stride, k_smem, o_d, BLOCK_N)
+            _gather_store_tile(cache, b_idx, page_size, page_stride, k_smem, o_d, BLOCK_N, INT_DEQUANT)
         else:
-            _gather_store_tile(cache_x, b_idx, page_size_x, page_stride_x, k_smem, o_d, BLOCK_N)
+            _gather_store_tile(cache_x, b_idx, page_size_x, page_stride_x, k_smem, o_d, BLOCK_N, INT_DEQUANT)
         fence_async_shared()
         gl.barrier()
         b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
@@ -201,7 +223,8 @@ def _gluon_decode_async_kernel(
     q, cache, idx, cache_x, idx_x, sink, out, lse,
     S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is, stride_xb, stride_xs,
-    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, INT_DEQUANT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):  # fmt: skip
     """``_gluon_decode_kernel`` with the next tile's rows copied asynchronously (cp.async) into raw shared buffers
     while this tile's dots run; the dequantization then reads shared memory instead of waiting on global loads.
@@ -255,9 +278,8 @@ def _gluon_decode_async_kernel(
         gl.barrier()  # tile i_t's raw rows are in; every warpgroup's PV of the last tile is done
         for c in gl.static_range(7):
             b_u = nope_raw.slice(c * 64, 64, dim=1).load(ck)  # [N, 64] e4m3 bits
-            b_sc = gl.exp2(((b_w >> (8 * c)) & 255).to(gl.float32) - 127.0).to(gl.bfloat16)  # [N]
-            b_k8 = b_u.to(gl.float8e4nv, bitcast=True)
-            k_smem.slice(c * 64, 64, dim=1).store(b_k8.to(gl.bfloat16) * b_sc[:, None])
+            b_e = ((b_w >> (8 * c)) & 255).to(gl.float32)  # [N] ue8m0
+            k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT))
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(rope_raw.load(ck))
         fence_async_shared()
         gl.barrier()  # the tile is in k_smem for the dots; the raw buffers are free
@@ -303,7 +325,7 @@ def _cache_bytes(k_cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 
 def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, attn_sink, softmax_scale,  # noqa: ANN001
-                 pipelined: bool = False):  # fmt: skip
+                 pipelined: bool = False, int_dequant: bool = False):  # fmt: skip
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32: the package's contract) for full-length rows (-1 entries
     masked); H <= 64."""
     batch, s_q, heads, _ = q.shape
@@ -327,7 +349,7 @@ def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, a
         s_q, heads, idx.shape[2], idx_x.shape[2], page_size, page_stride, page_size_x, page_stride_x,
         float(softmax_scale) * 1.4426950408889634,
         q.stride(0), q.stride(1), q.stride(2), idx.stride(0), idx.stride(1), idx_x.stride(0), idx_x.stride(1),
-        BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, num_warps=8,
+        BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, INT_DEQUANT=int_dequant, num_warps=8,
     )  # fmt: skip
     return out, lse.permute(0, 2, 1)
 
@@ -354,23 +376,25 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
     with A.compile_only("sm_90", info, "gluon", sink), A.watch_launches(lambda n, k: got.setdefault(n, k),
                                                                         compile_only=True):  # fmt: skip
         kw = _inputs(rows, heads, "cpu", fill=False)
-        gluon_decode(**kw)
-        gluon_decode(**kw, pipelined=True)
-    for name in ("_gluon_decode_kernel", "_gluon_decode_async_kernel"):
-        res = next(r for r in sink if r.kernel == name)
-        body = loop_body(A._cubin_tool(got[name].asm["cubin"], "-sass"))
-        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
-        print(f"{name}: shared {res.shared} registers {res.registers} spilled {res.spilled} loop {len(body)}")
-        print("  " + " ".join(f"{o}:{n}" for o, n in ops.most_common(60)))
+        for variant in VARIANTS[1:]:
+            got.clear()
+            sink.clear()
+            _launch(variant, kw)
+            name = next(iter(got))
+            res = next(r for r in sink if r.kernel == name)
+            body = loop_body(A._cubin_tool(got[name].asm["cubin"], "-sass"))
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
+            print(f"{variant}: shared {res.shared} registers {res.registers} spilled {res.spilled} loop {len(body)}")
+            print("  " + " ".join(f"{o}:{n}" for o, n in ops.most_common(40)))
 
 
-VARIANTS = ("base", "gluon", "gluon_async")
+VARIANTS = ("base", "gluon", "gluon_async", "gluon_int", "gluon_async_int")
 
 
 def _launch(variant: str, kw: dict) -> torch.Tensor:
     """out of one call: ``base`` = the package's launcher (its choices for this GPU), ``gluon`` = this kernel."""
-    if variant in ("gluon", "gluon_async"):
-        return gluon_decode(**kw, pipelined=variant == "gluon_async")[0]
+    if variant.startswith("gluon"):  # _async: cp.async pipeline; _int: the integer e4m3 path
+        return gluon_decode(**kw, pipelined="_async" in variant, int_dequant=variant.endswith("_int"))[0]
     from sparsemla.kernels.sparse_decode import triton as T
 
     return T.sparse_decode_fwd(**kw, head_dim_v=512)[0]
