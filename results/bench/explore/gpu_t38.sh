@@ -17,6 +17,8 @@
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh hf32", carry=[".gpu-cubins/hf32_v32", ".gpu"])  # build-hf32
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon", carry=[".gpu-cubins/gluon", ".gpu"])  # after
 #   PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode.py build
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon32", carry=[".gpu-cubins/gluon_v32", ".gpu"])
+#   after PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -365,6 +367,14 @@ if not n.startswith('_')), 'barrier' in dir(gl), 'warp_specialize' in dir(gl))" 
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode.py bench --cubins .gpu-cubins/gluon \
         --git-sha "$SHA" --out "$OUT/gluon_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
+gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon tile (explore/gluon_decode_v32.py)
+    # against the launcher, both from Triton 3.8 cubins (build: gluon_decode_v32.py build)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode_v32.py bench \
+        --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" | cut -c1-200
+    ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -422,7 +432,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac

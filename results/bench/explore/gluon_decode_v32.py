@@ -1,0 +1,325 @@
+"""Exploratory (not in the package): the V3.2 decode's 64-head wgmma tile (fp8_656 cache) in Gluon, so that the two
+warpgroups split the scores' tokens instead of both computing the whole score tile (README.md, twenty-ninth session:
+plain Triton gives the chained score dots ``warpsPerCTA = [8, 1]``). Issue #17: H = 128 at 1.9-2.2x FlashMLA.
+
+One program per (query row, 64-head block, split), 64-token tiles, 8 warps, one stage; split-K over the index row
+with the package's LSE-merge kernel; rows with no valid entry get out 0 and lse +inf (FlashMLA's convention, as the
+package's kernel). Per tile:
+
+* gather the tile's 512 e4m3 NoPE bytes (4 chunks of 128, each times its fp32 scale, in fp32, rounded once to bf16
+  -- the package's numbers) and its 64 bf16 RoPE values into shared memory;
+* S = q_nope K_nope^T + q_rope K_rope^T by two ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``;
+* online softmax; P (bf16) through shared memory; O [64, 512] += P K_nope with ``warps_per_cta = [4, 2]``.
+
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py aot     # here: Triton 3.8, sm_90
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build   # here: .gpu-cubins/gluon_v32
+    run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon32", carry=[".gpu-cubins/gluon_v32", ".gpu"])
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import triton
+import typer
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gluon_decode import _e4m3_bits_to_bf16  # noqa: E402 - the package's integer e4m3 PTX, in Gluon
+
+app = typer.Typer(add_completion=False)
+
+SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
+ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
+
+
+@gluon.jit
+def _v32_rows(b_idx, num_slots, page_size, stride_kb, stride_kt):
+    """(valid [N], byte offsets [N] int64) of slot ids ``b_idx``; invalid (< 0 or >= num_slots): slot 0's row."""
+    m_n = (b_idx >= 0) & (b_idx < num_slots)
+    b_slot = gl.where(m_n, b_idx, 0)
+    return m_n, (b_slot // page_size).to(gl.int64) * stride_kb + (b_slot % page_size).to(gl.int64) * stride_kt
+
+
+@gluon.jit
+def _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d, o_r,
+                           INT_DEQUANT: gl.constexpr):  # fmt: skip
+    """Rows of slot ids ``b_idx`` / ``b_idr`` [N] (the same ids in the NoPE chunks' and the RoPE's row layouts;
+    invalid: < 0 or >= num_slots -> zeros) of the fp8_656 cache (uint8 ``kv``) into ``k_smem`` [N, 512] bf16 (NoPE x
+    scale, 128 columns at a time) and ``kr_smem`` [N, 64] bf16 (RoPE). ``o_d`` [128] / ``o_r`` [64]: the columns."""
+    m_n, o_tok = _v32_rows(b_idx, num_slots, page_size, stride_kb, stride_kt)
+    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
+    for c in gl.static_range(4):
+        b_u = gl.load(kv + (o_tok + c * 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 128] e4m3
+        b_sc = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32
+        if INT_DEQUANT:
+            two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+            b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)  # the e4m3 value, exact
+        else:
+            b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        k_smem.slice(c * 128, 128, dim=1).store((b_k * b_sc[:, None]).to(gl.bfloat16))  # rounded once
+    m_r, o_tr = _v32_rows(b_idr, num_slots, page_size, stride_kb, stride_kt)
+    p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    b_r = gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [N, 64] bf16
+    kr_smem.store(b_r)
+
+
+@gluon.jit
+def _gluon_v32_kernel(
+    q, kv, idx, out, lse, o_part, lse_part,
+    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """Grid (B * S, cdiv(H, BLOCK_H), num_splits). SINGLE: out [B, S, H, 512] bf16 and lse [B, H, S] (natural log,
+    +inf when empty); else the split's normalised partial o_part [rows, splits, H, 512] and base-2 lse_part (-inf
+    when empty) for the package's combine kernel."""
+    gl.static_assert(num_warps == 8, "two warpgroups")
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # q rows, 16-byte runs
+    ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])  # [N, 128] NoPE chunks
+    cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [N, 64] RoPE
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])  # fmt: skip
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+    qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
+    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
+    kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+
+    i_r = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_sp = gl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+    o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
+    o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    b_qr = gl.load(p_q + 512 + o_e[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
+    kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], kr_sl)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+
+    tiles = gl.cdiv(TOPK, BLOCK_N)
+    per = gl.cdiv(tiles, num_splits)
+    t_lo = i_sp * per
+    t_hi = gl.minimum(t_lo + per, tiles)
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
+    o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
+    o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
+    o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
+    o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    for i_t in range(t_lo, t_hi):
+        t0 = i_t * BLOCK_N
+        b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (chunk rows)
+        b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same (RoPE rows)
+        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # the same (S columns)
+        gl.barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
+        _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d,
+                               o_r, INT_DEQUANT)  # fmt: skip
+        fence_async_shared()
+        gl.barrier()
+        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                            use_acc=False, is_async=True)  # fmt: skip
+        b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+        m_s = (b_ids >= 0) & (b_ids < num_slots)
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        b_p = gl.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(b_p, 1)
+        m_i = m_new
+        p_smem.store(b_p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    m_hs = o_hs < H
+    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+    if SINGLE:
+        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
+        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
+    else:
+        i_part = i_r.to(gl.int64) * num_splits + i_sp
+        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+
+
+def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
+                     num_splits="auto"):  # noqa: ANN001
+    """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
+    entries masked), the package's split rule and combine kernel."""
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.sparse_decode.triton import choose_num_splits, combine_blocks
+    from sparsemla.kernels.sparse_decode.triton_v32 import _sparse_decode_v32_combine_kernel
+
+    assert kv_format == "fp8_656" and kv_cache.dtype == torch.uint8 and kv_cache.stride(3) == 1
+    assert kv_cache.stride(0) % 16 == 0 and kv_cache.stride(1) % 16 == 0 and kv_cache.data_ptr() % 16 == 0
+    assert q.dtype == torch.bfloat16 and q.shape[3] == 576 and q.stride(3) == 1
+    assert indices.dtype == torch.int32 and indices.stride(2) == 1
+    batch, s_q, heads, _ = q.shape
+    rows, topk = batch * s_q, indices.shape[2]
+    head_blocks = triton.cdiv(heads, 64)
+    info = dev.launch_info(q.device)
+    splits = choose_num_splits(rows, head_blocks, triton.cdiv(topk, 64), info.num_sms, num_splits)
+    out = torch.empty(batch, s_q, heads, 512, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(batch, heads, s_q, dtype=torch.float32, device=q.device)
+    if splits > 1:
+        o_part = torch.empty(rows, splits, heads, 512, dtype=torch.bfloat16, device=q.device)
+        lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = out, lse
+    _gluon_v32_kernel[(rows, head_blocks, splits)](
+        q, kv_cache, indices, out, lse, o_part, lse_part,
+        s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
+        kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * 1.4426950408889634,
+        q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+        BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, num_warps=8,
+    )  # fmt: skip
+    if splits > 1:
+        block_s, block_hc, block_d = combine_blocks(splits, heads)
+        _sparse_decode_v32_combine_kernel[(rows, triton.cdiv(heads, block_hc), triton.cdiv(512, block_d))](
+            o_part, lse_part, out, lse, s_q, heads, splits,
+            DV=512, BLOCK_S=block_s, BLOCK_H=block_hc, BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
+    return out, lse
+
+
+VARIANTS = ("base", "gluon_int", "gluon")
+SHAPES = "8x128,32x128,64x128,128x128"
+
+
+def _inputs(batch: int, heads: int, device: str, fill: bool = True, seed: int = 0) -> dict:
+    from benchmarks.decode_v32 import Shape, make_inputs
+
+    kw = make_inputs(Shape(batch, 1, heads, 2048, "fp8_656", 8192), seed=seed, device=device, fill=fill)
+    return {k: kw[k] for k in ("q", "kv_cache", "indices", "sm_scale", "kv_format")}
+
+
+def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel."""
+    if variant.startswith("gluon"):
+        return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"))
+    from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
+
+    return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"], kv_format=kw["kv_format"],
+                                 d_v=512)  # fmt: skip
+
+
+@app.command()
+def aot(batch: int = 64, heads: int = 128) -> None:
+    """Here (no GPU): compile for sm_90 with this Triton; shared memory, registers, spills, loop op counts."""
+    from anatomy_lib import loop_body
+
+    from sparsemla.kernels import aot as A
+    from sparsemla.kernels import device as dev
+
+    info = dev.target("sm_90")
+    got, sink = {}, []
+    with A.compile_only("sm_90", info, "gluon_v32", sink), A.watch_launches(lambda n, k: got.setdefault(n, k),
+                                                                            compile_only=True):  # fmt: skip
+        kw = _inputs(batch, heads, "cpu", fill=False)
+        for variant in VARIANTS:
+            got.clear()
+            sink.clear()
+            _launch(variant, kw)
+            name = "_gluon_v32_kernel" if variant != "base" else "_sparse_decode_v32_kernel"
+            res = next(r for r in sink if r.kernel == name)
+            body = loop_body(A._cubin_tool(got[name].asm["cubin"], "-sass"))
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
+            print(f"{variant}: shared {res.shared} registers {res.registers} spilled {res.spilled} loop {len(body)}")
+            print("  " + " ".join(f"{o}:{n}" for o, n in ops.most_common(40)))
+
+
+@app.command()
+def build(out: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES) -> None:
+    """Here (no GPU): the launcher's and this kernel's launches at SHAPES (batch x heads) compiled by this Triton
+    into OUT (benchmarks/prod_cubins.py, native path), for `bench` on the GPU machine."""
+    from benchmarks import prod_cubins
+
+    def workload() -> None:
+        for batch, heads in (map(int, s.split("x")) for s in shapes.split(",")):
+            kw = _inputs(batch, heads, "cpu", fill=False)
+            for variant in VARIANTS:
+                _launch(variant, kw)
+
+    added = prod_cubins.build(workload, out, "native")
+    print(f"Triton {triton.__version__}: {len(added)} cubins added to {out}")
+
+
+@app.command()
+def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, out: Path = Path("gluon_v32.json"),
+          git_sha: str = "unknown") -> None:  # fmt: skip
+    """GPU: the launcher and this kernel from CUBINS (Triton 3.8) replayed, CUDA-graph median (2 input sets
+    rotated); out's relative error and lse's largest difference against the fp32 reference; JSON to OUT."""
+    import json
+
+    from triton.testing import do_bench
+
+    from benchmarks import prod_cubins
+    from benchmarks.decode import graphed
+    from sparsemla.kernels.sparse_decode.reference import sparse_decode_v32_reference
+
+    rows_out: list[dict] = []
+    with prod_cubins.Replayer(cubins) as counts:
+        for batch, heads in (map(int, s.split("x")) for s in shapes.split(",")):
+            sets = [_inputs(batch, heads, "cuda", seed=100 * batch + i) for i in range(2)]
+            kw0 = sets[0]
+            want_o, want_l = sparse_decode_v32_reference(kw0["q"], kw0["kv_cache"], kw0["indices"], kw0["sm_scale"],
+                                                         kv_format=kw0["kv_format"], d_v=512)  # fmt: skip
+            for variant in VARIANTS:
+                row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant)
+                try:
+                    got_o, got_l = _launch(variant, kw0)
+                    fin = torch.isfinite(want_l)
+                    row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
+                               lse_max_abs=float((got_l - want_l)[fin].abs().max()))  # fmt: skip
+                    runs = [graphed(lambda kw=kw, v=variant: _launch(v, kw)) for kw in sets]
+                    st = {"i": 0}
+
+                    def step(runs=runs, st=st) -> None:
+                        st["i"] += 1
+                        runs[st["i"] % 2]()
+
+                    row["us"] = round(do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3, 2)
+                except Exception as exc:  # noqa: BLE001 - a failing variant is a finding
+                    row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, git_sha=git_sha,
+               cubins=str(cubins), replayed=counts, rows=rows_out)  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    app()
