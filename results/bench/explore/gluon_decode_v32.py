@@ -315,6 +315,29 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
                     row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
+            # masked: ~10 % -1 entries, ~5 % past the cache, request 0's rows all -1 (out 0, lse +inf)
+            kw = dict(kw0)
+            ids = kw["indices"].clone()
+            noise = torch.rand(ids.shape, device=ids.device, generator=torch.Generator(ids.device).manual_seed(7))
+            ids[noise < 0.10] = -1
+            ids[(noise >= 0.10) & (noise < 0.15)] = kw["kv_cache"].shape[0] * kw["kv_cache"].shape[1] + 5
+            ids[0] = -1
+            kw["indices"] = ids
+            want_o, want_l = sparse_decode_v32_reference(kw["q"], kw["kv_cache"], ids, kw["sm_scale"],
+                                                         kv_format=kw["kv_format"], d_v=512)  # fmt: skip
+            for variant in VARIANTS:
+                row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant, case="masked")
+                try:
+                    got_o, got_l = _launch(variant, kw)
+                    fin = torch.isfinite(want_l)
+                    row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
+                               lse_max_abs=float((got_l - want_l)[fin].abs().max()),
+                               lse_inf_match=bool(torch.equal(torch.isinf(got_l), torch.isinf(want_l))),
+                               empty_rows_zero=bool((got_o[0] == 0).all()))  # fmt: skip
+                except Exception as exc:  # noqa: BLE001
+                    row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, git_sha=git_sha,
                cubins=str(cubins), replayed=counts, rows=rows_out)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
