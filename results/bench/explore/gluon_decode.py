@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+import triton
 import typer
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -95,13 +96,16 @@ def _gather_store_tile(p_cache, b_idx, page_size, page_stride, k_smem, o_d, BLOC
 
 @gluon.jit
 def _gluon_decode_kernel(
-    q, cache, idx, cache_x, idx_x, sink, out, lse,
-    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
+    q, cache, idx, cache_x, idx_x, sink, out, lse, o_part, lse_part,
+    S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is, stride_xb, stride_xs,
     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_SINK: gl.constexpr, INT_DEQUANT: gl.constexpr,
-    num_warps: gl.constexpr,
+    SINGLE: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
-    """out [B*S, H, 512] bf16 and lse [B*S, H] (natural log, sink excluded) of one row per program (H <= BLOCK_H)."""
+    """Grid (B * S, cdiv(H, BLOCK_H), num_splits); a split owns a contiguous run of the concatenated list's tiles.
+    SINGLE: out [B*S, H, 512] bf16 and lse [B*S, H] (natural log, sink excluded; the sink scales out); else the
+    split's normalised partial o_part [rows, splits, H, 512] and base-2 lse_part (-inf when empty) for the package's
+    combine kernel, which applies the sink."""
     gl.static_assert(num_warps == 8, "two warpgroups")
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512], 16-byte runs
     ck: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 64] gather chunks
@@ -113,9 +117,11 @@ def _gluon_decode_kernel(
     p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
     i_r = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_sp = gl.program_id(2)
     i_b = i_r // S
     i_s = i_r % S
-    o_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
     o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
     p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
     b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
@@ -131,9 +137,12 @@ def _gluon_decode_kernel(
     o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     n_main = gl.cdiv(TOPK, BLOCK_N)
     n_tiles = n_main + gl.cdiv(TOPK_X, BLOCK_N)
+    per = gl.cdiv(n_tiles, num_splits)
+    t_lo = i_sp * per
+    t_hi = gl.minimum(t_lo + per, n_tiles)
     p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
     p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
-    for i_t in range(0, n_tiles):
+    for i_t in range(t_lo, t_hi):
         in_main = i_t < n_main
         t0 = gl.where(in_main, i_t, i_t - n_main) * BLOCK_N
         n_len = gl.where(in_main, TOPK, TOPK_X)
@@ -164,18 +173,23 @@ def _gluon_decode_kernel(
         acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-    o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
     inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    if HAS_SINK:
-        b_sink = gl.load(sink + o_hs, mask=o_hs < H, other=float("-inf")) * LOG2E
-        inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
-    gl.store(lse + i_r.to(gl.int64) * H + o_hs, lse2 * 0.6931471805599453, mask=o_hs < H)
-    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
     o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-    p_o = out + i_r.to(gl.int64) * H * 512 + o_ho.to(gl.int64)[:, None] * 512 + o_co[None, :]
-    gl.store(p_o, b_o.to(gl.bfloat16), mask=(o_ho < H)[:, None])
+    if SINGLE:
+        if HAS_SINK:
+            b_sink = gl.load(sink + o_hs, mask=o_hs < H, other=float("-inf")) * LOG2E
+            inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
+        gl.store(lse + i_r.to(gl.int64) * H + o_hs, lse2 * 0.6931471805599453, mask=o_hs < H)
+        p_o = out + i_r.to(gl.int64) * H * 512 + o_ho.to(gl.int64)[:, None] * 512 + o_co[None, :]
+    else:
+        i_part = i_r.to(gl.int64) * num_splits + i_sp
+        gl.store(lse_part + i_part * H + o_hs, lse2, mask=o_hs < H)
+        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
 
 
 @gluon.jit
@@ -327,9 +341,10 @@ def _cache_bytes(k_cache: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, attn_sink, softmax_scale,  # noqa: ANN001
                  pipelined: bool = False, int_dequant: bool = False):  # fmt: skip
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32: the package's contract) for full-length rows (-1 entries
-    masked); H <= 64."""
+    masked). The synchronous kernel takes any H (64-head blocks) and the package's split rule with its combine
+    kernel; the pipelined one H <= 64 and no split."""
     batch, s_q, heads, _ = q.shape
-    assert heads <= 64 and q.stride(3) == 1 and q.dtype == torch.bfloat16
+    assert q.stride(3) == 1 and q.dtype == torch.bfloat16
     assert k_cache.dtype == extra_k_cache.dtype == torch.uint8, "uint8 cache views (byte strides)"
     assert k_cache.stride(0) % 2 == 0 and extra_k_cache.stride(0) % 2 == 0, "even page strides (bf16 RoPE)"
     assert indices.dtype == extra_indices_in_kvcache.dtype == torch.int32
@@ -340,17 +355,44 @@ def gluon_decode(q, k_cache, indices, extra_k_cache, extra_indices_in_kvcache, a
     out = torch.empty(batch, s_q, heads, 512, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(batch, s_q, heads, dtype=torch.float32, device=q.device)
     idx, idx_x = indices, extra_indices_in_kvcache
+    rows, head_blocks = batch * s_q, triton.cdiv(heads, 64)
+    args = (s_q, heads, idx.shape[2], idx_x.shape[2], page_size, page_stride, page_size_x, page_stride_x)
+    strides = (q.stride(0), q.stride(1), q.stride(2), idx.stride(0), idx.stride(1), idx_x.stride(0), idx_x.stride(1))
+    scale = float(softmax_scale) * 1.4426950408889634
     if pipelined:
+        assert heads <= 64, "the pipelined kernel: one head block"
         assert k_cache.stride(0) % 16 == 0 and extra_k_cache.stride(0) % 16 == 0, "16-byte aligned rows (cp.async)"
         assert k_cache.data_ptr() % 16 == 0 and extra_k_cache.data_ptr() % 16 == 0, "16-byte aligned caches"
-    kernel = _gluon_decode_async_kernel if pipelined else _gluon_decode_kernel
-    kernel[(batch * s_q,)](
-        q, cache, idx, cache_x, idx_x, attn_sink, out, lse,
-        s_q, heads, idx.shape[2], idx_x.shape[2], page_size, page_stride, page_size_x, page_stride_x,
-        float(softmax_scale) * 1.4426950408889634,
-        q.stride(0), q.stride(1), q.stride(2), idx.stride(0), idx.stride(1), idx_x.stride(0), idx_x.stride(1),
-        BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, INT_DEQUANT=int_dequant, num_warps=8,
+        _gluon_decode_async_kernel[(rows,)](
+            q, cache, idx, cache_x, idx_x, attn_sink, out, lse, *args, scale, *strides,
+            BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, INT_DEQUANT=int_dequant, num_warps=8,
+        )  # fmt: skip
+        return out, lse.permute(0, 2, 1)
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.sparse_decode.triton import (
+        _sparse_decode_combine_kernel,
+        choose_num_splits,
+        combine_blocks,
+    )
+
+    tiles = triton.cdiv(idx.shape[2], 64) + triton.cdiv(idx_x.shape[2], 64)
+    splits = choose_num_splits(rows, head_blocks, tiles, dev.launch_info(q.device).num_sms, "auto")
+    if splits > 1:
+        o_part = torch.empty(rows, splits, heads, 512, dtype=torch.bfloat16, device=q.device)
+        lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
+    else:
+        o_part, lse_part = out, lse  # unused
+    _gluon_decode_kernel[(rows, head_blocks, splits)](
+        q, cache, idx, cache_x, idx_x, attn_sink, out, lse, o_part, lse_part, *args, splits, scale, *strides,
+        BLOCK_H=64, BLOCK_N=64, HAS_SINK=attn_sink is not None, INT_DEQUANT=int_dequant, SINGLE=splits == 1,
+        num_warps=8,
     )  # fmt: skip
+    if splits > 1:
+        block_s, block_hc, block_d = combine_blocks(splits, heads)
+        _sparse_decode_combine_kernel[(rows, triton.cdiv(heads, block_hc), triton.cdiv(512, block_d))](
+            o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, heads, heads, splits,
+            DV=512, BLOCK_S=block_s, BLOCK_H=block_hc, BLOCK_D=block_d, HAS_SINK=attn_sink is not None, num_warps=4,
+        )  # fmt: skip
     return out, lse.permute(0, 2, 1)
 
 
@@ -376,7 +418,7 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
     with A.compile_only("sm_90", info, "gluon", sink), A.watch_launches(lambda n, k: got.setdefault(n, k),
                                                                         compile_only=True):  # fmt: skip
         kw = _inputs(rows, heads, "cpu", fill=False)
-        for variant in VARIANTS[1:]:
+        for variant in variants_for(heads)[1:]:
             got.clear()
             sink.clear()
             _launch(variant, kw)
@@ -389,6 +431,12 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
 
 
 VARIANTS = ("base", "gluon", "gluon_async", "gluon_int", "gluon_async_int")
+SHAPES = "8x64,64x64,128x64,1024x64,8192x64,64x128,128x128"  # rows x heads
+
+
+def variants_for(heads: int) -> tuple[str, ...]:
+    """The variants a shape runs: the pipelined kernel has no head blocks (H <= 64)."""
+    return tuple(v for v in VARIANTS if heads <= 64 or "_async" not in v)
 
 
 def _launch(variant: str, kw: dict) -> torch.Tensor:
@@ -401,7 +449,7 @@ def _launch(variant: str, kw: dict) -> torch.Tensor:
 
 
 @app.command()
-def build(out: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,1024x64,8192x64") -> None:
+def build(out: Path = Path(".gpu-cubins/gluon"), shapes: str = SHAPES) -> None:
     """Here (no GPU): the launcher's and this kernel's launches at SHAPES (rows x heads) compiled by this Triton into
     OUT (benchmarks/prod_cubins.py, native path), for `bench` on the GPU machine."""
     from benchmarks import prod_cubins
@@ -409,7 +457,7 @@ def build(out: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,102
     def workload() -> None:
         for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             kw = _inputs(rows, heads, "cpu", fill=False)
-            for variant in VARIANTS:
+            for variant in variants_for(heads):
                 _launch(variant, kw)
 
     import triton
@@ -419,7 +467,7 @@ def build(out: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,102
 
 
 @app.command()
-def bench(cubins: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,1024x64,8192x64",
+def bench(cubins: Path = Path(".gpu-cubins/gluon"), shapes: str = SHAPES,
           out: Path = Path("gluon_decode.json"), git_sha: str = "unknown") -> None:  # fmt: skip
     """GPU: both kernels from CUBINS (Triton 3.8) replayed, CUDA-graph median (2 input sets rotated), out's relative
     error against the fp32 reference; JSON to OUT."""
@@ -442,7 +490,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon"), shapes: str = "64x64,128x64,
                                                 "extra_indices_in_kvcache", "attn_sink", "softmax_scale")})  # fmt: skip
             # the fp32 reference up to 1024 rows (it materialises the gathered rows in fp32), else the launcher
             want = sparse_decode_reference(**sets[0], head_dim_v=512)[0].float() if rows <= 1024 else None
-            for variant in VARIANTS:
+            for variant in variants_for(heads):
                 row = dict(rows=rows, H=heads, variant=variant)
                 try:
                     got = _launch(variant, sets[0]).float()
