@@ -3,8 +3,10 @@
 whole 64 x 64 score tile (plain Triton gives a dot that feeds another dot ``warpsPerCTA = [8, 1]``: with 64 heads
 = one warpgroup's M, both warpgroups compute all of QK; see README.md, twenty-ninth session).
 
-One program per row and 64-head block (H <= 64), 64-token tiles, 8 warps, one stage, full-length rows (128 SWA +
-extra indices, -1 entries masked), sink applied: the prefill-row shape of issue #13. Per tile:
+One program per row, 64-head block and split (the package's split rule and combine kernel; the pipelined variant:
+one head block, no split), 64-token tiles, 8 warps, one stage, full-length rows (128 SWA + extra indices, -1 entries
+masked), sink applied: issue #13's prefill rows and decode shapes. Partials are bf16 (the package's wgmma tile keeps
+fp32 ones below 16 programs, so its error reads lower there). Per tile:
 
 * gather and dequantize the tile [64, 512] (fp8 NoPE x ue8m0 scale, bf16 RoPE) into registers, store it to shared
   memory (one NVMMA-swizzled copy that both dots read);
@@ -431,7 +433,7 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
 
 
 VARIANTS = ("base", "gluon", "gluon_async", "gluon_int", "gluon_async_int")
-SHAPES = "8x64,64x64,128x64,1024x64,8192x64,64x128,128x128"  # rows x heads
+SHAPES = "8x64,64x64,128x64,1024x64,8192x64,8x128,64x128,128x128"  # rows x heads (8 x 128: splits and head blocks)
 
 
 def variants_for(heads: int) -> tuple[str, ...]:
