@@ -97,6 +97,26 @@ def _gather_store_tile(p_cache, b_idx, page_size, page_stride, k_smem, o_d, BLOC
 
 
 @gluon.jit
+def _softmax_pv(b_s, valid, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout: gl.constexpr):
+    """One online-softmax step and the PV dot of a tile: scores ``b_s`` [BLOCK_H, BLOCK_N] (the scores' layout; each
+    warpgroup half the tokens), ``valid`` [BLOCK_N] along its columns; P goes through ``p_smem`` to the
+    ``warpgroup_mma`` with V = ``k_smem`` [BLOCK_N, 512] into ``acc`` (``o_layout``). Returns (acc, m_i, l_i)."""
+    b_s = gl.where(valid[None, :], b_s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(b_s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
+    alpha = gl.exp2(m_i - m_use)
+    b_p = gl.exp2(b_s - m_use[:, None])
+    l_i = l_i * alpha + gl.sum(b_p, 1)
+    p_smem.store(b_p.to(gl.bfloat16))
+    fence_async_shared()
+    gl.barrier()  # both warpgroups' halves of P are in before either PV reads all of it
+    alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+    acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, m_new, l_i
+
+
+@gluon.jit
 def _gluon_decode_kernel(
     q, cache, idx, cache_x, idx_x, sink, out, lse, o_part, lse_part,
     S, H, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
@@ -161,19 +181,7 @@ def _gluon_decode_kernel(
         b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                             use_acc=False, is_async=True)  # fmt: skip
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
-        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        b_p = gl.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(b_p, 1)
-        m_i = m_new
-        p_smem.store(b_p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.barrier()
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc, m_i, l_i = _softmax_pv(b_s, b_ids >= 0, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
 
     o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
@@ -306,19 +314,7 @@ def _gluon_decode_async_kernel(
                                      page_stride, page_size_x, page_stride_x, nope_raw, rope_raw, o_nn, o_cn, o_nr,
                                      o_cr, o_nr, BLOCK_N)  # fmt: skip
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
-        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        b_p = gl.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(b_p, 1)
-        m_i = m_new
-        p_smem.store(b_p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.barrier()
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc, m_i, l_i = _softmax_pv(b_s, b_ids >= 0, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
     async_copy.wait_group(0)  # no tile: the prologue's copies are still outstanding
 
     o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))

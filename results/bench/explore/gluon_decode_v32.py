@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gluon_decode import _e4m3_bits_to_bf16  # noqa: E402 - the package's integer e4m3 PTX, in Gluon
+from gluon_decode import _e4m3_bits_to_bf16, _softmax_pv  # noqa: E402 - the V4 prototype's Gluon helpers
 
 app = typer.Typer(add_completion=False)
 
@@ -142,19 +142,7 @@ def _gluon_v32_kernel(
         b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
         m_s = (b_ids >= 0) & (b_ids < num_slots)
-        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        b_p = gl.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(b_p, 1)
-        m_i = m_new
-        p_smem.store(b_p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.barrier()
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
 
     o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     m_hs = o_hs < H
