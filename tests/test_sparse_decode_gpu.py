@@ -295,3 +295,97 @@ def test_padded_heads_skip_the_pad(nan_empty, real):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured[0], out)
+
+
+# -- the Gluon tile (sm_90's default from 8 programs; DecodeConfig.gluon) ---------------------------------------------
+def _sm90_gluon() -> bool:
+    from sparsemla.kernels import device as dev
+    from sparsemla.kernels.sparse_decode import gluon_sm90
+
+    return torch.cuda.is_available() and dev.device_info().capability == (9, 0) and gluon_sm90.available()
+
+
+needs_gluon = pytest.mark.skipif(not _sm90_gluon(), reason="the Gluon tile is sm_90's (native path, Triton >= 3.6)")
+GLUON = sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True)
+
+
+@needs_gluon
+@pytest.mark.parametrize("splits", [1, 3, "auto"], ids=["1split", "3splits", "auto"])
+@pytest.mark.parametrize("heads", [64, 128, 29], ids=["H64", "H128", "H29"])
+@pytest.mark.parametrize(
+    "cfg",
+    [GLUON, dataclasses.replace(GLUON, partial_bf16=False), dataclasses.replace(GLUON, int_dequant=False)],
+    ids=["bf16part-intdq", "fp32part", "fp8cvt"],
+)
+def test_gluon_tile_matches_reference(nan_empty, cfg, heads, splits):
+    """The Gluon tile: both caches, -1 entries, valid lengths, the sink, head counts that leave part of a block
+    empty, splits with one program each or three tiles (partials bf16 or fp32), the fp8 conversion and the integer
+    dequant."""
+    kw = make_case(5, heads, 128, 512, sink=True, invalid=0.05, seed=501 + heads)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
+    check(kw, out, lse)
+
+
+@needs_gluon
+@pytest.mark.parametrize("swa_page,extra_page,extra_topk", [(96, 64, 2048), (64, 256, 512), (256, 64, 0)],
+                         ids=["div-page+shift", "two-shifts", "no-extra"])  # fmt: skip
+def test_gluon_tile_pages_and_no_extra(nan_empty, swa_page, extra_page, extra_topk):
+    """Page sizes that are not powers of two (divisions), two different shifts, and no extra cache."""
+    kw = make_case(9, 64, 128, extra_topk, sink=False, swa_page=swa_page, extra_page=extra_page, invalid=0.05, seed=7)
+    check(kw, *sd_triton.sparse_decode_fwd(**kw, config=GLUON))
+
+
+@needs_gluon
+def test_gluon_tile_corner_cases(nan_empty):
+    """Rows with no valid entry (all -1, lengths 0), duplicates, sink +inf / -inf, a non-contiguous q."""
+    kw = make_case(4, 64, 128, 512, sink=True, seed=4)
+    kw["indices"][0] = -1
+    kw["extra_indices_in_kvcache"][0] = -1
+    kw["topk_length"][1] = 0
+    kw["extra_topk_length"][1] = 0
+    kw["indices"][2, :, 64:] = kw["indices"][2, :, :64]
+    kw["topk_length"][2] = 128
+    kw["attn_sink"][0], kw["attn_sink"][1] = float("inf"), float("-inf")
+    kw["q"] = torch.randn(4, 1, 64, 1024, device="cuda").to(torch.bfloat16)[..., 1::2]
+    for splits in (1, 4):
+        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=GLUON)
+        assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+        assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
+        check(kw, out, lse)
+
+
+@needs_gluon
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+def test_gluon_tile_pad_heads_and_narrow_v(nan_empty, splits):
+    """8 real heads of a q padded to 64 (NaN pad rows: never read), and head_dim_v = 256 (the first 256 columns)."""
+    kw = make_case(6, 64, 128, 512, sink=True, seed=61)
+    kw["q"][:, :, 8:] = float("nan")
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_real_heads=8, num_splits=splits, config=GLUON)
+    real = dict(kw, q=kw["q"][:, :, :8].contiguous(), attn_sink=kw["attn_sink"][:8].contiguous())
+    check(real, out[:, :, :8], lse[:, :8].transpose(1, 2).contiguous().transpose(1, 2))
+    assert torch.equal(out[:, :, 8:], torch.zeros_like(out[:, :, 8:])) and torch.isneginf(lse[:, 8:]).all()
+    kw["q"][:, :, 8:] = 0.5
+    narrow = dict(kw, head_dim_v=256)
+    out, lse = sd_triton.sparse_decode_fwd(**narrow, num_splits=splits, config=GLUON)
+    assert out.shape[-1] == 256
+    check(narrow, out, lse)
+
+
+@needs_gluon
+def test_gluon_tile_integer_dequant_is_bit_identical_on_every_byte():
+    """The Gluon tile's integer e4m3 path equals its conversion-unit path bit for bit on every e4m3 byte."""
+    kw = all_bytes_case()
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=dataclasses.replace(GLUON, int_dequant=False))
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=GLUON)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)
+
+
+@needs_gluon
+def test_sm90_launcher_takes_the_gluon_tile_from_8_programs():
+    """sm_90's default for H > 16 from GLUON_SM90_MIN_BUSY programs is the Gluon tile; below, the V halves."""
+    from sparsemla.kernels import device as dev
+
+    info = dev.device_info()
+    assert sd_triton.choose_config(info, 64, 8).gluon and sd_triton.choose_config(info, 128, 4).gluon
+    assert not sd_triton.choose_config(info, 64, 7).gluon and not sd_triton.choose_config(info, 16, 64).gluon

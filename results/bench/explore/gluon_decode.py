@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX  # noqa: E402 - the package's integer e4m3 -> bf16 PTX
 
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton 3.8's name; 3.6 (the GPU machine): thread_barrier
+
 app = typer.Typer(add_completion=False)
 
 DATA_ROW: gl.constexpr = gl.constexpr(576)  # bytes: 448 fp8 NoPE, then 64 bf16 RoPE
@@ -109,7 +111,7 @@ def _softmax_pv(b_s, valid, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout: g
     l_i = l_i * alpha + gl.sum(b_p, 1)
     p_smem.store(b_p.to(gl.bfloat16))
     fence_async_shared()
-    gl.barrier()  # both warpgroups' halves of P are in before either PV reads all of it
+    _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
     alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
     acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -171,13 +173,13 @@ def _gluon_decode_kernel(
         p_row = gl.where(in_main, p_idx, p_idx_x)
         b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
         b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
-        gl.barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
+        _barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
         if in_main:
             _gather_store_tile(cache, b_idx, page_size, page_stride, k_smem, o_d, BLOCK_N, INT_DEQUANT)
         else:
             _gather_store_tile(cache_x, b_idx, page_size_x, page_stride_x, k_smem, o_d, BLOCK_N, INT_DEQUANT)
         fence_async_shared()
-        gl.barrier()
+        _barrier()
         b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                             use_acc=False, is_async=True)  # fmt: skip
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
@@ -299,14 +301,14 @@ def _gluon_decode_async_kernel(
         b_ids = gl.load(gl.where(in_main, p_idx, p_idx_x) + t0 + o_ns, mask=t0 + o_ns < gl.where(in_main, TOPK, TOPK_X),
                         other=-1)  # fmt: skip
         async_copy.wait_group(0)
-        gl.barrier()  # tile i_t's raw rows are in; every warpgroup's PV of the last tile is done
+        _barrier()  # tile i_t's raw rows are in; every warpgroup's PV of the last tile is done
         for c in gl.static_range(7):
             b_u = nope_raw.slice(c * 64, 64, dim=1).load(ck)  # [N, 64] e4m3 bits
             b_e = ((b_w >> (8 * c)) & 255).to(gl.float32)  # [N] ue8m0
             k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT))
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(rope_raw.load(ck))
         fence_async_shared()
-        gl.barrier()  # the tile is in k_smem for the dots; the raw buffers are free
+        _barrier()  # the tile is in k_smem for the dots; the raw buffers are free
         b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                             use_acc=False, is_async=True)  # fmt: skip
         if i_t + 1 < n_tiles:  # the next tile's index loads and copies while the score dot runs (it never reads them)

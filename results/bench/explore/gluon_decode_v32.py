@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gluon_decode import _e4m3_bits_to_bf16, _softmax_pv  # noqa: E402 - the V4 prototype's Gluon helpers
 
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton 3.8's name; 3.6 (the GPU machine): thread_barrier
+
 app = typer.Typer(add_completion=False)
 
 SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
@@ -132,11 +134,11 @@ def _gluon_v32_kernel(
         b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (chunk rows)
         b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same (RoPE rows)
         b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # the same (S columns)
-        gl.barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
+        _barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
         _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d,
                                o_r, INT_DEQUANT)  # fmt: skip
         fence_async_shared()
-        gl.barrier()
+        _barrier()
         b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                             use_acc=False, is_async=True)  # fmt: skip
         b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)

@@ -39,6 +39,7 @@ from sparsemla.kernels.dequant import LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT, e4m3
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 from sparsemla.kernels.paging import page_shift, page_split_either
 from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_l2, prefetch_rows_l2
+from sparsemla.kernels.sparse_decode import gluon_sm90
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -79,7 +80,10 @@ class DecodeConfig:
     sub_tiles=2; the launcher's choice, :data:`MMA_WIDE_TILE_BUSY`): one row-max and one row-sum reduction over both
     halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled).
     heads_fastest (on by default): the grid's first axis walks a row's head blocks (and V halves) before the next
-    row, so the programs that gather the same tokens run side by side and the later ones read them from L2."""
+    row, so the programs that gather the same tokens run side by side and the later ones read them from L2. gluon
+    (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles, lazy rescale, lift or L2 prefetch): the
+    tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`), whose two warpgroups split the
+    scores' tokens instead of both computing all of them."""
 
     block_h: int
     block_n: int
@@ -102,6 +106,7 @@ class DecodeConfig:
     # 3,975, H=64 B=256 162 -> 143; at sm_89's blocks per SM 739 -> 703, 5,511 -> 5,357; one wave (B <= 128) the
     # same within 1 %.
     heads_fastest: bool = True
+    gluon: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -113,6 +118,15 @@ class DecodeConfig:
             raise ValueError("sub_joint_reduce needs sub_tiles=2")
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
+        if self.gluon and (
+            (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
+            != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
+            or self.lazy_rescale or self.q_lift or self.l2_prefetch
+        ):  # fmt: skip
+            raise ValueError(
+                "gluon is the 64 x 64 tile with 8 warps and one stage, without dv_split, sub_tiles, lazy_rescale, "
+                f"q_lift or l2_prefetch; got {self}"
+            )
 
 
 # Lazy rescale (DecodeConfig.lazy_rescale): how far (log2 units) a head's running maximum may pass the reference
@@ -136,6 +150,15 @@ MMA_SMALL_TILE_BUSY = 256
 # B=128 108.6 -> 104.3, 1024 rows 747 -> 716, 8192 rows 5,711 -> 5,508, H=128 B=64 102.0 -> 97.7; at the H100's:
 # 1024 rows 617 -> 595, 8192 rows 4,739 -> 4,451.
 MMA_WIDE_TILE_BUSY = 64
+
+
+# sm_90, H > 16: from this many programs (rows x 64-head blocks) the Gluon tile (DecodeConfig.gluon) instead of the
+# Triton one, whose QK dot both warpgroups compute whole. H100, native path, Triton 3.8 cubins, graph replay, two input
+# sets rotated (results/bench/explore/gluon_decode-native-h100-8524dae.json, the explore prototype of this kernel):
+# H=64 8 rows 26.1 -> 24.0 us, 64 rows 56.3 -> 49.2, 128 rows 84.2 -> 70.3, 1024 rows 566 -> 422, 8192 rows
+# 4,520 -> 3,122; H=128 8 rows 29.0 -> 27.6, 64 rows 78.1 -> 65.4, 128 rows 143.6 -> 120.9. Below 8 programs the
+# 16-token V halves stay (the Gluon tile has no V halves).
+GLUON_SM90_MIN_BUSY = 8
 
 
 def tile_chunks_first() -> bool:
@@ -221,8 +244,8 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
     H200: 47 vs 51 µs at B=64 with the two-stage 131 KB tile).
 
     wgmma targets (sm_90, sm_100; budget 232,448 B), H > 16: 64-head blocks, 64-token tiles once ``rows x head
-    blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill), else 16-token tiles in 256-column
-    halves (128 KB / 98 KB of shared memory).
+    blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill; on sm_90 the Gluon tile,
+    :data:`GLUON_SM90_MIN_BUSY`), else 16-token tiles in 256-column halves (128 KB / 98 KB of shared memory).
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
     memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
@@ -256,6 +279,8 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
             return small
         return big
     busy = rows * triton.cdiv(num_heads, 64)
+    if busy >= GLUON_SM90_MIN_BUSY and info.capability == (9, 0) and gluon_sm90.available():
+        return DecodeConfig(64, 64, 8, 1, partial_bf16=busy >= 16, int_dequant=True, gluon=True)
     if busy >= 8:
         # sm_100 (tcgen05): the 64-token tile spilled 304 B per thread there (ahead of time), 32 tokens 160 B
         block_n = 32 if info.capability[0] == 10 else 64
@@ -274,6 +299,8 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     (:func:`opaque_tile_default`) the rows are stored once, plus P [block_h, block_n] bf16: exact (16 x 32: 50,176 B,
     32 x 32: 67,584 B). Otherwise an estimate: the rows twice where both dots stage them (mma.sync, unless a program
     owns one half of V), plus ~1.5 KB per token and extra pipeline stage for the raw rows in flight."""
+    if cfg.gluon:  # q, the tile and P, bf16, and the reductions' scratch
+        return gluon_sm90.SHARED_BYTES
     wgmma = wgmma_tile(cfg, info)
     opaque = opaque_tile(cfg, info)
     if opaque and not wgmma:  # P staged per sub-tile (one at a time)
@@ -908,33 +935,44 @@ def sparse_decode_fwd(
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
     grid, heads_fastest = decode_grid(rows, head_blocks * cfg.dv_split, splits, cfg.heads_fastest)
-    # the interpreter cannot run the integer dequant's inline PTX
-    chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
-    opaque = opaque_tile(cfg, info)
-    tiles_per_program = triton.cdiv(max_tiles, splits)
-    l2_prefetch = l2_prefetch_default(cfg, tiles_per_program) if cfg.l2_prefetch is None else cfg.l2_prefetch
-    _sparse_decode_kernel[grid](
-        q, cache, indices, topk_length if topk_length is not None else dummy,
-        cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        out, lse, o_part, lse_part,
-        s_q, heads, heads_out, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
-        float(softmax_scale) * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-        indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
-        DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV_SPLIT=cfg.dv_split,
-        INT_DEQUANT=cfg.int_dequant and not interpret,
-        HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
-        HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
-        DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
-        OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        Q_LIFT=q_lift(cfg, info, tiles_per_program) and not interpret,
-        PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
-        PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
-        PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
-        SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=heads_fastest,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    if cfg.gluon:
+        if interpret or info.capability != (9, 0):
+            raise ValueError(f"DecodeConfig.gluon is the sm_90 wgmma tile; this launch is for {info.name}")
+        gluon_sm90.sparse_decode_sm90_fwd(
+            q, cache, indices, topk_length, cache_x, idx_x, extra_topk_length, attn_sink, out, lse, o_part, lse_part,
+            heads=heads, page=(page_size, page_stride, page_size_x, page_stride_x), splits=splits,
+            qk_scale=float(softmax_scale) * LOG2E, has_extra=has_extra, grid=grid, heads_fastest=heads_fastest,
+            int_dequant=cfg.int_dequant,
+            page_shifts=(page_shift(page_size), page_shift(page_size_x if has_extra else page_size)),
+        )  # fmt: skip
+    else:
+        # the interpreter cannot run the integer dequant's inline PTX
+        chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
+        opaque = opaque_tile(cfg, info)
+        tiles_per_program = triton.cdiv(max_tiles, splits)
+        l2_prefetch = l2_prefetch_default(cfg, tiles_per_program) if cfg.l2_prefetch is None else cfg.l2_prefetch
+        _sparse_decode_kernel[grid](
+            q, cache, indices, topk_length if topk_length is not None else dummy,
+            cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            out, lse, o_part, lse_part,
+            s_q, heads, heads_out, topk, topk_x, page_size, page_stride, page_size_x, page_stride_x, splits,
+            float(softmax_scale) * LOG2E,
+            q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+            indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
+            DV=head_dim_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV_SPLIT=cfg.dv_split,
+            INT_DEQUANT=cfg.int_dequant and not interpret,
+            HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
+            HAS_SINK=attn_sink is not None, SINGLE=splits == 1, ALIGNED=aligned, DOT_F32=interpret,
+            DOT_PREC="ieee" if interpret else "tf32", CHUNKS_FIRST=chunks_first,
+            OPAQUE_TILE=opaque and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
+            Q_LIFT=q_lift(cfg, info, tiles_per_program) and not interpret,
+            PREFETCH=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret),
+            PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
+            PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
+            SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=heads_fastest,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
     if splits > 1:
         block_s, block_hc, block_d = combine_blocks(splits, heads)
         cgrid = (rows, triton.cdiv(heads, block_hc), triton.cdiv(head_dim_v, block_d))

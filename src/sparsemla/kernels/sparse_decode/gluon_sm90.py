@@ -1,0 +1,277 @@
+"""The V4 sparse decode's 64 x 64 wgmma tile for sm_90 (Hopper), written in Gluon (``triton.experimental.gluon``).
+
+Why not plain Triton: Triton gives a dot whose result feeds another dot all warps along M (``warpsPerTileV3``). With
+64 heads = one warpgroup's M and 8 warps, both warpgroups then compute the whole 64 x 64 score tile (the QK dot is
+``warpsPerCTA = [8, 1]``): 1.5x the tile's MMA work. Here the layouts are explicit:
+
+* the tile [64 tokens, 512] is gathered and dequantized (fp8 NoPE x ue8m0 scale by the package's integer e4m3 path,
+  bf16 RoPE) one 64-column chunk at a time into ONE NVMMA-swizzled shared buffer that both dots read;
+* S [64 heads, 64 tokens] = q K^T by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each warpgroup 32 tokens;
+* online softmax in base 2 (row maximum and sum cross the two warpgroups through Gluon's reductions);
+* P (bf16) through shared memory, O [64, 512] += P V by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
+  warpgroup 256 output columns.
+
+Same contract as :func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`'s main kernel: one program per
+(row, 64-head block, split), both caches in one loop (cache, page geometry and index row selected per tile), valid
+lengths, -1 ids, the sink, padded heads (``H`` real of ``H_OUT``), ``DV`` <= 512, split partials merged by the
+package's combine kernel. sm_90 only (wgmma; sm_100's tensor cores are tcgen05): chosen by
+``DecodeConfig.gluon`` (:func:`~sparsemla.kernels.sparse_decode.triton.choose_tiles`). Triton 3.6 and 3.8 both
+compile it (3.8 renamed ``thread_barrier`` to ``barrier``); without Gluon (:func:`available`) the Triton tile runs.
+
+Shared memory: q [64, 512] + the tile [64, 512] bf16 + P [64, 64] bf16 = 139,264 B (+ 512 B of reduction scratch;
+ahead of time 139,776 B), one program per SM. The Triton path never imports the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile runs
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+    _HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    _HAVE_GLUON = False
+
+from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX
+from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
+
+BLOCK_H = 64  # heads per program: one warpgroup's M
+BLOCK_N = 64  # tokens per tile: each warpgroup scores 32 of them
+NUM_WARPS = 8  # two warpgroups
+# q + the tile + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 139,776 B)
+SHARED_BYTES = (BLOCK_H + BLOCK_N) * V4_DIM * 2 + BLOCK_H * BLOCK_N * 2 + 512
+
+
+def available() -> bool:
+    """Whether this Triton has Gluon's Hopper API (``warpgroup_mma``)."""
+    return _HAVE_GLUON
+
+
+if _HAVE_GLUON:
+    # Triton 3.8's name; 3.6 (the GPU machine's) calls it thread_barrier
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+    DATA_ROW: gl.constexpr = gl.constexpr(V4_DATA_BYTES)  # 576 bytes: 448 fp8 NoPE, then 64 bf16 RoPE
+    ROPE_OFFSET: gl.constexpr = gl.constexpr(V4_NOPE_DIM)  # 448
+    SCALE_ROW: gl.constexpr = gl.constexpr(V4_SCALE_BYTES)  # 7 ue8m0 scales + 1 pad, after the page's data rows
+    LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+    LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+    E4M3_PTX: gl.constexpr = gl.constexpr(E4M3_TO_BF16_PTX.value)
+    TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
+
+    @gluon.jit
+    def _e4m3_bits_to_bf16(x):
+        """uint8 e4m3 bytes -> bf16 of the value times 2^-120, exactly (the package's PTX, four bytes a block:
+        :func:`sparsemla.kernels.dequant.e4m3_bits_to_bf16`)."""
+        return gl.inline_asm_elementwise(asm=E4M3_PTX, constraints="=r,=r,r", args=[x], dtype=gl.bfloat16,
+                                         is_pure=True, pack=4)  # fmt: skip
+
+    @gluon.jit
+    def _dequant_chunk(b_u, b_e, INT_DEQUANT: gl.constexpr):
+        """[N, 64] e4m3 bytes ``b_u`` (uint8) times 2^(``b_e`` - 127) per row ([N] fp32) -> bf16: the integer path
+        (times 2^120, exact, then the scale: one multiply by 2^(e - 7) would overflow bf16 from e = 135 on) or the
+        fp8 conversion instructions (e4m3 -> f16 -> bf16)."""
+        if INT_DEQUANT:
+            two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+            return (_e4m3_bits_to_bf16(b_u) * two_120) * gl.exp2(b_e - 127.0).to(gl.bfloat16)[:, None]
+        else:
+            b_f = b_u.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16)
+            return b_f * gl.exp2(b_e - 127.0).to(gl.bfloat16)[:, None]
+
+    @gluon.jit
+    def _page_split(slot, in_main, page_size, page_size_x, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr):
+        """(page, row in page) of slot ids ``slot`` (>= 0) in the main cache (``in_main``, a scalar) or the extra one:
+        shifts where the page sizes are powers of two (:mod:`sparsemla.kernels.paging`), else divisions."""
+        if PAGE_SHIFT >= 0 and PAGE_SHIFT == PAGE_SHIFT_X:
+            return slot >> PAGE_SHIFT, slot & ((1 << PAGE_SHIFT) - 1)
+        elif PAGE_SHIFT >= 0 and PAGE_SHIFT_X >= 0:
+            shift = gl.where(in_main, PAGE_SHIFT, PAGE_SHIFT_X)
+            return slot >> shift, slot & ((1 << shift) - 1)
+        else:
+            psz = gl.where(in_main, page_size, page_size_x)
+            return slot // psz, slot % psz
+
+    @gluon.jit
+    def _gather_store_tile(
+        p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, k_smem, o_d,
+        INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr,
+    ):  # fmt: skip
+        """The [BLOCK_N, 512] bf16 rows of slot ids ``b_idx`` [BLOCK_N] (-1: zeros) of the cache at ``p_cache``
+        (uint8; the main cache's page geometry where ``in_main``, else the extra one's) into ``k_smem``, one
+        64-column chunk at a time (a chunk's values live in registers, not the tile's): chunks 0-6 fp8 NoPE x its
+        ue8m0 scale, chunk 7 the bf16 RoPE. ``o_d`` [64]: a chunk's columns, in the layout ``b_idx`` indexes rows of."""
+        m_n = b_idx >= 0
+        b_slot = gl.where(m_n, b_idx, 0)
+        b_page, b_off = _page_split(b_slot, in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+        b_page = b_page.to(gl.int64)
+        b_off = b_off.to(gl.int64)
+        psz = gl.where(in_main, page_size, page_size_x)
+        pst = gl.where(in_main, page_stride, page_stride_x)
+        o_tok = b_page * pst + b_off * DATA_ROW  # [BLOCK_N] byte offset of the token's 576-byte data row
+        o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW  # [BLOCK_N] its 8 scale bytes
+        for c in gl.static_range(7):
+            b_u = gl.load(p_cache + (o_tok + c * 64)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 64] u8
+            b_e = gl.load(p_cache + o_scale + c, mask=m_n, other=127).to(gl.float32)  # [BLOCK_N] ue8m0 exponent
+            k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT))
+        p_rope = (p_cache + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        b_r = gl.load(p_rope + (o_tok // 2)[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [N, 64] bf16
+        k_smem.slice(ROPE_OFFSET, 64, dim=1).store(b_r)
+
+    @gluon.jit
+    def _sparse_decode_sm90_kernel(
+        q, cache, idx, length, cache_x, idx_x, length_x, sink,
+        out, lse, o_part, lse_part,
+        S, H, H_OUT, TOPK, TOPK_X, page_size, page_stride, page_size_x, page_stride_x, num_splits, qk_scale,
+        stride_qb, stride_qs, stride_qh, stride_qd,
+        stride_ib, stride_is, stride_xb, stride_xs,
+        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, INT_DEQUANT: gl.constexpr,
+        HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr, HAS_SINK: gl.constexpr,
+        SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr, HEADS_FASTEST: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """Grid (B * S, cdiv(H, BLOCK_H), num_splits), or HEADS_FASTEST: the first two axes swapped (a row's head
+        blocks side by side; ``decode_grid``). A split owns a contiguous run of the concatenated list's valid tiles.
+        SINGLE: out [B*S, H_OUT, DV] bf16 and lse [B*S, H_OUT] (natural log, sink excluded; the sink scales out);
+        else the split's normalised partial o_part [rows, splits, H, 512] (bf16 or fp32) and base-2 lse_part (-inf
+        when empty) for the combine kernel, which applies the sink."""
+        gl.static_assert(num_warps == 8, "two warpgroups")
+        gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64, "the 64 x 64 tile")
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512 | 64], 16-byte runs
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, 32, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, 256, 16])  # fmt: skip
+        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+        k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+
+        if HEADS_FASTEST:
+            i_r = gl.program_id(1)
+            i_hb = gl.program_id(0)
+        else:
+            i_r = gl.program_id(0)
+            i_hb = gl.program_id(1)
+        i_sp = gl.program_id(2)
+        i_b = i_r // S
+        i_s = i_r % S
+
+        o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+
+        # valid lengths of both lists and this split's share [t_lo, t_hi) of the concatenated tiles (main first)
+        n_main = TOPK
+        if HAS_LEN:
+            n_main = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
+        t_main = (n_main + BLOCK_N - 1) // BLOCK_N
+        t_all = t_main
+        n_x = TOPK_X
+        if HAS_EXTRA:
+            if HAS_LEN_X:
+                n_x = gl.minimum(gl.maximum(gl.load(length_x + i_b), 0), TOPK_X)
+            t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
+        per = (t_all + num_splits - 1) // num_splits
+        t_lo = i_sp * per
+        t_hi = gl.minimum(t_lo + per, t_all)
+
+        acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+        o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))  # the gather's rows
+        o_d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))  # a chunk's columns
+        o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # S's columns
+        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+        p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+        for i_t in range(t_lo, t_hi):
+            in_main = i_t < t_main
+            t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
+            n_len = gl.where(in_main, n_main, n_x)
+            p_row = gl.where(in_main, p_idx, p_idx_x)
+            p_cache = gl.where(in_main, cache, cache_x)
+            b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+            b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
+            _barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
+            _gather_store_tile(p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, k_smem,
+                               o_d, INT_DEQUANT, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+            fence_async_shared()
+            _barrier()  # the whole tile is in shared memory before either warpgroup's dot reads it
+            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                                use_acc=False, is_async=True)  # fmt: skip
+            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+
+            # online softmax (base 2); heads with nothing valid yet stay at zero weight
+            b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(b_s, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            b_p = gl.exp2(b_s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(b_p, 1)
+            m_i = m_new
+            p_smem.store(b_p.to(gl.bfloat16))
+            fence_async_shared()
+            _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+            acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+        o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+        m_hs = o_hs < H
+        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+        inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+        o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+        o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+        if SINGLE:
+            if HAS_SINK:  # times exp(lse - logaddexp(lse, sink)): +inf -> 0, -inf -> unchanged; empty heads stay 0
+                b_sink = gl.load(sink + o_hs, mask=m_hs, other=float("-inf")) * LOG2E
+                inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
+            gl.store(lse + i_r.to(gl.int64) * H_OUT + o_hs, lse2 * LN2, mask=m_hs)
+            p_o = out + i_r.to(gl.int64) * H_OUT * DV + o_ho.to(gl.int64)[:, None] * DV + o_co[None, :]
+        else:
+            i_part = i_r.to(gl.int64) * num_splits + i_sp
+            gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+            p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None] & (o_co < DV)[None, :])
+
+
+def sparse_decode_sm90_fwd(
+    q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None,
+    cache_x: torch.Tensor, idx_x: torch.Tensor, extra_topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
+    lse_part: torch.Tensor, *, heads: int, page: tuple[int, int, int, int], splits: int, qk_scale: float,
+    has_extra: bool, grid: tuple[int, int, int], heads_fastest: bool, int_dequant: bool,
+    page_shifts: tuple[int, int],
+) -> None:  # fmt: skip
+    """Launch the Gluon tile with arguments :func:`~sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd` checked
+    and laid out: q [B, s_q, H_OUT, 512] bf16 (any strides), ``cache`` / ``cache_x`` uint8 V4 page views, indices
+    [B, s_q, topk] int32 (contiguous along topk), out [B, s_q, H_OUT, DV] bf16, lse [B, s_q, H_OUT] fp32, partials
+    [rows, splits, heads, 512] (bf16 or fp32) and [rows, splits, heads] fp32 when ``splits`` > 1; ``heads`` real
+    heads of q's H_OUT; ``page`` = (page_size, page_stride, page_size_x, page_stride_x) in slots / bytes; ``grid``
+    from ``decode_grid`` with one program per 64-head block."""
+    if not _HAVE_GLUON:
+        raise RuntimeError("DecodeConfig.gluon needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)")
+    _, s_q, heads_out, _ = q.shape
+    dummy = indices  # any tensor for absent optional pointers (constexpr-guarded)
+    _sparse_decode_sm90_kernel[grid](
+        q, cache, indices, topk_length if topk_length is not None else dummy,
+        cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy,
+        out, lse, o_part, lse_part,
+        s_q, heads, heads_out, indices.shape[2], idx_x.shape[2] if has_extra else 0, *page, splits, qk_scale,
+        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
+        indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
+        DV=out.shape[3], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, INT_DEQUANT=int_dequant,
+        HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
+        HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
+        HEADS_FASTEST=heads_fastest, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+__all__ = ["BLOCK_H", "BLOCK_N", "NUM_WARPS", "SHARED_BYTES", "available", "sparse_decode_sm90_fwd"]
