@@ -389,3 +389,17 @@ def test_sm90_launcher_takes_the_gluon_tile_from_8_programs():
     info = dev.device_info()
     assert sd_triton.choose_config(info, 64, 8).gluon and sd_triton.choose_config(info, 128, 4).gluon
     assert not sd_triton.choose_config(info, 64, 7).gluon and not sd_triton.choose_config(info, 16, 64).gluon
+
+
+@needs_gluon
+@pytest.mark.parametrize("ahead,stride", [(1, 128), (3, 32)], ids=["pf1", "pf3-s32"])
+def test_gluon_tile_l2_prefetch_changes_no_bit(nan_empty, ahead, stride):
+    """The Gluon tile's L2 prefetch (a tile ``ahead`` into L2, crossing from the main cache into the extra one and
+    past a split's end) computes the same bits as without it."""
+    kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=93)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=dataclasses.replace(GLUON, l2_prefetch=0))
+    got = sd_triton.sparse_decode_fwd(
+        **kw, num_splits=3, config=dataclasses.replace(GLUON, l2_prefetch=ahead, prefetch_stride=stride)
+    )
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)

@@ -25,6 +25,7 @@ ahead of time 139,776 B), one program per SM. The Triton path never imports the 
 from __future__ import annotations
 
 import torch
+import triton
 
 try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile runs
     from triton.experimental import gluon
@@ -121,6 +122,38 @@ if _HAVE_GLUON:
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(b_r)
 
     @gluon.jit
+    def _prefetch_l2(ptrs, mask):
+        """Prefetch into L2 the line holding each of ``ptrs`` where ``mask`` (:mod:`sparsemla.kernels.prefetch`; the
+        asm's result is unused)."""
+        return gl.inline_asm_elementwise(
+            asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+            constraints="=r,l,r", args=[ptrs, mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, page_size, page_stride,
+                       page_size_x, page_stride_x, o_n, o_b, m_b, BLOCK_N: gl.constexpr, PAGE_SHIFT: gl.constexpr,
+                       PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
+        """L2 prefetch of the data rows (one address per ``o_b`` [NP] offset where ``m_b``) and scale rows of tile
+        ``i_t`` of the concatenated list, when it is one of this split's (< ``t_hi``); ``o_n`` [BLOCK_N] its rows."""
+        in_main = i_t < t_main
+        t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
+        n_len = gl.where(i_t < t_hi, gl.where(in_main, n_main, n_x), 0)
+        p_row = gl.where(in_main, p_idx, p_idx_x)
+        b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+        m_n = b_idx >= 0
+        b_page, b_off = _page_split(gl.where(m_n, b_idx, 0), in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
+        b_page = b_page.to(gl.int64)
+        b_off = b_off.to(gl.int64)
+        psz = gl.where(in_main, page_size, page_size_x)
+        pst = gl.where(in_main, page_stride, page_stride_x)
+        p_cache = gl.where(in_main, cache, cache_x)
+        o_tok = b_page * pst + b_off * DATA_ROW
+        o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW
+        _prefetch_l2(p_cache + o_tok[:, None] + o_b[None, :], m_n[:, None] & m_b[None, :])  # [BLOCK_N, NP]
+        _prefetch_l2(p_cache + o_scale, m_n)
+
+    @gluon.jit
     def _sparse_decode_sm90_kernel(
         q, cache, idx, length, cache_x, idx_x, length_x, sink,
         out, lse, o_part, lse_part,
@@ -130,13 +163,14 @@ if _HAVE_GLUON:
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, INT_DEQUANT: gl.constexpr,
         HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr, HAS_SINK: gl.constexpr,
         SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr, HEADS_FASTEST: gl.constexpr,
-        num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PF_STRIDE: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, BLOCK_H), num_splits), or HEADS_FASTEST: the first two axes swapped (a row's head
         blocks side by side; ``decode_grid``). A split owns a contiguous run of the concatenated list's valid tiles.
         SINGLE: out [B*S, H_OUT, DV] bf16 and lse [B*S, H_OUT] (natural log, sink excluded; the sink scales out);
         else the split's normalised partial o_part [rows, splits, H, 512] (bf16 or fp32) and base-2 lse_part (-inf
-        when empty) for the combine kernel, which applies the sink."""
+        when empty) for the combine kernel, which applies the sink. PREFETCH > 0: iteration i_t first prefetches the
+        rows of tile i_t + PREFETCH into L2 (one address every PF_STRIDE bytes of a row and its last byte)."""
         gl.static_assert(num_warps == 8, "two warpgroups")
         gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64, "the 64 x 64 tile")
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512 | 64], 16-byte runs
@@ -189,7 +223,17 @@ if _HAVE_GLUON:
         o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # S's columns
         p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
         p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+        pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # [BLOCK_N, NP] prefetches
+        NPF: gl.constexpr = (DATA_ROW - 1 + PF_STRIDE - 1) // PF_STRIDE + 1  # addresses a data row needs
+        o_pb = gl.arange(0, triton.next_power_of_2(NPF), layout=gl.SliceLayout(0, pf))
+        o_b = gl.minimum(o_pb * PF_STRIDE, DATA_ROW - 1)  # [NP] byte offsets: every PF_STRIDE bytes, the last byte
+        m_b = o_pb < NPF
+        o_np = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf))
         for i_t in range(t_lo, t_hi):
+            if PREFETCH > 0:  # the rows of a tile PREFETCH ahead into L2 while this one is gathered and multiplied
+                _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t + PREFETCH, t_hi, page_size,
+                               page_stride, page_size_x, page_stride_x, o_np, o_b, m_b, BLOCK_N, PAGE_SHIFT,
+                               PAGE_SHIFT_X)  # fmt: skip
             in_main = i_t < t_main
             t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
             n_len = gl.where(in_main, n_main, n_x)
@@ -247,14 +291,15 @@ def sparse_decode_sm90_fwd(
     attn_sink: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
     lse_part: torch.Tensor, *, heads: int, page: tuple[int, int, int, int], splits: int, qk_scale: float,
     has_extra: bool, grid: tuple[int, int, int], heads_fastest: bool, int_dequant: bool,
-    page_shifts: tuple[int, int],
+    page_shifts: tuple[int, int], prefetch: int = 0, prefetch_stride: int = 128,
 ) -> None:  # fmt: skip
     """Launch the Gluon tile with arguments :func:`~sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd` checked
     and laid out: q [B, s_q, H_OUT, 512] bf16 (any strides), ``cache`` / ``cache_x`` uint8 V4 page views, indices
     [B, s_q, topk] int32 (contiguous along topk), out [B, s_q, H_OUT, DV] bf16, lse [B, s_q, H_OUT] fp32, partials
     [rows, splits, heads, 512] (bf16 or fp32) and [rows, splits, heads] fp32 when ``splits`` > 1; ``heads`` real
     heads of q's H_OUT; ``page`` = (page_size, page_stride, page_size_x, page_stride_x) in slots / bytes; ``grid``
-    from ``decode_grid`` with one program per 64-head block."""
+    from ``decode_grid`` with one program per 64-head block; ``prefetch``: tiles ahead prefetched into L2 (0: off),
+    one address every ``prefetch_stride`` bytes of a row."""
     if not _HAVE_GLUON:
         raise RuntimeError("DecodeConfig.gluon needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)")
     _, s_q, heads_out, _ = q.shape
@@ -270,7 +315,7 @@ def sparse_decode_sm90_fwd(
         DV=out.shape[3], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, INT_DEQUANT=int_dequant,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
-        HEADS_FASTEST=heads_fastest, num_warps=NUM_WARPS,
+        HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

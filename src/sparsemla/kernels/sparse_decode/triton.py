@@ -81,7 +81,7 @@ class DecodeConfig:
     halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled).
     heads_fastest (on by default): the grid's first axis walks a row's head blocks (and V halves) before the next
     row, so the programs that gather the same tokens run side by side and the later ones read them from L2. gluon
-    (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles, lazy rescale, lift or L2 prefetch): the
+    (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles, lazy rescale or lift): the
     tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`), whose two warpgroups split the
     scores' tokens instead of both computing all of them."""
 
@@ -121,11 +121,11 @@ class DecodeConfig:
         if self.gluon and (
             (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
             != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
-            or self.lazy_rescale or self.q_lift or self.l2_prefetch
+            or self.lazy_rescale or self.q_lift
         ):  # fmt: skip
             raise ValueError(
-                "gluon is the 64 x 64 tile with 8 warps and one stage, without dv_split, sub_tiles, lazy_rescale, "
-                f"q_lift or l2_prefetch; got {self}"
+                "gluon is the 64 x 64 tile with 8 warps and one stage, without dv_split, sub_tiles, lazy_rescale or "
+                f"q_lift; got {self}"
             )
 
 
@@ -935,6 +935,8 @@ def sparse_decode_fwd(
         o_part, lse_part = out, lse  # unused
     dummy = indices  # any tensor for absent optional pointers (never dereferenced: constexpr-guarded)
     grid, heads_fastest = decode_grid(rows, head_blocks * cfg.dv_split, splits, cfg.heads_fastest)
+    tiles_per_program = triton.cdiv(max_tiles, splits)
+    l2_prefetch = l2_prefetch_default(cfg, tiles_per_program) if cfg.l2_prefetch is None else cfg.l2_prefetch
     if cfg.gluon:
         if interpret or info.capability != (9, 0):
             raise ValueError(f"DecodeConfig.gluon is the sm_90 wgmma tile; this launch is for {info.name}")
@@ -944,13 +946,12 @@ def sparse_decode_fwd(
             qk_scale=float(softmax_scale) * LOG2E, has_extra=has_extra, grid=grid, heads_fastest=heads_fastest,
             int_dequant=cfg.int_dequant,
             page_shifts=(page_shift(page_size), page_shift(page_size_x if has_extra else page_size)),
+            prefetch=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret), prefetch_stride=cfg.prefetch_stride,
         )  # fmt: skip
     else:
         # the interpreter cannot run the integer dequant's inline PTX
         chunks_first = tile_chunks_first() if cfg.chunks_first is None else cfg.chunks_first
         opaque = opaque_tile(cfg, info)
-        tiles_per_program = triton.cdiv(max_tiles, splits)
-        l2_prefetch = l2_prefetch_default(cfg, tiles_per_program) if cfg.l2_prefetch is None else cfg.l2_prefetch
         _sparse_decode_kernel[grid](
             q, cache, indices, topk_length if topk_length is not None else dummy,
             cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
