@@ -372,11 +372,13 @@ def test_gluon_tile_pad_heads_and_narrow_v(nan_empty, splits):
 
 
 @needs_gluon
-def test_gluon_tile_integer_dequant_is_bit_identical_on_every_byte():
-    """The Gluon tile's integer e4m3 path equals its conversion-unit path bit for bit on every e4m3 byte."""
+@pytest.mark.parametrize("lift", [False, True], ids=["nolift", "lift"])
+def test_gluon_tile_integer_dequant_is_bit_identical_on_every_byte(lift):
+    """The Gluon tile's integer e4m3 path equals its conversion-unit path bit for bit on every e4m3 byte, with and
+    without the lift (q's NoPE times 2^8 in shared memory, one scale multiply a value, the output times 2^8)."""
     kw = all_bytes_case()
     want = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=dataclasses.replace(GLUON, int_dequant=False))
-    got = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=GLUON)
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=3, config=dataclasses.replace(GLUON, q_lift=lift))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)
 

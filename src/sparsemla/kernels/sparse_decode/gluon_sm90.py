@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - older Triton
     _HAVE_GLUON = False
 
 from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX
+from sparsemla.kernels.dequant import LIFT_LOG2 as DEQUANT_LIFT_LOG2
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 
 BLOCK_H = 64  # heads per program: one warpgroup's M
@@ -62,6 +63,8 @@ if _HAVE_GLUON:
     LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
     E4M3_PTX: gl.constexpr = gl.constexpr(E4M3_TO_BF16_PTX.value)
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
+    LIFT_LOG2: gl.constexpr = gl.constexpr(DEQUANT_LIFT_LOG2.value)  # the lift (DecodeConfig.q_lift)
+    TWO_POW_LIFT_F: gl.constexpr = gl.constexpr(2.0**DEQUANT_LIFT_LOG2.value)
 
     @gluon.jit
     def _e4m3_bits_to_bf16(x):
@@ -71,11 +74,14 @@ if _HAVE_GLUON:
                                          is_pure=True, pack=4)  # fmt: skip
 
     @gluon.jit
-    def _dequant_chunk(b_u, b_e, INT_DEQUANT: gl.constexpr):
+    def _dequant_chunk(b_u, b_e, INT_DEQUANT: gl.constexpr, Q_LIFT: gl.constexpr):
         """[N, 64] e4m3 bytes ``b_u`` (uint8) times 2^(``b_e`` - 127) per row ([N] fp32) -> bf16: the integer path
-        (times 2^120, exact, then the scale: one multiply by 2^(e - 7) would overflow bf16 from e = 135 on) or the
+        (times 2^120, exact, then the scale: one multiply by 2^(e - 7) would overflow bf16 from e = 135 on; Q_LIFT:
+        one multiply by 2^(e - 7 - LIFT_LOG2), the value times 2^-LIFT_LOG2, exact for e <= 134 + LIFT_LOG2) or the
         fp8 conversion instructions (e4m3 -> f16 -> bf16)."""
-        if INT_DEQUANT:
+        if Q_LIFT:
+            return _e4m3_bits_to_bf16(b_u) * gl.exp2(b_e - (7.0 + LIFT_LOG2)).to(gl.bfloat16)[:, None]
+        elif INT_DEQUANT:
             two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
             return (_e4m3_bits_to_bf16(b_u) * two_120) * gl.exp2(b_e - 127.0).to(gl.bfloat16)[:, None]
         else:
@@ -98,7 +104,7 @@ if _HAVE_GLUON:
     @gluon.jit
     def _gather_store_tile(
         p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, k_smem, o_d,
-        INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr,
+        INT_DEQUANT: gl.constexpr, Q_LIFT: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr,
     ):  # fmt: skip
         """The [BLOCK_N, 512] bf16 rows of slot ids ``b_idx`` [BLOCK_N] (-1: zeros) of the cache at ``p_cache``
         (uint8; the main cache's page geometry where ``in_main``, else the extra one's) into ``k_smem``, one
@@ -116,7 +122,7 @@ if _HAVE_GLUON:
         for c in gl.static_range(7):
             b_u = gl.load(p_cache + (o_tok + c * 64)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 64] u8
             b_e = gl.load(p_cache + o_scale + c, mask=m_n, other=127).to(gl.float32)  # [BLOCK_N] ue8m0 exponent
-            k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT))
+            k_smem.slice(c * 64, 64, dim=1).store(_dequant_chunk(b_u, b_e, INT_DEQUANT, Q_LIFT))
         p_rope = (p_cache + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16), bitcast=True)
         b_r = gl.load(p_rope + (o_tok // 2)[:, None] + o_d[None, :], mask=m_n[:, None], other=0.0)  # [N, 64] bf16
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(b_r)
@@ -163,14 +169,17 @@ if _HAVE_GLUON:
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, INT_DEQUANT: gl.constexpr,
         HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr, HAS_SINK: gl.constexpr,
         SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr, HEADS_FASTEST: gl.constexpr,
-        PREFETCH: gl.constexpr, PF_STRIDE: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PF_STRIDE: gl.constexpr, Q_LIFT: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, BLOCK_H), num_splits), or HEADS_FASTEST: the first two axes swapped (a row's head
         blocks side by side; ``decode_grid``). A split owns a contiguous run of the concatenated list's valid tiles.
         SINGLE: out [B*S, H_OUT, DV] bf16 and lse [B*S, H_OUT] (natural log, sink excluded; the sink scales out);
         else the split's normalised partial o_part [rows, splits, H, 512] (bf16 or fp32) and base-2 lse_part (-inf
         when empty) for the combine kernel, which applies the sink. PREFETCH > 0: iteration i_t first prefetches the
-        rows of tile i_t + PREFETCH into L2 (one address every PF_STRIDE bytes of a row and its last byte)."""
+        rows of tile i_t + PREFETCH into L2 (one address every PF_STRIDE bytes of a row and its last byte). Q_LIFT
+        (with the integer dequant): q's NoPE columns times 2^LIFT_LOG2 once (in shared memory, so nothing stays in
+        registers), the tile's NoPE times 2^-LIFT_LOG2 by its one scale multiply, the output's NoPE columns times
+        2^LIFT_LOG2 at the end: the same bits (:mod:`sparsemla.kernels.dequant`)."""
         gl.static_assert(num_warps == 8, "two warpgroups")
         gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64, "the 64 x 64 tile")
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512 | 64], 16-byte runs
@@ -196,6 +205,8 @@ if _HAVE_GLUON:
         o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
         p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
         b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
+        if Q_LIFT:
+            b_q = b_q * gl.where(o_c < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0).to(gl.bfloat16)[None, :]
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
@@ -243,7 +254,7 @@ if _HAVE_GLUON:
             b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
             _barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
             _gather_store_tile(p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, k_smem,
-                               o_d, INT_DEQUANT, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+                               o_d, INT_DEQUANT, Q_LIFT, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
             fence_async_shared()
             _barrier()  # the whole tile is in shared memory before either warpgroup's dot reads it
             b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
@@ -282,6 +293,8 @@ if _HAVE_GLUON:
             gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
             p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
         b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        if Q_LIFT:  # PV over NoPE * 2^-LIFT_LOG2: back to scale (exact)
+            b_o = b_o * gl.where(o_co < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0)[None, :]
         gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None] & (o_co < DV)[None, :])
 
 
@@ -291,7 +304,7 @@ def sparse_decode_sm90_fwd(
     attn_sink: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
     lse_part: torch.Tensor, *, heads: int, page: tuple[int, int, int, int], splits: int, qk_scale: float,
     has_extra: bool, grid: tuple[int, int, int], heads_fastest: bool, int_dequant: bool,
-    page_shifts: tuple[int, int], prefetch: int = 0, prefetch_stride: int = 128,
+    page_shifts: tuple[int, int], prefetch: int = 0, prefetch_stride: int = 128, q_lift: bool = False,
 ) -> None:  # fmt: skip
     """Launch the Gluon tile with arguments :func:`~sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd` checked
     and laid out: q [B, s_q, H_OUT, 512] bf16 (any strides), ``cache`` / ``cache_x`` uint8 V4 page views, indices
@@ -299,7 +312,7 @@ def sparse_decode_sm90_fwd(
     [rows, splits, heads, 512] (bf16 or fp32) and [rows, splits, heads] fp32 when ``splits`` > 1; ``heads`` real
     heads of q's H_OUT; ``page`` = (page_size, page_stride, page_size_x, page_stride_x) in slots / bytes; ``grid``
     from ``decode_grid`` with one program per 64-head block; ``prefetch``: tiles ahead prefetched into L2 (0: off),
-    one address every ``prefetch_stride`` bytes of a row."""
+    one address every ``prefetch_stride`` bytes of a row; ``q_lift`` (with ``int_dequant``): the lift."""
     if not _HAVE_GLUON:
         raise RuntimeError("DecodeConfig.gluon needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)")
     _, s_q, heads_out, _ = q.shape
@@ -315,7 +328,8 @@ def sparse_decode_sm90_fwd(
         DV=out.shape[3], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, INT_DEQUANT=int_dequant,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
-        HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, num_warps=NUM_WARPS,
+        HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, Q_LIFT=q_lift and int_dequant,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -81,7 +81,7 @@ class DecodeConfig:
     halves instead of one each (ahead of time 1,866 instead of 1,922 loop instructions on sm_89, 8 B more spilled).
     heads_fastest (on by default): the grid's first axis walks a row's head blocks (and V halves) before the next
     row, so the programs that gather the same tokens run side by side and the later ones read them from L2. gluon
-    (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles, lazy rescale or lift): the
+    (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles or lazy rescale): the
     tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`), whose two warpgroups split the
     scores' tokens instead of both computing all of them."""
 
@@ -121,11 +121,11 @@ class DecodeConfig:
         if self.gluon and (
             (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
             != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
-            or self.lazy_rescale or self.q_lift
+            or self.lazy_rescale
         ):  # fmt: skip
             raise ValueError(
-                "gluon is the 64 x 64 tile with 8 warps and one stage, without dv_split, sub_tiles, lazy_rescale or "
-                f"q_lift; got {self}"
+                "gluon is the 64 x 64 tile with 8 warps and one stage, without dv_split, sub_tiles or lazy_rescale; "
+                f"got {self}"
             )
 
 
@@ -947,6 +947,7 @@ def sparse_decode_fwd(
             int_dequant=cfg.int_dequant,
             page_shifts=(page_shift(page_size), page_shift(page_size_x if has_extra else page_size)),
             prefetch=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret), prefetch_stride=cfg.prefetch_stride,
+            q_lift=q_lift(cfg, info, tiles_per_program),
         )  # fmt: skip
     else:
         # the interpreter cannot run the integer dequant's inline PTX
