@@ -447,18 +447,19 @@ def test_l2_prefetch_default_follows_the_work_per_program():
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90", "sm_100", "sm_120"])
 def test_q_lift_default_follows_the_tile_and_its_work(target):
     """DecodeConfig.q_lift (None): lifted where the dots are mma.sync and a program walks LIFT_MIN_TILES tiles or more;
-    never on wgmma / tcgen05 tiles (the lifted q stays in registers there and the tile spills), never without the
+    and on sm_90's Gluon tile (its q is in shared memory); never on Triton's wgmma / tcgen05 tiles (the lifted q stays
+    in registers there and the tile spills), never without the
     integer dequant; an explicit True / False wins (with the integer dequant)."""
     info = dev.TARGETS[target]
     many, few = sd_triton.LIFT_MIN_TILES, sd_triton.LIFT_MIN_TILES - 1
     for cfg in (sd_triton.choose_tiles(info, h, b) for h in (8, 64, 128) for b in (1, 64, 1024)):
         cfg = dataclasses.replace(cfg, int_dequant=True)
         mma_sync = not sd_triton.wgmma_tile(cfg, info)
-        assert sd_triton.q_lift(cfg, info, many) == mma_sync
+        assert sd_triton.q_lift(cfg, info, many) == (mma_sync or cfg.gluon)  # the Gluon tile's q is in shared memory
         assert not sd_triton.q_lift(cfg, info, few)
         assert sd_triton.q_lift(dataclasses.replace(cfg, q_lift=True), info, 1)
         assert not sd_triton.q_lift(dataclasses.replace(cfg, q_lift=False), info, many)
         assert not sd_triton.q_lift(dataclasses.replace(cfg, int_dequant=False, q_lift=True), info, many)
     assert info.capability[0] not in (9, 10) or not sd_triton.q_lift(
-        dataclasses.replace(sd_triton.choose_tiles(info, 64, 64), int_dequant=True), info, many
+        dataclasses.replace(sd_triton.choose_tiles(info, 64, 64), int_dequant=True, gluon=False), info, many
     )

@@ -199,11 +199,14 @@ LIFT_MIN_TILES = 4
 def q_lift_default(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> bool:
     """Whether the integer dequant is lifted by default (``DecodeConfig.q_lift``, and ``V32Config.q_lift``: ``cfg``
     may be either, both have ``block_h`` and ``int_dequant``): with the integer dequant, where the dots are mma.sync
-    and a program walks at least :data:`LIFT_MIN_TILES` tiles. On wgmma tiles (sm_90/100, 64 heads) the lifted q is
-    kept in registers as the QK dot's A operand instead of being read from shared memory, and the 64 x 512 tile then
-    spills (Triton 3.8, sm_90: 456 B a thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json;
-    V3.2's 64-head tile 80-120 B)."""
-    return cfg.int_dequant and not wgmma_tile(cfg, info) and tiles_per_program >= LIFT_MIN_TILES
+    and a program walks at least :data:`LIFT_MIN_TILES` tiles; likewise on sm_90's Gluon tile, whose lifted q stays in
+    shared memory (H100, results/bench/explore/gluon_decode-native-h100-d306a23.json: 1024 rows 408.7 -> 397.3 us,
+    8192 rows 2,988 -> 2,924, H=64 B=128 63.6 -> 61.8, H=128 B=128 109.7 -> 107.9; one tile a program, 8 rows, 21.0
+    -> 21.3). On Triton's wgmma tiles (sm_90/100, 64 heads) the lifted q is kept in registers as the QK dot's A
+    operand instead of being read from shared memory, and the 64 x 512 tile then spills (Triton 3.8, sm_90: 456 B a
+    thread, from 8; the H200 ran 50-70 % slower, q_lift-native-h200-a3fa148.json; V3.2's 64-head tile 80-120 B)."""
+    gluon = getattr(cfg, "gluon", False)  # V32Config has no Gluon tile
+    return cfg.int_dequant and (gluon or not wgmma_tile(cfg, info)) and tiles_per_program >= LIFT_MIN_TILES
 
 
 # DecodeConfig.l2_prefetch by default: one tile ahead from this many tiles per program. H200, 3.8 cubins, graph
