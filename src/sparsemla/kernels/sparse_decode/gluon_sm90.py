@@ -36,6 +36,7 @@ try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile
 except ImportError:  # pragma: no cover - older Triton
     _HAVE_GLUON = False
 
+from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX
 from sparsemla.kernels.dequant import LIFT_LOG2 as DEQUANT_LIFT_LOG2
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
@@ -48,8 +49,9 @@ SHARED_BYTES = (BLOCK_H + BLOCK_N) * V4_DIM * 2 + BLOCK_H * BLOCK_N * 2 + 512
 
 
 def available() -> bool:
-    """Whether this Triton has Gluon's Hopper API (``warpgroup_mma``)."""
-    return _HAVE_GLUON
+    """Whether this Triton has Gluon's Hopper API (``warpgroup_mma``) in a version this kernel is built and tested
+    with: 3.6 (the GPU machine's GPU tests) or newer (3.8, production's: the ahead-of-time compile test)."""
+    return _HAVE_GLUON and dev.triton_at_least(3, 6)
 
 
 if _HAVE_GLUON:
