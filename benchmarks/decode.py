@@ -345,7 +345,7 @@ def bench_shape(
             row["occupancy_of"] = occupancy[0].occupancy_of.name
             row["occupancy"] = occupancy[0].occupancy.get("_sparse_decode_kernel", [])
         if name.startswith("sparsemla") and "_t38" not in name:  # SHARED: the launches of this Triton
-            row["shared_bytes"] = SHARED.get("_sparse_decode_kernel")
+            row["shared_bytes"] = SHARED.get("_sparse_decode_sm90_kernel", SHARED.get("_sparse_decode_kernel"))
         rows.append(row)
     if ceilings:  # a code-path child has none: its parent adds the floors
         fl, _, _ = floor_us(shape, ceilings)
@@ -504,6 +504,7 @@ def main(
     rows, checks = [], []
     with watch_launches(lambda name, kernel: SHARED.__setitem__(name, kernel.metadata.shared)):
         for shape in shapes:
+            SHARED.clear()  # this shape's launches only (the main kernel's name depends on the tile chosen)
             r, errs = bench_shape(shape, provs, ceilings, sglang_fn, flash_mla, split_arg, code_path, replayer,
                                   occupancy)  # fmt: skip
             rows += [{**x, "code_path": code_path} for x in r if x["provider"] != "floor"]

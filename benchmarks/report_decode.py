@@ -166,6 +166,15 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
             f"| {fmt_us(v.get('sparsemla_sm89path_graph'))} | {fmt_us(s89)} "
             f"| {ratio_txt} | {lim_txt} |" + (f" {fmt_us(v.get('sparsemla_sm89path_t38occ_graph'))} |" if occ else "")
         )
+    prefill = [
+        (b_, v["sparsemla_t38_graph"], v["flashmla"])
+        for (x_, h_, b_, swa_), v in sorted(cells.items(), key=lambda kv: kv[0][2])
+        if (x_, h_, swa_) == (x, h, swa) and b_ > 128 and v.get("flashmla") and v.get("sparsemla_t38_graph")
+    ]
+    if prefill:  # the prefill goal on the production compiler, FlashMLA in the same run (eager, C++ launch)
+        out += ["", "Prefill-sized calls of this run against FlashMLA (goal: no slower per row): "
+                + "; ".join(f"{b_} rows wgmma 3.8 {fmt_us(n)} / FlashMLA {fmt_us(f)} = {n / f:.2f}x"
+                            for b_, n, f in prefill) + "."]  # fmt: skip
     return out
 
 
