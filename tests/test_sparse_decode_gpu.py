@@ -80,16 +80,23 @@ def test_long_topk_pages_and_splits(nan_empty, splits, swa_page, extra_page, ext
     check(kw, out, lse)
 
 
-def test_corner_cases(nan_empty):
+def corner_case() -> dict:
+    """B = 4, H = 64: row 0 all -1, row 1 lengths 0, row 2 duplicates (they count twice), sink +inf / -inf on heads
+    0 / 1, a non-contiguous q."""
     kw = make_case(4, 64, 128, 512, sink=True, seed=4)
     kw["indices"][0] = -1
     kw["extra_indices_in_kvcache"][0] = -1
     kw["topk_length"][1] = 0
     kw["extra_topk_length"][1] = 0
-    kw["indices"][2, :, 64:] = kw["indices"][2, :, :64]  # duplicates count twice
+    kw["indices"][2, :, 64:] = kw["indices"][2, :, :64]
     kw["topk_length"][2] = 128
     kw["attn_sink"][0], kw["attn_sink"][1] = float("inf"), float("-inf")
-    kw["q"] = torch.randn(4, 1, 64, 1024, device="cuda").to(torch.bfloat16)[..., 1::2]  # non-contiguous q
+    kw["q"] = torch.randn(4, 1, 64, 1024, device="cuda").to(torch.bfloat16)[..., 1::2]
+    return kw
+
+
+def test_corner_cases(nan_empty):
+    kw = corner_case()
     for splits in (1, 4):
         with flags.SPARSEMLA_SPLIT_K.override(splits):
             out, lse = api.sparse_decode(**kw)
@@ -338,15 +345,7 @@ def test_gluon_tile_pages_and_no_extra(nan_empty, swa_page, extra_page, extra_to
 @needs_gluon
 def test_gluon_tile_corner_cases(nan_empty):
     """Rows with no valid entry (all -1, lengths 0), duplicates, sink +inf / -inf, a non-contiguous q."""
-    kw = make_case(4, 64, 128, 512, sink=True, seed=4)
-    kw["indices"][0] = -1
-    kw["extra_indices_in_kvcache"][0] = -1
-    kw["topk_length"][1] = 0
-    kw["extra_topk_length"][1] = 0
-    kw["indices"][2, :, 64:] = kw["indices"][2, :, :64]
-    kw["topk_length"][2] = 128
-    kw["attn_sink"][0], kw["attn_sink"][1] = float("inf"), float("-inf")
-    kw["q"] = torch.randn(4, 1, 64, 1024, device="cuda").to(torch.bfloat16)[..., 1::2]
+    kw = corner_case()
     for splits in (1, 4):
         out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=GLUON)
         assert torch.equal(out[:2], torch.zeros_like(out[:2]))

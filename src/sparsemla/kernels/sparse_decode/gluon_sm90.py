@@ -213,7 +213,8 @@ if _HAVE_GLUON:
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
 
-        # valid lengths of both lists and this split's share [t_lo, t_hi) of the concatenated tiles (main first)
+        # valid lengths of both lists and this split's share [t_lo, t_hi) of the concatenated tiles (main first): the
+        # Triton tile's _split_tiles, restated because a Gluon kernel calls Gluon functions
         n_main = TOPK
         if HAS_LEN:
             n_main = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
