@@ -463,3 +463,30 @@ def test_q_lift_default_follows_the_tile_and_its_work(target):
     assert info.capability[0] not in (9, 10) or not sd_triton.q_lift(
         dataclasses.replace(sd_triton.choose_tiles(info, 64, 64), int_dequant=True, gluon=False), info, many
     )
+
+
+def test_gluon_tile_config_is_sm90s_and_checked(nan_empty):
+    """DecodeConfig.gluon: sm_90's choice from GLUON_SM90_MIN_BUSY programs where Gluon is there (never sm_100, whose
+    tensor cores are not wgmma, nor mma.sync targets); only the 64 x 64 8-warp one-stage tile without V halves, half
+    tiles or lazy rescale; ids_ahead only with it; its shared memory is the compiler's figure (tests/test_aot.py);
+    the interpreter (and any launch not configured for sm_90) refuses it with the reason."""
+    from sparsemla.kernels.sparse_decode import gluon_sm90
+
+    sm90 = dev.target("sm_90")
+    busy = sd_triton.GLUON_SM90_MIN_BUSY
+    assert sd_triton.choose_tiles(sm90, 64, busy).gluon == gluon_sm90.available()
+    assert sd_triton.choose_tiles(sm90, 128, busy // 2).gluon == gluon_sm90.available()
+    assert not sd_triton.choose_tiles(sm90, 64, busy - 1).gluon and not sd_triton.choose_tiles(sm90, 16, 1024).gluon
+    for target in ("sm_80", "sm_86", "sm_89", "sm_100", "sm_120"):
+        assert not any(sd_triton.choose_tiles(dev.target(target), h, b).gluon for h in (8, 64, 128) for b in (1, 64))
+    cfg = sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True)
+    assert sd_triton.shared_bytes(cfg, sm90) == gluon_sm90.SHARED_BYTES == 139_776
+    assert sd_triton.resident_programs(cfg, sm90) == 1
+    for bad in (dict(block_n=32), dict(num_warps=4), dict(num_stages=2), dict(dv_split=2), dict(lazy_rescale=True)):
+        with pytest.raises(ValueError, match="gluon"):
+            dataclasses.replace(cfg, **bad)
+    with pytest.raises(ValueError, match="ids_ahead"):
+        sd_triton.DecodeConfig(64, 64, 8, 1, ids_ahead=True)
+    kw = make_case(2, 64, 40, 24, seed=3)
+    with pytest.raises(ValueError, match="sm_90 wgmma tile"):
+        sd_triton.sparse_decode_fwd(**kw, config=cfg)

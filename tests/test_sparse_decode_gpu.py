@@ -404,3 +404,15 @@ def test_gluon_tile_l2_prefetch_changes_no_bit(nan_empty, ahead, stride):
     )
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)
+
+
+@needs_gluon
+@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
+def test_gluon_tile_ids_ahead_changes_no_bit(nan_empty, splits):
+    """DecodeConfig.ids_ahead (the Gluon tile's slot ids, and the prefetched tile's, loaded one iteration ahead):
+    the same bits, across the main / extra boundary and a split's end."""
+    kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=97)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=GLUON)
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=dataclasses.replace(GLUON, ids_ahead=True))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)

@@ -430,7 +430,7 @@ def aot(rows: int = 1024, heads: int = 64) -> None:
             print("  " + " ".join(f"{o}:{n}" for o, n in ops.most_common(40)))
 
 
-VARIANTS = ("base", "package", "package_lift", "gluon_int")
+VARIANTS = ("base", "package", "package_ids")
 SHAPES = "8x64,64x64,128x64,1024x64,8192x64,8x128,64x128,128x128"  # rows x heads (8 x 128: splits and head blocks)
 
 
@@ -442,7 +442,7 @@ def variants_for(heads: int) -> tuple[str, ...]:
 def _launch(variant: str, kw: dict) -> torch.Tensor:
     """out of one call: ``base`` = the package's launcher with its Triton tile (its choices for this GPU, the Gluon
     tile off), ``package`` = the launcher's default (on sm_90 from 8 programs: gluon_sm90, this prototype's
-    ``gluon_int`` in the package), ``package_pfN``: it with N tiles of L2 prefetch, ``package_lift`` with the lift, ``gluon*`` = this file's
+    ``gluon_int`` in the package), ``package_pfN``: it with N tiles of L2 prefetch, ``package_lift`` with the lift, ``package_ids`` with its ids one iteration ahead, ``gluon*`` = this file's
     kernels."""
     if variant.startswith("gluon"):  # _async: cp.async pipeline; _int: the integer e4m3 path
         return gluon_decode(**kw, pipelined="_async" in variant, int_dequant=variant.endswith("_int"))[0]
@@ -459,6 +459,8 @@ def _launch(variant: str, kw: dict) -> torch.Tensor:
         return T.sparse_decode_fwd(**kw, head_dim_v=512, config=replace(cfg, l2_prefetch=int(variant[-1])))[0]
     if variant == "package_lift":  # the package's tile with the integer dequant's lift
         return T.sparse_decode_fwd(**kw, head_dim_v=512, config=replace(cfg, q_lift=True))[0]
+    if variant == "package_ids":  # the package's Gluon tile with its slot ids loaded one iteration ahead
+        return T.sparse_decode_fwd(**kw, head_dim_v=512, config=replace(cfg, ids_ahead=cfg.gluon))[0]
     cfg = replace(cfg, gluon=False)
     return T.sparse_decode_fwd(**kw, head_dim_v=512, config=cfg)[0]
 

@@ -139,16 +139,20 @@ if _HAVE_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, page_size, page_stride,
-                       page_size_x, page_stride_x, o_n, o_b, m_b, BLOCK_N: gl.constexpr, PAGE_SHIFT: gl.constexpr,
-                       PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
-        """L2 prefetch of the data rows (one address per ``o_b`` [NP] offset where ``m_b``) and scale rows of tile
-        ``i_t`` of the concatenated list, when it is one of this split's (< ``t_hi``); ``o_n`` [BLOCK_N] its rows."""
+    def _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, o_n, BLOCK_N: gl.constexpr):
+        """Slot ids [BLOCK_N] (``o_n``'s layout) of tile ``i_t`` of the concatenated list (main tiles first); -1 past
+        the valid length and for a tile that is not one of this split's (>= ``t_hi``)."""
         in_main = i_t < t_main
         t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
         n_len = gl.where(i_t < t_hi, gl.where(in_main, n_main, n_x), 0)
         p_row = gl.where(in_main, p_idx, p_idx_x)
-        b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+        return gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)
+
+    @gluon.jit
+    def _prefetch_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, o_b, m_b,
+                       PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
+        """L2 prefetch of the data rows (one address per ``o_b`` [NP] offset where ``m_b``) and scale rows of slot ids
+        ``b_idx`` [BLOCK_N] (-1 skipped) in the main cache (``in_main``) or the extra one."""
         m_n = b_idx >= 0
         b_page, b_off = _page_split(gl.where(m_n, b_idx, 0), in_main, page_size, page_size_x, PAGE_SHIFT, PAGE_SHIFT_X)
         b_page = b_page.to(gl.int64)
@@ -162,6 +166,20 @@ if _HAVE_GLUON:
         _prefetch_l2(p_cache + o_scale, m_n)
 
     @gluon.jit
+    def _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, page_size, page_stride,
+                       page_size_x, page_stride_x, o_n, o_b, m_b, BLOCK_N: gl.constexpr, PAGE_SHIFT: gl.constexpr,
+                       PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
+        """L2 prefetch of the rows of tile ``i_t`` of the concatenated list, when it is one of this split's (<
+        ``t_hi``); ``o_n`` [BLOCK_N] its rows (:func:`_tile_ids`, :func:`_prefetch_rows`)."""
+        in_main = i_t < t_main
+        t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
+        n_len = gl.where(i_t < t_hi, gl.where(in_main, n_main, n_x), 0)
+        p_row = gl.where(in_main, p_idx, p_idx_x)
+        b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+        _prefetch_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, o_b, m_b,
+                       PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+
+    @gluon.jit
     def _sparse_decode_sm90_kernel(
         q, cache, idx, length, cache_x, idx_x, length_x, sink,
         out, lse, o_part, lse_part,
@@ -171,7 +189,8 @@ if _HAVE_GLUON:
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, INT_DEQUANT: gl.constexpr,
         HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr, HAS_SINK: gl.constexpr,
         SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PAGE_SHIFT_X: gl.constexpr, HEADS_FASTEST: gl.constexpr,
-        PREFETCH: gl.constexpr, PF_STRIDE: gl.constexpr, Q_LIFT: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PF_STRIDE: gl.constexpr, Q_LIFT: gl.constexpr, IDS_AHEAD: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, BLOCK_H), num_splits), or HEADS_FASTEST: the first two axes swapped (a row's head
         blocks side by side; ``decode_grid``). A split owns a contiguous run of the concatenated list's valid tiles.
@@ -181,7 +200,9 @@ if _HAVE_GLUON:
         rows of tile i_t + PREFETCH into L2 (one address every PF_STRIDE bytes of a row and its last byte). Q_LIFT
         (with the integer dequant): q's NoPE columns times 2^LIFT_LOG2 once (in shared memory, so nothing stays in
         registers), the tile's NoPE times 2^-LIFT_LOG2 by its one scale multiply, the output's NoPE columns times
-        2^LIFT_LOG2 at the end: the same bits (:mod:`sparsemla.kernels.dequant`)."""
+        2^LIFT_LOG2 at the end: the same bits (:mod:`sparsemla.kernels.dequant`). IDS_AHEAD: a tile's slot ids (and
+        the prefetched tile's) are loaded one iteration before they are used, as the Triton tile does, so their L2
+        round trip is off the loop's critical path: the same bits."""
         gl.static_assert(num_warps == 8, "two warpgroups")
         gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64, "the 64 x 64 tile")
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512 | 64], 16-byte runs
@@ -243,18 +264,35 @@ if _HAVE_GLUON:
         o_b = gl.minimum(o_pb * PF_STRIDE, DATA_ROW - 1)  # [NP] byte offsets: every PF_STRIDE bytes, the last byte
         m_b = o_pb < NPF
         o_np = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf))
+        if IDS_AHEAD:  # the first tile's ids (and the first prefetched tile's) before the loop
+            b_idx_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, t_hi, o_n, BLOCK_N)
+            b_ids_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, t_hi, o_ns, BLOCK_N)
+            if PREFETCH > 0:
+                b_pf_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo + PREFETCH, t_hi, o_np, BLOCK_N)
         for i_t in range(t_lo, t_hi):
             if PREFETCH > 0:  # the rows of a tile PREFETCH ahead into L2 while this one is gathered and multiplied
-                _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t + PREFETCH, t_hi, page_size,
-                               page_stride, page_size_x, page_stride_x, o_np, o_b, m_b, BLOCK_N, PAGE_SHIFT,
-                               PAGE_SHIFT_X)  # fmt: skip
+                if IDS_AHEAD:
+                    b_pf = b_pf_n
+                    b_pf_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1 + PREFETCH, t_hi, o_np, BLOCK_N)
+                    _prefetch_rows(cache, cache_x, b_pf, i_t + PREFETCH < t_main, page_size, page_stride, page_size_x,
+                                   page_stride_x, o_b, m_b, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+                else:
+                    _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t + PREFETCH, t_hi,
+                                   page_size, page_stride, page_size_x, page_stride_x, o_np, o_b, m_b, BLOCK_N,
+                                   PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+            if IDS_AHEAD:  # this tile's ids came one iteration ago; the next tile's load now, used next iteration
+                b_idx = b_idx_n
+                b_ids = b_ids_n
+                b_idx_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, t_hi, o_n, BLOCK_N)
+                b_ids_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, t_hi, o_ns, BLOCK_N)
+            else:  # (i_t < t_hi here: no split-end mask)
+                t0 = gl.where(i_t < t_main, i_t, i_t - t_main) * BLOCK_N
+                n_len = gl.where(i_t < t_main, n_main, n_x)
+                p_row = gl.where(i_t < t_main, p_idx, p_idx_x)
+                b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
+                b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
             in_main = i_t < t_main
-            t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
-            n_len = gl.where(in_main, n_main, n_x)
-            p_row = gl.where(in_main, p_idx, p_idx_x)
             p_cache = gl.where(in_main, cache, cache_x)
-            b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
-            b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
             _barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
             _gather_store_tile(p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, k_smem,
                                o_d, INT_DEQUANT, Q_LIFT, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
@@ -308,6 +346,7 @@ def sparse_decode_sm90_fwd(
     lse_part: torch.Tensor, *, heads: int, page: tuple[int, int, int, int], splits: int, qk_scale: float,
     has_extra: bool, grid: tuple[int, int, int], heads_fastest: bool, int_dequant: bool,
     page_shifts: tuple[int, int], prefetch: int = 0, prefetch_stride: int = 128, q_lift: bool = False,
+    ids_ahead: bool = False,
 ) -> None:  # fmt: skip
     """Launch the Gluon tile with arguments :func:`~sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd` checked
     and laid out: q [B, s_q, H_OUT, 512] bf16 (any strides), ``cache`` / ``cache_x`` uint8 V4 page views, indices
@@ -315,7 +354,8 @@ def sparse_decode_sm90_fwd(
     [rows, splits, heads, 512] (bf16 or fp32) and [rows, splits, heads] fp32 when ``splits`` > 1; ``heads`` real
     heads of q's H_OUT; ``page`` = (page_size, page_stride, page_size_x, page_stride_x) in slots / bytes; ``grid``
     from ``decode_grid`` with one program per 64-head block; ``prefetch``: tiles ahead prefetched into L2 (0: off),
-    one address every ``prefetch_stride`` bytes of a row; ``q_lift`` (with ``int_dequant``): the lift."""
+    one address every ``prefetch_stride`` bytes of a row; ``q_lift`` (with ``int_dequant``): the lift; ``ids_ahead``:
+    slot ids loaded one iteration ahead."""
     if not _HAVE_GLUON:
         raise RuntimeError("DecodeConfig.gluon needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)")
     _, s_q, heads_out, _ = q.shape
@@ -332,7 +372,7 @@ def sparse_decode_sm90_fwd(
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
         HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, Q_LIFT=q_lift and int_dequant,
-        num_warps=NUM_WARPS,
+        IDS_AHEAD=ids_ahead, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -83,7 +83,8 @@ class DecodeConfig:
     row, so the programs that gather the same tokens run side by side and the later ones read them from L2. gluon
     (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles or lazy rescale): the
     tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`), whose two warpgroups split the
-    scores' tokens instead of both computing all of them."""
+    scores' tokens instead of both computing all of them. ids_ahead (with gluon; off until timed): its slot ids loaded
+    one iteration ahead, as the Triton tile's are (the same bits)."""
 
     block_h: int
     block_n: int
@@ -107,6 +108,7 @@ class DecodeConfig:
     # same within 1 %.
     heads_fastest: bool = True
     gluon: bool = False
+    ids_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -118,6 +120,8 @@ class DecodeConfig:
             raise ValueError("sub_joint_reduce needs sub_tiles=2")
         if self.opaque_tile and self.num_stages > 1:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
+        if self.ids_ahead and not self.gluon:
+            raise ValueError("ids_ahead is an option of the Gluon tile (gluon=True)")
         if self.gluon and (
             (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
             != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
@@ -950,7 +954,7 @@ def sparse_decode_fwd(
             int_dequant=cfg.int_dequant,
             page_shifts=(page_shift(page_size), page_shift(page_size_x if has_extra else page_size)),
             prefetch=prefetch_ahead(l2_prefetch, cfg.num_stages, interpret), prefetch_stride=cfg.prefetch_stride,
-            q_lift=q_lift(cfg, info, tiles_per_program),
+            q_lift=q_lift(cfg, info, tiles_per_program), ids_ahead=cfg.ids_ahead,
         )  # fmt: skip
     else:
         # the interpreter cannot run the integer dequant's inline PTX
