@@ -407,12 +407,21 @@ def test_gluon_tile_l2_prefetch_changes_no_bit(nan_empty, ahead, stride):
 
 
 @needs_gluon
-@pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
-def test_gluon_tile_ids_ahead_changes_no_bit(nan_empty, splits):
+@pytest.mark.parametrize("case", ["random", "corners", "div-page-no-extra"])
+@pytest.mark.parametrize("prefetch", [0, 1, 3], ids=["pf0", "pf1", "pf3"])
+@pytest.mark.parametrize("splits", [1, 3, 17], ids=["1split", "3splits", "17splits"])
+def test_gluon_tile_ids_ahead_changes_no_bit(nan_empty, splits, prefetch, case):
     """DecodeConfig.ids_ahead (the Gluon tile's slot ids, and the prefetched tile's, loaded one iteration ahead):
-    the same bits, across the main / extra boundary and a split's end."""
-    kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=97)
-    want = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=GLUON)
-    got = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=dataclasses.replace(GLUON, ids_ahead=True))
+    the same bits, across the main / extra boundary, a split's end and empty splits (17), with rows of no valid
+    entry, and with one cache of 96-slot pages."""
+    if case == "corners":
+        kw = corner_case()
+    elif case == "random":
+        kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=97)
+    else:
+        kw = make_case(5, 64, 128, 0, sink=True, swa_page=96, invalid=0.05, seed=98)
+    base = dataclasses.replace(GLUON, l2_prefetch=prefetch)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=base)
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=dataclasses.replace(base, ids_ahead=True))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)

@@ -171,13 +171,9 @@ if _HAVE_GLUON:
                        PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
         """L2 prefetch of the rows of tile ``i_t`` of the concatenated list, when it is one of this split's (<
         ``t_hi``); ``o_n`` [BLOCK_N] its rows (:func:`_tile_ids`, :func:`_prefetch_rows`)."""
-        in_main = i_t < t_main
-        t0 = gl.where(in_main, i_t, i_t - t_main) * BLOCK_N
-        n_len = gl.where(i_t < t_hi, gl.where(in_main, n_main, n_x), 0)
-        p_row = gl.where(in_main, p_idx, p_idx_x)
-        b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
-        _prefetch_rows(cache, cache_x, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x, o_b, m_b,
-                       PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+        b_idx = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, o_n, BLOCK_N)  # [BLOCK_N] slot ids
+        _prefetch_rows(cache, cache_x, b_idx, i_t < t_main, page_size, page_stride, page_size_x, page_stride_x, o_b,
+                       m_b, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
 
     @gluon.jit
     def _sparse_decode_sm90_kernel(
