@@ -19,6 +19,8 @@
 #   PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode.py build
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon32", carry=[".gpu-cubins/gluon_v32", ".gpu"])
 #   after PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build
+#   after PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_ws_decode.py build:
+#   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluonws", carry=[".gpu-cubins/gluon_ws", ".gpu"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
 # TRITON_OVERRIDE_ARCH=sm89 (the sm_80..sm_120 code and configurations) as sm_90 cubins, which the H200 runs.
@@ -374,6 +376,15 @@ gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon t
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode_v32.py bench \
         --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" | cut -c1-200
+    ;;
+gluonws)  # V4 decode, native path: the package's Gluon tile against its warp-specialized form (explore/
+    # gluon_ws_decode.py: a producer warpgroup gathers tile i + 1 while two consumer warpgroups multiply tile i), both
+    # from Triton 3.8 cubins (build: gluon_ws_decode.py build); outputs must be bit-equal
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_ws_decode.py bench \
+        --cubins .gpu-cubins/gluon_ws --git-sha "$SHA" --out "$OUT/gluon_ws_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
