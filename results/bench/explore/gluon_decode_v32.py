@@ -28,7 +28,12 @@ import triton
 import typer
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -164,8 +169,168 @@ def _gluon_v32_kernel(
     gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
 
 
+PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)
+WS_MAXNREG = 168  # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers
+
+
+@gluon.jit
+def _v32_ws_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt, num_slots,
+                    num_splits, stride_ib, stride_is, BLOCK_N: gl.constexpr, INT_DEQUANT: gl.constexpr):  # fmt: skip
+    """The producer warpgroup: tile i of this split (NoPE x scale and RoPE) into buffer i % 2 once the consumers
+    released it, then ``full[i % 2]``."""
+    ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PRODUCER_WARPS, 1], [1, 0])  # [N, 128] NoPE chunks
+    cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])  # [N, 64] RoPE
+    i_r = gl.program_id(0)
+    i_sp = gl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+    tiles = gl.cdiv(TOPK, BLOCK_N)
+    per = gl.cdiv(tiles, num_splits)
+    t_lo = i_sp * per
+    t_hi = gl.minimum(t_lo + per, tiles)
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
+    o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
+    o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
+    o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
+    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    for i_t in range(t_lo, t_hi):
+        j = i_t - t_lo
+        buf = j % 2
+        phase = (j // 2) & 1
+        t0 = i_t * BLOCK_N
+        b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (chunk rows)
+        b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same (RoPE rows)
+        mbarrier.wait(empty.index(buf), phase ^ 1)  # fresh barriers count as released
+        _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_bufs.index(buf),
+                               kr_bufs.index(buf), o_d, o_r, INT_DEQUANT)  # fmt: skip
+        fence_async_shared()
+        _barrier()  # every producer warp stored its part
+        mbarrier.arrive(full.index(buf), count=1)
+
+
+@gluon.jit
+def _v32_ws_consume(q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, idx, out, lse, o_part, lse_part,
+                    S, H, TOPK, num_slots, num_splits, qk_scale, stride_ib, stride_is, BLOCK_H: gl.constexpr,
+                    BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The two consumer warpgroups: the synchronous kernel's dots and softmax on buffer i % 2, then its output."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])  # fmt: skip
+    i_r = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_sp = gl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+    tiles = gl.cdiv(TOPK, BLOCK_N)
+    per = gl.cdiv(tiles, num_splits)
+    t_lo = i_sp * per
+    t_hi = gl.minimum(t_lo + per, tiles)
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+    o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    for i_t in range(t_lo, t_hi):
+        j = i_t - t_lo
+        buf = j % 2
+        phase = (j // 2) & 1
+        t0 = i_t * BLOCK_N
+        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # the slot ids (S columns)
+        k_tile = k_bufs.index(buf)
+        mbarrier.wait(full.index(buf), phase)
+        b_s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                            use_acc=False, is_async=True)  # fmt: skip
+        b_s = warpgroup_mma(qr_smem, kr_bufs.index(buf).permute((1, 0)), b_s, is_async=True)
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
+        m_s = (b_ids >= 0) & (b_ids < num_slots)
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        b_p = gl.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(b_p, 1)
+        m_i = m_new
+        _barrier()  # both warpgroups' PV of the last tile are done before P is replaced
+        p_smem.store(b_p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _barrier()  # both warpgroups' dots on this buffer are done
+        mbarrier.arrive(empty.index(buf), count=1)
+
+    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    m_hs = o_hs < H
+    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+    if SINGLE:
+        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
+        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
+    else:
+        i_part = i_r.to(gl.int64) * num_splits + i_sp
+        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+
+
+@gluon.jit
+def _gluon_v32_ws_kernel(
+    q, kv, idx, out, lse, o_part, lse_part,
+    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):  # fmt: skip
+    """``_gluon_v32_kernel`` warp-specialized: a producer warpgroup gathers tile i + 1 into the second of two tile
+    buffers while the two consumer warpgroups multiply tile i (q + qr + 2 x (tile + RoPE) + P = 229,376 B)."""
+    gl.static_assert(num_warps == 8, "two consumer warpgroups")
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+    qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
+    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
+    kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+    i_r = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_b = i_r // S
+    i_s = i_r % S
+    o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
+    o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    b_qr = gl.load(p_q + 512 + o_e[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
+    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 512], k_sl)
+    kr_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], kr_sl)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    gl.warp_specialize(
+        [
+            (_v32_ws_consume, (q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, idx, out, lse, o_part, lse_part,
+                               S, H, TOPK, num_slots, num_splits, qk_scale, stride_ib, stride_is, BLOCK_H, BLOCK_N,
+                               SINGLE, num_warps)),
+            (_v32_ws_produce, (k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt,
+                               num_slots, num_splits, stride_ib, stride_is, BLOCK_N, INT_DEQUANT)),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGS],
+    )  # fmt: skip
+
+
 def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
-                     num_splits="auto"):  # noqa: ANN001
+                     num_splits="auto", ws_regs=None):  # noqa: ANN001
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
     entries masked), the package's split rule and combine kernel."""
     from sparsemla.kernels import device as dev
@@ -188,13 +353,19 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse
-    _gluon_v32_kernel[(rows, head_blocks, splits)](
-        q, kv_cache, indices, out, lse, o_part, lse_part,
-        s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
-        kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * 1.4426950408889634,
-        q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-        BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, num_warps=8,
-    )  # fmt: skip
+    args = (q, kv_cache, indices, out, lse, o_part, lse_part,
+            s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
+            kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * 1.4426950408889634,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1))  # fmt: skip
+    if ws_regs:  # warp-specialized: ws_regs registers a producer thread
+        _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
+            *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PRODUCER_REGS=ws_regs,
+            num_warps=8, maxnreg=WS_MAXNREG,
+        )  # fmt: skip
+    else:
+        _gluon_v32_kernel[(rows, head_blocks, splits)](
+            *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, num_warps=8,
+        )  # fmt: skip
     if splits > 1:
         block_s, block_hc, block_d = combine_blocks(splits, heads)
         _sparse_decode_v32_combine_kernel[(rows, triton.cdiv(heads, block_hc), triton.cdiv(512, block_d))](
@@ -204,7 +375,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
     return out, lse
 
 
-VARIANTS = ("base", "gluon_int", "gluon")
+VARIANTS = ("base", "gluon_int", "gluon", "gluon_ws104", "gluon_ws120", "gluon_ws136")
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -216,7 +387,10 @@ def _inputs(batch: int, heads: int, device: str, fill: bool = True, seed: int = 
 
 
 def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel."""
+    """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel,
+    ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread."""
+    if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
+        return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"))
     from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
@@ -242,7 +416,7 @@ def aot(batch: int = 64, heads: int = 128) -> None:
             got.clear()
             sink.clear()
             _launch(variant, kw)
-            name = "_gluon_v32_kernel" if variant != "base" else "_sparse_decode_v32_kernel"
+            name = next(n for n in got if "combine" not in n)
             res = next(r for r in sink if r.kernel == name)
             body = loop_body(A._cubin_tool(got[name].asm["cubin"], "-sass"))
             ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", op).split()[0] for op in body)
