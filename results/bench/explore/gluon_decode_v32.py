@@ -460,6 +460,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
             kw0 = sets[0]
             want_o, want_l = sparse_decode_v32_reference(kw0["q"], kw0["kv_cache"], kw0["indices"], kw0["sm_scale"],
                                                          kv_format=kw0["kv_format"], d_v=512)  # fmt: skip
+            sync = None  # the synchronous Gluon tile's out (the warp-specialized ones must equal it)
             for variant in VARIANTS:
                 row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant)
                 try:
@@ -467,6 +468,9 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
                     fin = torch.isfinite(want_l)
                     row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
                                lse_max_abs=float((got_l - want_l)[fin].abs().max()))  # fmt: skip
+                    sync = got_o if variant == "gluon" else sync
+                    if variant.startswith("gluon_ws") and sync is not None:
+                        row["equal_to_gluon"] = bool(torch.equal(got_o, sync))
                     runs = [graphed(lambda kw=kw, v=variant: _launch(v, kw)) for kw in sets]
                     st = {"i": 0}
 

@@ -402,6 +402,24 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_ws"), shapes: str = SHAPES,
                     row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
                 rows_out.append(row)
                 print(json.dumps(row), flush=True)
+            if rows <= 1024:  # valid lengths (some 0), -1 entries: every variant bit-equal to the package's tile
+                kw = dict(sets[0])
+                gen = torch.Generator(device="cuda").manual_seed(rows)
+                kw["topk_length"] = torch.randint(0, 129, (rows,), device="cuda", dtype=torch.int32, generator=gen)
+                kw["extra_topk_length"] = torch.randint(0, 513, (rows,), device="cuda", dtype=torch.int32,
+                                                        generator=gen)  # fmt: skip
+                kw["topk_length"][::5] = 0
+                kw["indices"] = kw["indices"].clone()
+                kw["indices"][:, :, 100:] = -1
+                ref = _launch("package", kw)
+                for variant in VARIANTS[1:]:
+                    row = dict(rows=rows, H=heads, variant=variant, case="lengths")
+                    try:
+                        row["equal_to_package"] = bool(torch.equal(_launch(variant, kw), ref))
+                    except Exception as exc:  # noqa: BLE001
+                        row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
+                    rows_out.append(row)
+                    print(json.dumps(row), flush=True)
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, git_sha=git_sha,
                cubins=str(cubins), replayed=counts, rows=rows_out)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
