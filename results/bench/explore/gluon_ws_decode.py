@@ -51,6 +51,7 @@ from sparsemla.kernels.sparse_decode.gluon_sm90 import (  # noqa: E402 - the pac
     _barrier,
     _gather_store_tile,
     _prefetch_rows,
+    _split_range,
     _tile_ids,
 )
 
@@ -58,26 +59,6 @@ app = typer.Typer(add_completion=False)
 
 PRODUCER_WARPS = gl.constexpr(4)  # one warpgroup
 MAXNREG = 168  # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers
-
-
-@gluon.jit
-def _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N: gl.constexpr,
-                 HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr):  # fmt: skip
-    """(n_main, n_x, t_main, t_lo, t_hi): valid lengths and this split's tiles of the concatenated list."""
-    n_main = TOPK
-    if HAS_LEN:
-        n_main = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
-    t_main = (n_main + BLOCK_N - 1) // BLOCK_N
-    t_all = t_main
-    n_x = TOPK_X
-    if HAS_EXTRA:
-        if HAS_LEN_X:
-            n_x = gl.minimum(gl.maximum(gl.load(length_x + i_b), 0), TOPK_X)
-        t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
-    per = (t_all + num_splits - 1) // num_splits
-    t_lo = i_sp * per
-    t_hi = gl.minimum(t_lo + per, t_all)
-    return n_main, n_x, t_main, t_lo, t_hi
 
 
 @gluon.jit

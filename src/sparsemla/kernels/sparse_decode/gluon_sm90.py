@@ -130,6 +130,26 @@ if _HAVE_GLUON:
         k_smem.slice(ROPE_OFFSET, 64, dim=1).store(b_r)
 
     @gluon.jit
+    def _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N: gl.constexpr,
+                     HAS_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr):  # fmt: skip
+        """(n_main, n_x, t_main, t_lo, t_hi): valid lengths of both candidate lists (the leftmost ``length[i_b]``
+        entries count) and this split's share [t_lo, t_hi) of the concatenated tiles (main first, extra from t_main):
+        the Triton tile's ``_split_tiles``, restated because a Gluon kernel calls Gluon functions."""
+        n_main = TOPK
+        if HAS_LEN:
+            n_main = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
+        t_main = (n_main + BLOCK_N - 1) // BLOCK_N
+        t_all = t_main
+        n_x = TOPK_X
+        if HAS_EXTRA:
+            if HAS_LEN_X:
+                n_x = gl.minimum(gl.maximum(gl.load(length_x + i_b), 0), TOPK_X)
+            t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
+        per = (t_all + num_splits - 1) // num_splits
+        t_lo = i_sp * per
+        return n_main, n_x, t_main, t_lo, gl.minimum(t_lo + per, t_all)
+
+    @gluon.jit
     def _prefetch_l2(ptrs, mask):
         """Prefetch into L2 the line holding each of ``ptrs`` where ``mask`` (:mod:`sparsemla.kernels.prefetch`; the
         asm's result is unused)."""
@@ -230,21 +250,8 @@ if _HAVE_GLUON:
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
 
-        # valid lengths of both lists and this split's share [t_lo, t_hi) of the concatenated tiles (main first): the
-        # Triton tile's _split_tiles, restated because a Gluon kernel calls Gluon functions
-        n_main = TOPK
-        if HAS_LEN:
-            n_main = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
-        t_main = (n_main + BLOCK_N - 1) // BLOCK_N
-        t_all = t_main
-        n_x = TOPK_X
-        if HAS_EXTRA:
-            if HAS_LEN_X:
-                n_x = gl.minimum(gl.maximum(gl.load(length_x + i_b), 0), TOPK_X)
-            t_all = t_main + (n_x + BLOCK_N - 1) // BLOCK_N
-        per = (t_all + num_splits - 1) // num_splits
-        t_lo = i_sp * per
-        t_hi = gl.minimum(t_lo + per, t_all)
+        n_main, n_x, t_main, t_lo, t_hi = _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N,
+                                                       HAS_LEN, HAS_EXTRA, HAS_LEN_X)  # fmt: skip
 
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
