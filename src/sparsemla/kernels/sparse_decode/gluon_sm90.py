@@ -11,6 +11,11 @@ Why not plain Triton: Triton gives a dot whose result feeds another dot all warp
 * P (bf16) through shared memory, O [64, 512] += P V by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
   warpgroup 256 output columns.
 
+The launcher's defaults apply as on the Triton tiles: the rows of the next tile prefetched into L2
+(``DecodeConfig.l2_prefetch``) and the integer dequant's lift (``q_lift``: q's NoPE times 2^8 once, in shared memory,
+one scale multiply per gathered value) from 4 tiles a program; ``ids_ahead`` (off) loads the slot ids one iteration
+ahead. Measurements: docs/gpus.md and docs/performance.md.
+
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`'s main kernel: one program per
 (row, 64-head block, split), both caches in one loop (cache, page geometry and index row selected per tile), valid
 lengths, -1 ids, the sink, padded heads (``H`` real of ``H_OUT``), ``DV`` <= 512, split partials merged by the
