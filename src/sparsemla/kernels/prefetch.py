@@ -30,11 +30,16 @@ def prefetch_ahead(l2_prefetch: int, num_stages: int, interpreted: bool) -> int:
     return 0 if interpreted or not l2_prefetch else l2_prefetch + num_stages - 1
 
 
+# prefetch_l2's PTX, one address $1 where the int32 $2 is non-zero; the result $0 is a dummy (Gluon's sm_90 tile
+# issues the same text)
+PREFETCH_L2_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }")
+
+
 @triton.jit
 def prefetch_l2(ptrs, mask):
     """Prefetch into L2 the line holding each of ``ptrs`` where ``mask`` (any shape; the asm's result is unused)."""
     return tl.inline_asm_elementwise(
-        asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+        asm=PREFETCH_L2_PTX,
         constraints="=r,l,r",
         args=[ptrs, mask.to(tl.int32)],
         dtype=tl.int32,

@@ -45,6 +45,7 @@ from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX
 from sparsemla.kernels.dequant import LIFT_LOG2 as DEQUANT_LIFT_LOG2
 from sparsemla.kernels.layouts import V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
+from sparsemla.kernels.prefetch import PREFETCH_L2_PTX
 
 BLOCK_H = 64  # heads per program: one warpgroup's M
 BLOCK_N = 64  # tokens per tile: each warpgroup scores 32 of them
@@ -70,6 +71,7 @@ if _HAVE_GLUON:
     LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
     E4M3_PTX: gl.constexpr = gl.constexpr(E4M3_TO_BF16_PTX.value)
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
+    PREFETCH_PTX: gl.constexpr = gl.constexpr(PREFETCH_L2_PTX.value)
     LIFT_LOG2: gl.constexpr = gl.constexpr(DEQUANT_LIFT_LOG2.value)  # the lift (DecodeConfig.q_lift)
     TWO_POW_LIFT_F: gl.constexpr = gl.constexpr(2.0**DEQUANT_LIFT_LOG2.value)
 
@@ -159,8 +161,8 @@ if _HAVE_GLUON:
         """Prefetch into L2 the line holding each of ``ptrs`` where ``mask`` (:mod:`sparsemla.kernels.prefetch`; the
         asm's result is unused)."""
         return gl.inline_asm_elementwise(
-            asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-            constraints="=r,l,r", args=[ptrs, mask.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1,
+            asm=PREFETCH_PTX, constraints="=r,l,r", args=[ptrs, mask.to(gl.int32)], dtype=gl.int32, is_pure=False,
+            pack=1,
         )  # fmt: skip
 
     @gluon.jit
@@ -189,16 +191,6 @@ if _HAVE_GLUON:
         o_scale = b_page * pst + psz * DATA_ROW + b_off * SCALE_ROW
         _prefetch_l2(p_cache + o_tok[:, None] + o_b[None, :], m_n[:, None] & m_b[None, :])  # [BLOCK_N, NP]
         _prefetch_l2(p_cache + o_scale, m_n)
-
-    @gluon.jit
-    def _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, page_size, page_stride,
-                       page_size_x, page_stride_x, o_n, o_b, m_b, BLOCK_N: gl.constexpr, PAGE_SHIFT: gl.constexpr,
-                       PAGE_SHIFT_X: gl.constexpr):  # fmt: skip
-        """L2 prefetch of the rows of tile ``i_t`` of the concatenated list, when it is one of this split's (<
-        ``t_hi``); ``o_n`` [BLOCK_N] its rows (:func:`_tile_ids`, :func:`_prefetch_rows`)."""
-        b_idx = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, o_n, BLOCK_N)  # [BLOCK_N] slot ids
-        _prefetch_rows(cache, cache_x, b_idx, i_t < t_main, page_size, page_stride, page_size_x, page_stride_x, o_b,
-                       m_b, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
 
     @gluon.jit
     def _sparse_decode_sm90_kernel(
@@ -282,23 +274,18 @@ if _HAVE_GLUON:
                 if IDS_AHEAD:
                     b_pf = b_pf_n
                     b_pf_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1 + PREFETCH, t_hi, o_np, BLOCK_N)
-                    _prefetch_rows(cache, cache_x, b_pf, i_t + PREFETCH < t_main, page_size, page_stride, page_size_x,
-                                   page_stride_x, o_b, m_b, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
                 else:
-                    _prefetch_tile(cache, cache_x, p_idx, p_idx_x, n_main, n_x, t_main, i_t + PREFETCH, t_hi,
-                                   page_size, page_stride, page_size_x, page_stride_x, o_np, o_b, m_b, BLOCK_N,
-                                   PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
+                    b_pf = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + PREFETCH, t_hi, o_np, BLOCK_N)
+                _prefetch_rows(cache, cache_x, b_pf, i_t + PREFETCH < t_main, page_size, page_stride, page_size_x,
+                               page_stride_x, o_b, m_b, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
             if IDS_AHEAD:  # this tile's ids came one iteration ago; the next tile's load now, used next iteration
                 b_idx = b_idx_n
                 b_ids = b_ids_n
                 b_idx_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, t_hi, o_n, BLOCK_N)
                 b_ids_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t + 1, t_hi, o_ns, BLOCK_N)
-            else:  # (i_t < t_hi here: no split-end mask)
-                t0 = gl.where(i_t < t_main, i_t, i_t - t_main) * BLOCK_N
-                n_len = gl.where(i_t < t_main, n_main, n_x)
-                p_row = gl.where(i_t < t_main, p_idx, p_idx_x)
-                b_idx = gl.load(p_row + t0 + o_n, mask=t0 + o_n < n_len, other=-1)  # [BLOCK_N] slot ids
-                b_ids = gl.load(p_row + t0 + o_ns, mask=t0 + o_ns < n_len, other=-1)  # the same, along S's columns
+            else:
+                b_idx = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, o_n, BLOCK_N)  # [BLOCK_N] slot ids
+                b_ids = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, i_t, t_hi, o_ns, BLOCK_N)  # along S's columns
             in_main = i_t < t_main
             p_cache = gl.where(in_main, cache, cache_x)
             _barrier()  # every warpgroup's dots of the last tile are done (each waited) before the tile is replaced
