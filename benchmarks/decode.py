@@ -345,7 +345,8 @@ def bench_shape(
             row["occupancy_of"] = occupancy[0].occupancy_of.name
             row["occupancy"] = occupancy[0].occupancy.get("_sparse_decode_kernel", [])
         if name.startswith("sparsemla") and "_t38" not in name:  # SHARED: the launches of this Triton
-            row["shared_bytes"] = SHARED.get("_sparse_decode_sm90_kernel", SHARED.get("_sparse_decode_kernel"))
+            main = ("_sparse_decode_sm90_ws_kernel", "_sparse_decode_sm90_kernel", "_sparse_decode_kernel")
+            row["shared_bytes"] = next((SHARED[k] for k in main if k in SHARED), None)
         rows.append(row)
     if ceilings:  # a code-path child has none: its parent adds the floors
         fl, _, _ = floor_us(shape, ceilings)

@@ -42,8 +42,10 @@ def test_the_cases_cover_sglangs_shapes_and_every_kernel(records):
     want = {"_sparse_decode_kernel", "_sparse_decode_combine_kernel", "_indexer_logits_kernel", "_indexer_topk_kernel"}
     for target, kernels in by_target.items():
         assert want <= kernels, (target, want - kernels)
-        # sm_90's Gluon tile from 8 programs (the Triton tile below), and nowhere else
-        assert ("_sparse_decode_sm90_kernel" in kernels) == (target == "sm_90"), (target, kernels)
+        # sm_90's Gluon tile from 8 programs (the Triton tile below; warp-specialized from 4 tiles a program), and
+        # nowhere else
+        for gluon in ("_sparse_decode_sm90_kernel", "_sparse_decode_sm90_ws_kernel"):
+            assert (gluon in kernels) == (target == "sm_90"), (target, gluon, kernels)
     cases = {r["case"] for r in records["records"]}
     assert len([c for c in cases if c.startswith("decode ")]) == 32  # B {1,8,64,128} x H {8,16,64,128} x 2 top-k
     assert len([c for c in cases if c.startswith("indexer_")]) == 8
@@ -94,7 +96,7 @@ def test_decode_shared_estimate_matches_the_compiler(records):
     from sparsemla.kernels.sparse_decode.triton import choose_config, shared_bytes
 
     for r in records["records"]:
-        if r["kernel"] not in ("_sparse_decode_kernel", "_sparse_decode_sm90_kernel"):
+        if r["kernel"] not in ("_sparse_decode_kernel", "_sparse_decode_sm90_kernel", "_sparse_decode_sm90_ws_kernel"):
             continue
         b, h = (int(part[1:]) for part in r["case"].split()[1:3])
         est = shared_bytes(choose_config(dev.target(r["target"]), h, b), dev.target(r["target"]))
@@ -202,7 +204,8 @@ for target in ("sm_80", "sm_90", "sm_120"):
         kv = torch.empty(4, V32_PAGE, 1, v32_row_width("fp8_656"), dtype=torch.uint8)
         q, idx = torch.empty(64, 1, 128, V32_DIM, dtype=torch.bfloat16), torch.empty(64, 1, 2048, dtype=torch.int32)
         v32.sparse_decode_v32_fwd(q, kv, idx, 0.04, kv_format="fp8_656", config=cfg)
-    v4 = "_sparse_decode_sm90_kernel" if "_sparse_decode_sm90_kernel" in got else "_sparse_decode_kernel"
+    v4 = next(k for k in ("_sparse_decode_sm90_ws_kernel", "_sparse_decode_sm90_kernel", "_sparse_decode_kernel")
+              if k in got)
     for name in (v4, "_sparse_decode_v32_kernel"):
         r = next(r for r in recs if r.kernel == name)
         sass = aot.cubin_sass(got[name].asm["cubin"])
@@ -213,8 +216,8 @@ print(json.dumps(rows))
 
 def test_l2_prefetch_compiles_on_every_kind_of_target():
     """DecodeConfig / V32Config.l2_prefetch (V4: one tile ahead from 4 tiles a program by default) compiles for
-    sm_80, sm_90 (V4: the Gluon tile) and sm_120 within the gate, and the prefetches are in the SASS (``CCTL.E.PF2``:
-    prefetch.global.L2)."""
+    sm_80, sm_90 (V4: the warp-specialized Gluon tile, whose producer prefetches) and sm_120 within the gate, and the
+    prefetches are in the SASS (``CCTL.E.PF2``: prefetch.global.L2)."""
     import json
     import subprocess
     import sys

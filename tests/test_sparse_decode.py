@@ -468,9 +468,9 @@ def test_q_lift_default_follows_the_tile_and_its_work(target):
 def test_gluon_tile_config_is_sm90s_and_checked(nan_empty):
     """DecodeConfig.gluon: sm_90's choice from GLUON_SM90_MIN_BUSY programs where Gluon is there (never sm_100, whose
     tensor cores are not wgmma, nor mma.sync targets); only the 64 x 64 8-warp one-stage tile without V halves, half
-    tiles or lazy rescale; ids_ahead only with it; its shared memory is the compiler's figure (tests/test_aot.py);
-    the interpreter (and any launch not configured for sm_90) refuses it with the reason."""
-    from sparsemla.kernels.sparse_decode import gluon_sm90
+    tiles or lazy rescale; ids_ahead and warp_specialize only with it; its shared memory is the compiler's figure
+    (tests/test_aot.py); the interpreter (and any launch not configured for sm_90) refuses it with the reason."""
+    from sparsemla.kernels.sparse_decode import gluon_sm90, gluon_ws_sm90
 
     sm90 = dev.target("sm_90")
     busy = sd_triton.GLUON_SM90_MIN_BUSY
@@ -480,8 +480,19 @@ def test_gluon_tile_config_is_sm90s_and_checked(nan_empty):
     for target in ("sm_80", "sm_86", "sm_89", "sm_100", "sm_120"):
         assert not any(sd_triton.choose_tiles(dev.target(target), h, b).gluon for h in (8, 64, 128) for b in (1, 64))
     cfg = sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True)
-    assert sd_triton.shared_bytes(cfg, sm90) == gluon_sm90.SHARED_BYTES == 139_776
-    assert sd_triton.resident_programs(cfg, sm90) == 1
+    sync, ws = dataclasses.replace(cfg, warp_specialize=False), dataclasses.replace(cfg, warp_specialize=True)
+    assert sd_triton.shared_bytes(sync, sm90) == gluon_sm90.SHARED_BYTES == 139_776
+    # warp-specialized (or either, the default): two tile buffers and four mbarriers; still one program per SM
+    assert sd_triton.shared_bytes(ws, sm90) == sd_triton.shared_bytes(cfg, sm90) == gluon_ws_sm90.SHARED_BYTES
+    assert 205_348 <= gluon_ws_sm90.SHARED_BYTES <= 205_348 + 64
+    assert all(sd_triton.resident_programs(c, sm90) == 1 for c in (cfg, sync, ws))
+    # the default: warp-specialized from WS_MIN_TILES tiles a program, never without the Gluon tile
+    n = sd_triton.WS_MIN_TILES
+    assert sd_triton.warp_specialize(cfg, n) and not sd_triton.warp_specialize(cfg, n - 1)
+    assert not sd_triton.warp_specialize(sync, 100) and sd_triton.warp_specialize(ws, 1)
+    assert not sd_triton.warp_specialize(sd_triton.DecodeConfig(64, 64, 8, 1), 100)
+    with pytest.raises(ValueError, match="warp_specialize"):
+        sd_triton.DecodeConfig(64, 64, 8, 1, warp_specialize=True)
     for bad in (dict(block_n=32), dict(num_warps=4), dict(num_stages=2), dict(dv_split=2), dict(lazy_rescale=True)):
         with pytest.raises(ValueError, match="gluon"):
             dataclasses.replace(cfg, **bad)

@@ -314,6 +314,8 @@ def _sm90_gluon() -> bool:
 
 needs_gluon = pytest.mark.skipif(not _sm90_gluon(), reason="the Gluon tile is sm_90's (native path, Triton >= 3.6)")
 GLUON = sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True)
+# both forms of it: synchronous, and warp-specialized (a producer warpgroup gathers the next tile; the same bits)
+TILE = pytest.mark.parametrize("ws", [False, True], ids=["sync", "ws"])
 
 
 @needs_gluon
@@ -324,11 +326,13 @@ GLUON = sd_triton.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True
     [GLUON, dataclasses.replace(GLUON, partial_bf16=False), dataclasses.replace(GLUON, int_dequant=False)],
     ids=["bf16part-intdq", "fp32part", "fp8cvt"],
 )
-def test_gluon_tile_matches_reference(nan_empty, cfg, heads, splits):
-    """The Gluon tile: both caches, -1 entries, valid lengths, the sink, head counts that leave part of a block
-    empty, splits with one program each or three tiles (partials bf16 or fp32), the fp8 conversion and the integer
-    dequant."""
+@TILE
+def test_gluon_tile_matches_reference(nan_empty, cfg, heads, splits, ws):
+    """The Gluon tile, synchronous and warp-specialized: both caches, -1 entries, valid lengths, the sink, head
+    counts that leave part of a block empty, splits with one program each or three tiles (partials bf16 or fp32), the
+    fp8 conversion and the integer dequant."""
     kw = make_case(5, heads, 128, 512, sink=True, invalid=0.05, seed=501 + heads)
+    cfg = dataclasses.replace(cfg, warp_specialize=ws)
     out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=cfg)
     check(kw, out, lse)
 
@@ -336,18 +340,21 @@ def test_gluon_tile_matches_reference(nan_empty, cfg, heads, splits):
 @needs_gluon
 @pytest.mark.parametrize("swa_page,extra_page,extra_topk", [(96, 64, 2048), (64, 256, 512), (256, 64, 0)],
                          ids=["div-page+shift", "two-shifts", "no-extra"])  # fmt: skip
-def test_gluon_tile_pages_and_no_extra(nan_empty, swa_page, extra_page, extra_topk):
+@TILE
+def test_gluon_tile_pages_and_no_extra(nan_empty, swa_page, extra_page, extra_topk, ws):
     """Page sizes that are not powers of two (divisions), two different shifts, and no extra cache."""
     kw = make_case(9, 64, 128, extra_topk, sink=False, swa_page=swa_page, extra_page=extra_page, invalid=0.05, seed=7)
-    check(kw, *sd_triton.sparse_decode_fwd(**kw, config=GLUON))
+    check(kw, *sd_triton.sparse_decode_fwd(**kw, config=dataclasses.replace(GLUON, warp_specialize=ws)))
 
 
 @needs_gluon
-def test_gluon_tile_corner_cases(nan_empty):
+@TILE
+def test_gluon_tile_corner_cases(nan_empty, ws):
     """Rows with no valid entry (all -1, lengths 0), duplicates, sink +inf / -inf, a non-contiguous q."""
     kw = corner_case()
     for splits in (1, 4):
-        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=GLUON)
+        out, lse = sd_triton.sparse_decode_fwd(**kw, num_splits=splits,
+                                               config=dataclasses.replace(GLUON, warp_specialize=ws))  # fmt: skip
         assert torch.equal(out[:2], torch.zeros_like(out[:2]))
         assert torch.equal(out[:, :, 0], torch.zeros_like(out[:, :, 0]))
         check(kw, out, lse)
@@ -355,17 +362,19 @@ def test_gluon_tile_corner_cases(nan_empty):
 
 @needs_gluon
 @pytest.mark.parametrize("splits", [1, 3], ids=["1split", "3splits"])
-def test_gluon_tile_pad_heads_and_narrow_v(nan_empty, splits):
+@TILE
+def test_gluon_tile_pad_heads_and_narrow_v(nan_empty, splits, ws):
     """8 real heads of a q padded to 64 (NaN pad rows: never read), and head_dim_v = 256 (the first 256 columns)."""
+    cfg = dataclasses.replace(GLUON, warp_specialize=ws)
     kw = make_case(6, 64, 128, 512, sink=True, seed=61)
     kw["q"][:, :, 8:] = float("nan")
-    out, lse = sd_triton.sparse_decode_fwd(**kw, num_real_heads=8, num_splits=splits, config=GLUON)
+    out, lse = sd_triton.sparse_decode_fwd(**kw, num_real_heads=8, num_splits=splits, config=cfg)
     real = dict(kw, q=kw["q"][:, :, :8].contiguous(), attn_sink=kw["attn_sink"][:8].contiguous())
     check(real, out[:, :, :8], lse[:, :8].transpose(1, 2).contiguous().transpose(1, 2))
     assert torch.equal(out[:, :, 8:], torch.zeros_like(out[:, :, 8:])) and torch.isneginf(lse[:, 8:]).all()
     kw["q"][:, :, 8:] = 0.5
     narrow = dict(kw, head_dim_v=256)
-    out, lse = sd_triton.sparse_decode_fwd(**narrow, num_splits=splits, config=GLUON)
+    out, lse = sd_triton.sparse_decode_fwd(**narrow, num_splits=splits, config=cfg)
     assert out.shape[-1] == 256
     check(narrow, out, lse)
 
@@ -425,3 +434,51 @@ def test_gluon_tile_ids_ahead_changes_no_bit(nan_empty, splits, prefetch, case):
     got = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=dataclasses.replace(base, ids_ahead=True))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(kw, *got)
+
+
+@needs_gluon
+@pytest.mark.parametrize("ids_ahead", [False, True], ids=["ids", "ids-ahead"])
+@pytest.mark.parametrize("case", ["random", "corners", "div-page-no-extra"])
+@pytest.mark.parametrize("prefetch", [0, 1, 3], ids=["pf0", "pf1", "pf3"])
+@pytest.mark.parametrize("splits", [1, 3, 17], ids=["1split", "3splits", "17splits"])
+def test_gluon_tile_warp_specialized_changes_no_bit(nan_empty, splits, prefetch, case, ids_ahead):
+    """DecodeConfig.warp_specialize (a producer warpgroup gathers tile i + 1 into the second buffer while the
+    consumers multiply tile i): the synchronous tile's bits, with and without ids_ahead and the producer's L2
+    prefetch, across the main / extra boundary, a split's end, empty splits (17: the barriers' phases of a program
+    with no tile), rows of no valid entry and a cache of 96-slot pages."""
+    if case == "corners":
+        kw = corner_case()
+    elif case == "random":
+        kw = make_case(5, 64, 128, 512, sink=True, invalid=0.05, seed=97)
+    else:
+        kw = make_case(5, 64, 128, 0, sink=True, swa_page=96, invalid=0.05, seed=98)
+    base = dataclasses.replace(GLUON, l2_prefetch=prefetch, warp_specialize=False)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=base)
+    ws = dataclasses.replace(base, warp_specialize=True, ids_ahead=ids_ahead)
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=splits, config=ws)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)
+
+
+@needs_gluon
+def test_gluon_tile_warp_specialized_long_rows_and_graph(nan_empty):
+    """Many tiles a program (top-k 2048 + 2048: 64 tiles, both buffers' barrier phases wrap many times), bit-equal to
+    the synchronous tile, and captured in a CUDA graph and replayed on new inputs."""
+    kw = make_case(3, 64, 2048, 2048, sink=True, invalid=0.02, seed=131)
+    sync = dataclasses.replace(GLUON, warp_specialize=False)
+    ws = dataclasses.replace(GLUON, warp_specialize=True)
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=1, config=sync)
+    got = sd_triton.sparse_decode_fwd(**kw, num_splits=1, config=ws)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check(kw, *got)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sd_triton.sparse_decode_fwd(**kw, num_splits=2, config=ws)
+    fresh = make_case(3, 64, 2048, 2048, sink=True, invalid=0.02, seed=132)
+    for key in ("q", "k_cache", "indices", "topk_length", "extra_k_cache", "extra_indices_in_kvcache",
+                "extra_topk_length"):  # fmt: skip
+        kw[key].copy_(fresh[key])
+    graph.replay()
+    torch.cuda.synchronize()
+    want = sd_triton.sparse_decode_fwd(**kw, num_splits=2, config=sync)
+    assert torch.equal(captured[0], want[0]) and torch.equal(captured[1], want[1])

@@ -193,6 +193,64 @@ if _HAVE_GLUON:
         _prefetch_l2(p_cache + o_scale, m_n)
 
     @gluon.jit
+    def _program_coords(S, HEADS_FASTEST: gl.constexpr):
+        """(i_r, i_b, i_s, i_hb, i_sp): this program's row (b * S + s), batch entry, query position, 64-head block and
+        split in ``decode_grid``'s layout (HEADS_FASTEST: the first two axes swapped)."""
+        if HEADS_FASTEST:
+            i_r = gl.program_id(1)
+            i_hb = gl.program_id(0)
+        else:
+            i_r = gl.program_id(0)
+            i_hb = gl.program_id(1)
+        return i_r, i_r // S, i_r % S, i_hb, gl.program_id(2)
+
+    @gluon.jit
+    def _q_to_smem(q, i_b, i_s, i_hb, H, stride_qb, stride_qs, stride_qh, stride_qd, BLOCK_H: gl.constexpr,
+                   Q_LIFT: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+        """q [BLOCK_H, 512] bf16 of this program's heads (0 past H; Q_LIFT: NoPE columns times 2^LIFT_LOG2) in a new
+        NVMMA-swizzled shared buffer, the QK dot's A operand."""
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [rows, 512], 16-byte runs
+        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+        o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
+        if Q_LIFT:
+            b_q = b_q * gl.where(o_c < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0).to(gl.bfloat16)[None, :]
+        return gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+
+    @gluon.jit
+    def _store_output(acc, m_i, l_i, sink, out, lse, o_part, lse_part, i_r, i_hb, i_sp, H, H_OUT, num_splits,
+                      DV: gl.constexpr, BLOCK_H: gl.constexpr, HAS_SINK: gl.constexpr, SINGLE: gl.constexpr,
+                      Q_LIFT: gl.constexpr):  # fmt: skip
+        """The program's result from the running sums (``acc`` [BLOCK_H, 512] fp32 in the PV dot's layout, ``m_i`` /
+        ``l_i`` [BLOCK_H] base-2 maximum and sum in the score dot's row layout). SINGLE: out [rows, H_OUT, DV] bf16
+        and lse [rows, H_OUT] (natural log, sink excluded; the sink scales out); else the split's normalised partial
+        o_part [rows, splits, H, 512] and base-2 lse_part (-inf when empty) for the combine kernel."""
+        s_rows: gl.constexpr = m_i.type.layout
+        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
+        m_hs = o_hs < H
+        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+        inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+        o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+        o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, acc.type.layout))
+        if SINGLE:
+            if HAS_SINK:  # times exp(lse - logaddexp(lse, sink)): +inf -> 0, -inf -> unchanged; empty heads stay 0
+                b_sink = gl.load(sink + o_hs, mask=m_hs, other=float("-inf")) * LOG2E
+                inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
+            gl.store(lse + i_r.to(gl.int64) * H_OUT + o_hs, lse2 * LN2, mask=m_hs)
+            p_o = out + i_r.to(gl.int64) * H_OUT * DV + o_ho.to(gl.int64)[:, None] * DV + o_co[None, :]
+        else:
+            i_part = i_r.to(gl.int64) * num_splits + i_sp
+            gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+            p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_o = acc * gl.convert_layout(inv_l, o_rows)[:, None]
+        if Q_LIFT:  # PV over NoPE * 2^-LIFT_LOG2: back to scale (exact)
+            b_o = b_o * gl.where(o_co < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0)[None, :]
+        gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None] & (o_co < DV)[None, :])
+
+    @gluon.jit
     def _sparse_decode_sm90_kernel(
         q, cache, idx, length, cache_x, idx_x, length_x, sink,
         out, lse, o_part, lse_part,
@@ -223,27 +281,12 @@ if _HAVE_GLUON:
                                                            instr_shape=[16, 32, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, 256, 16])  # fmt: skip
-        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
         k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
         p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-        if HEADS_FASTEST:
-            i_r = gl.program_id(1)
-            i_hb = gl.program_id(0)
-        else:
-            i_r = gl.program_id(0)
-            i_hb = gl.program_id(1)
-        i_sp = gl.program_id(2)
-        i_b = i_r // S
-        i_s = i_r % S
-
-        o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] bf16
-        if Q_LIFT:
-            b_q = b_q * gl.where(o_c < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0).to(gl.bfloat16)[None, :]
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+        i_r, i_b, i_s, i_hb, i_sp = _program_coords(S, HEADS_FASTEST)
+        q_smem = _q_to_smem(q, i_b, i_s, i_hb, H, stride_qb, stride_qs, stride_qh, stride_qd, BLOCK_H, Q_LIFT,
+                            num_warps)  # fmt: skip
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
 
@@ -312,26 +355,8 @@ if _HAVE_GLUON:
             acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-        o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-        m_hs = o_hs < H
-        lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
-        inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-        o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-        o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-        if SINGLE:
-            if HAS_SINK:  # times exp(lse - logaddexp(lse, sink)): +inf -> 0, -inf -> unchanged; empty heads stay 0
-                b_sink = gl.load(sink + o_hs, mask=m_hs, other=float("-inf")) * LOG2E
-                inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
-            gl.store(lse + i_r.to(gl.int64) * H_OUT + o_hs, lse2 * LN2, mask=m_hs)
-            p_o = out + i_r.to(gl.int64) * H_OUT * DV + o_ho.to(gl.int64)[:, None] * DV + o_co[None, :]
-        else:
-            i_part = i_r.to(gl.int64) * num_splits + i_sp
-            gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
-            p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-        if Q_LIFT:  # PV over NoPE * 2^-LIFT_LOG2: back to scale (exact)
-            b_o = b_o * gl.where(o_co < ROPE_OFFSET, TWO_POW_LIFT_F, 1.0)[None, :]
-        gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None] & (o_co < DV)[None, :])
+        _store_output(acc, m_i, l_i, sink, out, lse, o_part, lse_part, i_r, i_hb, i_sp, H, H_OUT, num_splits, DV,
+                      BLOCK_H, HAS_SINK, SINGLE, Q_LIFT)  # fmt: skip
 
 
 def sparse_decode_sm90_fwd(

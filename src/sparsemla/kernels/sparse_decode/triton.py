@@ -39,7 +39,7 @@ from sparsemla.kernels.dequant import LIFT_LOG2, TWO_POW_120, TWO_POW_LIFT, e4m3
 from sparsemla.kernels.layouts import V4_BYTES_PER_TOKEN, V4_DATA_BYTES, V4_DIM, V4_NOPE_DIM, V4_SCALE_BYTES
 from sparsemla.kernels.paging import page_shift, page_split_either
 from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_l2, prefetch_rows_l2
-from sparsemla.kernels.sparse_decode import gluon_sm90
+from sparsemla.kernels.sparse_decode import gluon_sm90, gluon_ws_sm90
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -84,7 +84,10 @@ class DecodeConfig:
     (sm_90 only; 64 x 64 tiles, 8 warps, one stage, no V halves, half tiles or lazy rescale): the
     tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`), whose two warpgroups split the
     scores' tokens instead of both computing all of them. ids_ahead (with gluon; off until timed): its slot ids loaded
-    one iteration ahead, as the Triton tile's are (the same bits)."""
+    one iteration ahead, as the Triton tile's are (the same bits). warp_specialize (with gluon): the Gluon tile with a
+    producer warpgroup that gathers the next tile into a second buffer while the two warpgroups multiply this one
+    (:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_sm90`; the same bits); None, the default:
+    :func:`warp_specialize_default`."""
 
     block_h: int
     block_n: int
@@ -109,6 +112,7 @@ class DecodeConfig:
     heads_fastest: bool = True
     gluon: bool = False
     ids_ahead: bool = False
+    warp_specialize: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -122,6 +126,8 @@ class DecodeConfig:
             raise ValueError("opaque_tile needs num_stages=1 (Triton's pipeliner cannot predicate the opaque move)")
         if self.ids_ahead and not self.gluon:
             raise ValueError("ids_ahead is an option of the Gluon tile (gluon=True)")
+        if self.warp_specialize and not self.gluon:
+            raise ValueError("warp_specialize is an option of the Gluon tile (gluon=True)")
         if self.gluon and (
             (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
             != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
@@ -163,6 +169,28 @@ MMA_WIDE_TILE_BUSY = 64
 # 4,520 -> 3,122; H=128 8 rows 29.0 -> 27.6, 64 rows 78.1 -> 65.4, 128 rows 143.6 -> 120.9. Below 8 programs the
 # 16-token V halves stay (the Gluon tile has no V halves).
 GLUON_SM90_MIN_BUSY = 8
+
+
+# DecodeConfig.warp_specialize by default: from this many tiles per program. H100, native path, Triton 3.8 cubins,
+# graph replay, two input sets rotated, bit-equal outputs (the explore form of this kernel, producer 120 registers:
+# results/bench/explore/gluon_ws_decode-native-h100-f271023.json): H=64 64 rows 45.7 -> 44.3 us, 128 rows 61.8 ->
+# 57.9, 1024 rows 404 -> 367, 8192 rows 3,036 -> 2,639; H=128 64 rows 59.4 -> 52.1, 128 rows 108.1 -> 95.7. One or two
+# tiles a program lose: H=64 8 rows 20.9 -> 22.6, H=128 8 rows 27.8 -> 28.2 (nothing to overlap).
+WS_MIN_TILES = 4
+
+
+def warp_specialize_default(cfg: DecodeConfig, tiles_per_program: int) -> bool:
+    """``DecodeConfig.warp_specialize`` when None: the Gluon tile warp-specialized where a program walks at least
+    :data:`WS_MIN_TILES` tiles."""
+    return cfg.gluon and tiles_per_program >= WS_MIN_TILES
+
+
+def warp_specialize(cfg: DecodeConfig, tiles_per_program: int) -> bool:
+    """Whether ``cfg``'s launch is the warp-specialized Gluon tile: its own ``warp_specialize``, else
+    :func:`warp_specialize_default`."""
+    if cfg.warp_specialize is None:
+        return warp_specialize_default(cfg, tiles_per_program)
+    return cfg.warp_specialize
 
 
 def tile_chunks_first() -> bool:
@@ -306,8 +334,8 @@ def shared_bytes(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     (:func:`opaque_tile_default`) the rows are stored once, plus P [block_h, block_n] bf16: exact (16 x 32: 50,176 B,
     32 x 32: 67,584 B). Otherwise an estimate: the rows twice where both dots stage them (mma.sync, unless a program
     owns one half of V), plus ~1.5 KB per token and extra pipeline stage for the raw rows in flight."""
-    if cfg.gluon:  # q, the tile and P, bf16, and the reductions' scratch
-        return gluon_sm90.SHARED_BYTES
+    if cfg.gluon:  # q, the tile (two: warp-specialized; None: the larger, either may launch) and P, bf16, scratch
+        return gluon_sm90.SHARED_BYTES if cfg.warp_specialize is False else gluon_ws_sm90.SHARED_BYTES
     wgmma = wgmma_tile(cfg, info)
     opaque = opaque_tile(cfg, info)
     if opaque and not wgmma:  # P staged per sub-tile (one at a time)
@@ -947,7 +975,9 @@ def sparse_decode_fwd(
     if cfg.gluon:
         if interpret or info.capability != (9, 0):
             raise ValueError(f"DecodeConfig.gluon is the sm_90 wgmma tile; this launch is for {info.name}")
-        gluon_sm90.sparse_decode_sm90_fwd(
+        ws = warp_specialize(cfg, tiles_per_program)  # the same bits either way
+        fwd = gluon_ws_sm90.sparse_decode_sm90_ws_fwd if ws else gluon_sm90.sparse_decode_sm90_fwd
+        fwd(
             q, cache, indices, topk_length, cache_x, idx_x, extra_topk_length, attn_sink, out, lse, o_part, lse_part,
             heads=heads, page=(page_size, page_stride, page_size_x, page_stride_x), splits=splits,
             qk_scale=float(softmax_scale) * LOG2E, has_extra=has_extra, grid=grid, heads_fastest=heads_fastest,

@@ -68,7 +68,8 @@ SWA_ROWS, EXTRA_TOPK = 128, 512  # rows every decode call reads: the SWA window 
 INDEXER_RATIO = 4  # the indexer runs on the ratio-4 (CSA) layers, over ctx / 4 compressed tokens
 DECODE_SHAPE = {"H": 64, "swa_topk": SWA_ROWS, "extra_topk": EXTRA_TOPK}
 OUR_DECODE, OUR_COMBINE = "_sparse_decode_kernel", "_sparse_decode_combine_kernel"
-OUR_DECODE_SM90 = "_sparse_decode_sm90_kernel"  # the Gluon tile an H200 runs from 8 programs (its traces name it)
+# the Gluon tiles an H200 runs from 8 programs, warp-specialized from 4 tiles a program (its traces name them)
+OUR_DECODE_SM90 = ("_sparse_decode_sm90_kernel", "_sparse_decode_sm90_ws_kernel")
 OUR_LOGITS, OUR_TOPK = "_indexer_logits_kernel", "_indexer_topk_kernel"
 SGLANG_DECODE = "_tiled_sparse_decode_kernel"
 
@@ -157,7 +158,7 @@ def project_kernel(
 ) -> float:
     """The projected GPU time (µs, one step) of a kernel group that took ``us`` on the H200 (module docstring)."""
     floor_us = 0.0
-    if name in (OUR_DECODE, OUR_DECODE_SM90, OUR_COMBINE):
+    if name in (OUR_DECODE, *OUR_DECODE_SM90, OUR_COMBINE):
         scaled = us * paths.decode_ratio(batch) * max(1.0, f.sms)
         floor_us = shape.decode_bytes(batch, context) / f.bandwidth_bytes_s * 1e6 if name != OUR_COMBINE else 0.0
     elif name == OUR_LOGITS:
