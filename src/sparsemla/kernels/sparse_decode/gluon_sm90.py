@@ -14,7 +14,9 @@ Why not plain Triton: Triton gives a dot whose result feeds another dot all warp
 The launcher's defaults apply as on the Triton tiles: the rows of the next tile prefetched into L2
 (``DecodeConfig.l2_prefetch``) and the integer dequant's lift (``q_lift``: q's NoPE times 2^8 once, in shared memory,
 one scale multiply per gathered value) from 4 tiles a program; ``ids_ahead`` (off) loads the slot ids one iteration
-ahead. Measurements: docs/gpus.md and docs/performance.md.
+ahead. From 4 tiles a program the launcher runs this tile warp-specialized instead
+(:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_sm90`, which shares the helpers below). Measurements: docs/gpus.md and
+docs/performance.md.
 
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton.sparse_decode_fwd`'s main kernel: one program per
 (row, 64-head block, split), both caches in one loop (cache, page geometry and index row selected per tile), valid
