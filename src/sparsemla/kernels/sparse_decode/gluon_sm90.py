@@ -222,6 +222,28 @@ if _HAVE_GLUON:
         return gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
 
     @gluon.jit
+    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, P_IN_USE: gl.constexpr):
+        """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
+        masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
+        (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_i). P_IN_USE: the last PV may still
+        read P (no barrier since), so both warpgroups meet before it is replaced."""
+        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        b_p = gl.exp2(b_s - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(b_p, 1)
+        if P_IN_USE:
+            _barrier()
+        p_smem.store(b_p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
+        acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        return acc, m_new, l_i
+
+    @gluon.jit
     def _store_output(acc, m_i, l_i, sink, out, lse, o_part, lse_part, i_r, i_hb, i_sp, H, H_OUT, num_splits,
                       DV: gl.constexpr, BLOCK_H: gl.constexpr, HAS_SINK: gl.constexpr, SINGLE: gl.constexpr,
                       Q_LIFT: gl.constexpr):  # fmt: skip
@@ -342,20 +364,7 @@ if _HAVE_GLUON:
                                 use_acc=False, is_async=True)  # fmt: skip
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
 
-            # online softmax (base 2); heads with nothing valid yet stay at zero weight
-            b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(b_s, 1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            b_p = gl.exp2(b_s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(b_p, 1)
-            m_i = m_new
-            p_smem.store(b_p.to(gl.bfloat16))
-            fence_async_shared()
-            _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-            acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False)
 
         _store_output(acc, m_i, l_i, sink, out, lse, o_part, lse_part, i_r, i_hb, i_sp, H, H_OUT, num_splits, DV,
                       BLOCK_H, HAS_SINK, SINGLE, Q_LIFT)  # fmt: skip
@@ -380,9 +389,28 @@ def sparse_decode_sm90_fwd(
     slot ids loaded one iteration ahead."""
     if not _HAVE_GLUON:
         raise RuntimeError("DecodeConfig.gluon needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)")
+    args, constexprs = launch_arguments(
+        q, cache, indices, topk_length, cache_x, idx_x, extra_topk_length, attn_sink, out, lse, o_part, lse_part,
+        heads=heads, page=page, splits=splits, qk_scale=qk_scale, has_extra=has_extra, heads_fastest=heads_fastest,
+        int_dequant=int_dequant, page_shifts=page_shifts, prefetch=prefetch, prefetch_stride=prefetch_stride,
+        q_lift=q_lift, ids_ahead=ids_ahead,
+    )  # fmt: skip
+    _sparse_decode_sm90_kernel[grid](*args, **constexprs, num_warps=NUM_WARPS)
+
+
+def launch_arguments(
+    q: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None,
+    cache_x: torch.Tensor, idx_x: torch.Tensor, extra_topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor,
+    lse_part: torch.Tensor, *, heads: int, page: tuple[int, int, int, int], splits: int, qk_scale: float,
+    has_extra: bool, heads_fastest: bool, int_dequant: bool, page_shifts: tuple[int, int], prefetch: int,
+    prefetch_stride: int, q_lift: bool, ids_ahead: bool,
+) -> tuple[list, dict]:  # fmt: skip
+    """(positional arguments, constexprs) of both Gluon tiles' kernels (this one and the warp-specialized one) for
+    :func:`sparse_decode_sm90_fwd`'s arguments."""
     _, s_q, heads_out, _ = q.shape
     dummy = indices  # any tensor for absent optional pointers (constexpr-guarded)
-    _sparse_decode_sm90_kernel[grid](
+    args = [
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
@@ -390,12 +418,15 @@ def sparse_decode_sm90_fwd(
         s_q, heads, heads_out, indices.shape[2], idx_x.shape[2] if has_extra else 0, *page, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3),
         indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
+    ]  # fmt: skip
+    constexprs = dict(
         DV=out.shape[3], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, INT_DEQUANT=int_dequant,
         HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
         HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
         HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, Q_LIFT=q_lift and int_dequant,
-        IDS_AHEAD=ids_ahead, num_warps=NUM_WARPS,
+        IDS_AHEAD=ids_ahead,
     )  # fmt: skip
+    return args, constexprs
 
 
-__all__ = ["BLOCK_H", "BLOCK_N", "NUM_WARPS", "SHARED_BYTES", "available", "sparse_decode_sm90_fwd"]
+__all__ = ["BLOCK_H", "BLOCK_N", "NUM_WARPS", "SHARED_BYTES", "available", "launch_arguments", "sparse_decode_sm90_fwd"]

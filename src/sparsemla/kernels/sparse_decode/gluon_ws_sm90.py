@@ -53,6 +53,7 @@ if sync_tile._HAVE_GLUON:
         _prefetch_rows,
         _program_coords,
         _q_to_smem,
+        _softmax_pv,
         _split_range,
         _store_output,
         _tile_ids,
@@ -148,21 +149,8 @@ if sync_tile._HAVE_GLUON:
                                 use_acc=False, is_async=True)  # fmt: skip
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
 
-            # online softmax (base 2); heads with nothing valid yet stay at zero weight
-            b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(b_s, 1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            b_p = gl.exp2(b_s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(b_p, 1)
-            m_i = m_new
-            _barrier()  # both warpgroups' PV of the last tile (each waited) are done before P is replaced
-            p_smem.store(b_p.to(gl.bfloat16))
-            fence_async_shared()
-            _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-            acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            # no barrier since the last tile's PV (each warpgroup waited for its own): P_IN_USE
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, True)
             _barrier()  # both warpgroups' dots on this buffer are done
             mbarrier.arrive(empty.index(buf), count=1)
         _store_output(acc, m_i, l_i, sink, out, lse, o_part, lse_part, i_r, i_hb, i_sp, H, H_OUT, num_splits, DV,
@@ -230,23 +218,14 @@ def sparse_decode_sm90_ws_fwd(
     [rows, splits, heads, 512] / [rows, splits, heads] when ``splits`` > 1), the same results bit for bit."""
     if not sync_tile._HAVE_GLUON:
         raise RuntimeError("DecodeConfig.warp_specialize needs Triton's Gluon (triton.experimental.gluon, >= 3.6)")
-    _, s_q, heads_out, _ = q.shape
-    dummy = indices  # any tensor for absent optional pointers (constexpr-guarded)
-    _sparse_decode_sm90_ws_kernel[grid](
-        q, cache, indices, topk_length if topk_length is not None else dummy,
-        cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        out, lse, o_part, lse_part,
-        s_q, heads, heads_out, indices.shape[2], idx_x.shape[2] if has_extra else 0, *page, splits, qk_scale,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3),
-        indices.stride(0), indices.stride(1), idx_x.stride(0), idx_x.stride(1),
-        DV=out.shape[3], BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, INT_DEQUANT=int_dequant,
-        HAS_LEN=topk_length is not None, HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None,
-        HAS_SINK=attn_sink is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shifts[0], PAGE_SHIFT_X=page_shifts[1],
-        HEADS_FASTEST=heads_fastest, PREFETCH=prefetch, PF_STRIDE=prefetch_stride, Q_LIFT=q_lift and int_dequant,
-        IDS_AHEAD=ids_ahead, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=NUM_WARPS,
-        maxnreg=MAXNREG,
+    args, constexprs = sync_tile.launch_arguments(
+        q, cache, indices, topk_length, cache_x, idx_x, extra_topk_length, attn_sink, out, lse, o_part, lse_part,
+        heads=heads, page=page, splits=splits, qk_scale=qk_scale, has_extra=has_extra, heads_fastest=heads_fastest,
+        int_dequant=int_dequant, page_shifts=page_shifts, prefetch=prefetch, prefetch_stride=prefetch_stride,
+        q_lift=q_lift, ids_ahead=ids_ahead,
     )  # fmt: skip
+    _sparse_decode_sm90_ws_kernel[grid](*args, **constexprs, PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                                        num_warps=NUM_WARPS, maxnreg=MAXNREG)  # fmt: skip
 
 
 __all__ = ["MAXNREG", "PRODUCER_REGS", "SHARED_BYTES", "sparse_decode_sm90_ws_fwd"]
