@@ -18,7 +18,9 @@ so nothing overlaps a program's gather but another SM's work. Here:
 Triton 3.6 (the GPU machine's) cannot compile warp specialization for these targets, so on the H200 this can only
 run from Triton 3.8 cubins (``build`` here, ``bench`` there, in the sm89 code path: ``TRITON_OVERRIDE_ARCH=sm89``).
 
-    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_mma_ws_decode.py --rows 1,1024   # AOT facts
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_mma_ws_decode.py aot --rows 1,1024  # AOT facts
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_mma_ws_decode.py build  # .gpu-cubins/mma_ws/sm89
+    run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh mmaws", carry=[".gpu-cubins/mma_ws", ".gpu"])
 
 Session 31, ahead of time with Triton 3.8 (H = 64, top-k 128 + 512): it compiles for sm_80 / 86 / 89 / 120 within
 the budget (100,388 B; sm_120 99,364 B) at 255 registers, spilling 120 B a thread (sm_120 152 B) with the output
@@ -29,6 +31,8 @@ tiles and the fp32 reference, and the spill's source (SASS ``STL`` per partition
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import triton
@@ -261,6 +265,83 @@ def aot(rows: str = "1,64,1024", heads: int = 64) -> None:
             for r in sink:
                 print(f"{target} rows {n}: {r.kernel} shared {r.shared} registers {r.registers} spilled {r.spilled}"
                       f" {'ok' if r.ok else r.problem()}")  # fmt: skip
+
+
+SHAPES = "1x64,64x64,128x64,1024x64,8192x64,64x128"  # rows x heads
+KEYS = ("q", "k_cache", "indices", "extra_k_cache", "extra_indices_in_kvcache", "attn_sink", "softmax_scale")
+
+
+def _inputs(rows: int, heads: int, device: str, fill: bool = True, seed: int = 0) -> dict:
+    from benchmarks.decode import Shape, make_inputs
+
+    kw = make_inputs(Shape(rows, heads, 128, 512), seed=seed, device=device, fill=fill)
+    return {k: kw[k] for k in KEYS}
+
+
+def _launch(variant: str, kw: dict, slots: int) -> torch.Tensor:
+    """out of one call: ``package`` = the launcher (the sm89 path's tiles), ``mma_ws`` = this file's kernel."""
+    if variant == "package":
+        return T.sparse_decode_fwd(**kw, head_dim_v=512)[0]
+    return mma_ws_decode(**kw, slots=slots)[0]
+
+
+@app.command()
+def build(out: Path = Path(".gpu-cubins/mma_ws"), shapes: str = SHAPES, slots: int = 132) -> None:
+    """Here (no GPU): both variants' launches at SHAPES in the sm89 code path, Triton 3.8 cubins into OUT/sm89
+    (``slots``: this kernel's programs of one wave; the H200's and H100's 132 SMs)."""
+    from benchmarks import prod_cubins
+
+    def workload() -> None:
+        for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
+            kw = _inputs(rows, heads, "cpu", fill=False)
+            for variant in ("package", "mma_ws"):
+                _launch(variant, kw, slots)
+
+    added = prod_cubins.build(workload, prod_cubins.path_dir(out, "sm89"), "sm89")
+    print(f"Triton {triton.__version__}: {len(added)} cubins added to {out}/sm89")
+
+
+@app.command()
+def bench(cubins: Path = Path(".gpu-cubins/mma_ws"), shapes: str = SHAPES, slots: int = 132,
+          out: Path = Path("gluon_mma_ws_decode.json"), git_sha: str = "unknown") -> None:  # fmt: skip
+    """GPU, sm89 code path (TRITON_OVERRIDE_ARCH=sm89): both variants from CUBINS (Triton 3.8) replayed; error
+    against the fp32 reference (<= 1024 rows) or the package's output; CUDA-graph median (2 input sets rotated)."""
+    import json
+
+    from triton.testing import do_bench
+
+    from benchmarks import prod_cubins
+    from benchmarks.decode import graphed
+    from sparsemla.kernels.sparse_decode.reference import sparse_decode_reference
+
+    rows_out: list[dict] = []
+    with prod_cubins.Replayer(prod_cubins.path_dir(cubins, "sm89")) as counts:
+        for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
+            sets = [_inputs(rows, heads, "cuda", seed=100 * rows + i) for i in range(2)]
+            want = sparse_decode_reference(**sets[0], head_dim_v=512)[0].float() if rows <= 1024 else None
+            for variant in ("package", "mma_ws"):
+                row = dict(rows=rows, H=heads, variant=variant)
+                try:
+                    got = _launch(variant, sets[0], slots).float()
+                    ref = want if want is not None else _launch("package", sets[0], slots).float()
+                    runs = [graphed(lambda kw=kw, v=variant: _launch(v, kw, slots)) for kw in sets]
+                    st = {"i": 0}
+
+                    def step(runs=runs, st=st) -> None:
+                        st["i"] += 1
+                        runs[st["i"] % 2]()
+
+                    us = do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3
+                    row.update(us=round(us, 2), err=float((got - ref).norm() / ref.norm()),
+                               nan=bool(torch.isnan(got).any()))  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - a failing variant is a finding
+                    row["error"] = (str(exc).splitlines() or [repr(exc)])[-1][:300]
+                rows_out.append(row)
+                print(json.dumps(row), flush=True)
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, git_sha=git_sha,
+               code_path="sm89", cubins=str(cubins), replayed=counts, rows=rows_out)  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -386,6 +386,15 @@ gluonws)  # V4 decode, native path: the package's Gluon tile against its warp-sp
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_ws_decode.py bench \
         --cubins .gpu-cubins/gluon_ws --git-sha "$SHA" --out "$OUT/gluon_ws_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
+mmaws)  # V4 decode, sm_89 path: the warp-specialized mma_v2 prototype (explore/gluon_mma_ws_decode.py) against the
+    # launcher, both from Triton 3.8 cubins (build: gluon_mma_ws_decode.py build; Triton 3.6 cannot compile it)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    TRITON_OVERRIDE_ARCH=sm89 timeout "${MMAWS_LIMIT_S:-150}" python3 results/bench/explore/gluon_mma_ws_decode.py \
+        bench --cubins .gpu-cubins/mma_ws --git-sha "$SHA" --out "$OUT/gluon_mma_ws_decode-sm89-$(gpu_tag).json" \
+        | cut -c1-200
+    ;;
 next)  # one call after a decode default changed: the formal V4 decode run in both paths (`paths-decode`, FlashMLA
     # beside it; carry .gpu-cubins/decode from `build-decode` and .gpu), then the decode GPU tests of both paths
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
@@ -443,7 +452,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|gluonws|mmaws|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
