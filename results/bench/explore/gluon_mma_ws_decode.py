@@ -9,11 +9,11 @@ so nothing overlaps a program's gather but another SM's work. Here:
   conversion and the reductions' scratch, within 101,376 B;
 * a producer warpgroup (4 warps) gathers and dequantizes tile i + 1 (the package's ``_gather_store_tile``: the
   integer e4m3 path, paging by shifts) behind Ampere mbarriers ``full`` / ``empty`` (every thread arrives);
-* four consumer warps (the default partition, ``warps_per_cta = [2, 2]``): S = q K^T by ``mma_v2`` over eight
+* eight consumer warps (the default partition, ``warps_per_cta = [2, 4]``; 4: ``[2, 2]``): S = q K^T by ``mma_v2`` over eight
   64-column chunks (operands loaded from shared memory per chunk, so q does not stay in registers), the online
   softmax, P converted to the A operand in registers (no shared round trip), O [32, 512] += P V by ``mma_v2``; the
   buffer is released once both operands are loaded;
-* no register split (``setmaxnreg`` is sm_90a's; ``gluon_ampere_ws_probe.py``): 8 warps, up to 255 registers each.
+* no register split (``setmaxnreg`` is sm_90a's; ``gluon_ampere_ws_probe.py``): 12 warps at 168 registers each.
 
 Triton 3.6 (the GPU machine's) cannot compile warp specialization for these targets, so on the H200 this can only
 run from Triton 3.8 cubins (``build`` here, ``bench`` there, in the sm89 code path: ``TRITON_OVERRIDE_ARCH=sm89``).
@@ -23,11 +23,9 @@ run from Triton 3.8 cubins (``build`` here, ``bench`` there, in the sm89 code pa
     run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh mmaws", carry=[".gpu-cubins/mma_ws", ".gpu"])
 
 Session 31, ahead of time with Triton 3.8 (H = 64, top-k 128 + 512): it compiles for sm_80 / 86 / 89 / 120 within
-the budget (100,388 B; sm_120 99,364 B) at 255 registers, spilling 120 B a thread (sm_120 152 B) with the output
-held as two 256-column halves (216 / 152 / 144 B with one [32, 512] accumulator and V loaded whole). The
-accumulator alone is 128 registers a consumer thread, and without ``setmaxnreg`` the producer's warps get as many.
-Not yet run: next, a ``build`` / ``bench`` pair replaying 3.8 cubins in the sm89 code path against the package's
-tiles and the fp32 reference, and the spill's source (SASS ``STL`` per partition).
+the budget (100,388 B; sm_120 99,364 B). Eight consumer warps: 168 registers, nothing spilled on sm_80 / 86 / 89,
+48 B on sm_120. Four: 255 registers, 120 B spilled (sm_120 152 B; the output's accumulator alone is 128 registers a
+thread, and without ``setmaxnreg`` the producer's warps get as many). Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ app = typer.Typer(add_completion=False)
 
 BLOCK_H = 32
 BLOCK_N = 32
-CONSUMER_WARPS = 4
+CONSUMER_WARPS = 8  # 4: 255 registers, 120-152 B spilled; 8: 168 registers (12 warps share the SM), 0-48 B
 PRODUCER_WARPS = gl.constexpr(4)
 
 
@@ -93,7 +91,8 @@ def _mma_consume(q_smem, k_bufs, full, empty, idx, idx_x, length, length_x, sink
                  HAS_EXTRA: gl.constexpr, HAS_LEN_X: gl.constexpr, HAS_SINK: gl.constexpr, SINGLE: gl.constexpr,
                  HEADS_FASTEST: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """The consumer warps: QK over eight 64-column chunks, the online softmax, PV with P in registers."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, 2], instr_shape=[16, 8])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, num_warps // 2],
+                                                  instr_shape=[16, 8])  # fmt: skip
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
     i_r, i_b, i_s, i_hb, i_sp = _program_coords(S, HEADS_FASTEST)
@@ -169,7 +168,7 @@ def _mma_ws_decode_kernel(
     num_warps: gl.constexpr,
 ):  # fmt: skip
     """Grid and contract of the package's decode kernels (``decode_grid``; 32-head blocks), no lift or prefetch."""
-    gl.static_assert(num_warps == 4, "four consumer warps")
+    gl.static_assert(num_warps == 4 or num_warps == 8, "four or eight consumer warps")
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, order=[1, 0])  # ldmatrix-friendly, 16-byte vectors
     _, i_b, i_s, i_hb, _ = _program_coords(S, HEADS_FASTEST)
@@ -201,7 +200,8 @@ def _mma_ws_decode_kernel(
 
 
 def mma_ws_decode(q, k_cache, indices, topk_length=None, attn_sink=None, softmax_scale=None, extra_k_cache=None,  # noqa: ANN001, ANN201
-                  extra_indices_in_kvcache=None, extra_topk_length=None, slots: int = 142, head_dim_v: int = 512):  # fmt: skip
+                  extra_indices_in_kvcache=None, extra_topk_length=None, slots: int = 142, head_dim_v: int = 512,
+                  consumer_warps: int = CONSUMER_WARPS):  # fmt: skip
     """(out [B, s_q, H, DV] bf16, lse [B, H, s_q]) of the package launcher's contract (``slots``: programs of one
     wave, one a SM: 142 for an L40S); the package's combine kernel merges split partials (fp32)."""
     batch, s_q, heads, _ = q.shape
@@ -233,7 +233,7 @@ def mma_ws_decode(q, k_cache, indices, topk_length=None, attn_sink=None, softmax
         HAS_EXTRA=has_extra, HAS_LEN_X=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         SINGLE=splits == 1, PAGE_SHIFT=page_shift(page_size),
         PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size), HEADS_FASTEST=heads_fastest,
-        num_warps=CONSUMER_WARPS,
+        num_warps=consumer_warps,
     )  # fmt: skip
     if splits > 1:
         block_s, block_hc, block_d = T.combine_blocks(splits, heads)
@@ -256,16 +256,14 @@ def aot(rows: str = "1,64,1024", heads: int = 64) -> None:
     for target in ("sm_80", "sm_86", "sm_89", "sm_120"):
         info = dev.target(target)
         for n in (int(r) for r in rows.split(",")):
-            sink: list = []
-            with A.compile_only(target, info, "mma_ws", sink):
-                kw = make_inputs(Shape(n, heads, 128, 512), seed=0, device="cpu", fill=False)
-                keys = ("q", "k_cache", "indices", "extra_k_cache", "extra_indices_in_kvcache", "attn_sink",
-                        "softmax_scale")  # fmt: skip
-                mma_ws_decode(**{k: kw[k] for k in keys}, slots=info.num_sms)
-            for r in sink:
-                print(f"{target} rows {n}: {r.kernel} shared {r.shared} registers {r.registers} spilled {r.spilled}"
-                      f" {'ok' if r.ok else r.problem()}")  # fmt: skip
-
+            kw = make_inputs(Shape(n, heads, 128, 512), seed=0, device="cpu", fill=False)
+            for warps in (4, 8):
+                sink: list = []
+                with A.compile_only(target, info, "mma_ws", sink):
+                    mma_ws_decode(**{k: kw[k] for k in KEYS}, slots=info.num_sms, consumer_warps=warps)
+                for r in sink:
+                    print(f"{target} rows {n} consumer warps {warps}: {r.kernel} shared {r.shared} registers "
+                          f"{r.registers} spilled {r.spilled} {'ok' if r.ok else r.problem()}")  # fmt: skip
 
 SHAPES = "1x64,64x64,128x64,1024x64,8192x64,64x128"  # rows x heads
 KEYS = ("q", "k_cache", "indices", "extra_k_cache", "extra_indices_in_kvcache", "attn_sink", "softmax_scale")
@@ -278,11 +276,15 @@ def _inputs(rows: int, heads: int, device: str, fill: bool = True, seed: int = 0
     return {k: kw[k] for k in KEYS}
 
 
+VARIANTS = ("package", "mma_ws4", "mma_ws8")
+
+
 def _launch(variant: str, kw: dict, slots: int) -> torch.Tensor:
-    """out of one call: ``package`` = the launcher (the sm89 path's tiles), ``mma_ws`` = this file's kernel."""
+    """out of one call: ``package`` = the launcher (the sm89 path's tiles), ``mma_wsN`` = this file's kernel with N
+    consumer warps."""
     if variant == "package":
         return T.sparse_decode_fwd(**kw, head_dim_v=512)[0]
-    return mma_ws_decode(**kw, slots=slots)[0]
+    return mma_ws_decode(**kw, slots=slots, consumer_warps=int(variant[6:]))[0]
 
 
 @app.command()
@@ -294,7 +296,7 @@ def build(out: Path = Path(".gpu-cubins/mma_ws"), shapes: str = SHAPES, slots: i
     def workload() -> None:
         for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             kw = _inputs(rows, heads, "cpu", fill=False)
-            for variant in ("package", "mma_ws"):
+            for variant in VARIANTS:
                 _launch(variant, kw, slots)
 
     added = prod_cubins.build(workload, prod_cubins.path_dir(out, "sm89"), "sm89")
@@ -319,7 +321,7 @@ def bench(cubins: Path = Path(".gpu-cubins/mma_ws"), shapes: str = SHAPES, slots
         for rows, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             sets = [_inputs(rows, heads, "cuda", seed=100 * rows + i) for i in range(2)]
             want = sparse_decode_reference(**sets[0], head_dim_v=512)[0].float() if rows <= 1024 else None
-            for variant in ("package", "mma_ws"):
+            for variant in VARIANTS:
                 row = dict(rows=rows, H=heads, variant=variant)
                 try:
                     got = _launch(variant, sets[0], slots).float()
