@@ -80,6 +80,7 @@ def decode_section(data: dict) -> str:
     ]
     out += _prefill_lines(cells)
     out += t38_lines()
+    out += native_lines()
     out += anatomy_lines()
     out += lift_lines()
     out += occupancy_lines()
@@ -112,7 +113,9 @@ BOUND_NOTE = (
     "at B=32..64 the split partials were (fp32 partials cost as much as the attention; they are bf16 now). Closing "
     "the rest needs overlap inside the program -- producer warps gathering the next tile while two consumer "
     "warpgroups, each owning half of the output columns, share one score tile through shared memory (FlashMLA's "
-    "design) -- which Triton 3.6's `tl.dot` API does not express."
+    "design) -- which Triton's `tl.dot` API does not express; sm_90's decode is that design now, written in Gluon "
+    "(`sparse_decode/gluon_sm90.py`: the split score tile, from 8 programs; `gluon_ws_sm90.py`: the producer "
+    "warpgroup, from 4 tiles a program)."
 )
 
 
@@ -175,6 +178,31 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
         out += ["", "Prefill-sized calls of this run against FlashMLA (goal: no slower per row): "
                 + "; ".join(f"{b_} rows wgmma 3.8 {fmt_us(n)} / FlashMLA {fmt_us(f)} = {n / f:.2f}x"
                             for b_, n, f in prefill) + "."]  # fmt: skip
+    return out
+
+
+def native_lines(explore: Path = EXPLORE) -> list[str]:
+    """The native path alone next to FlashMLA, from the newest ``decode_native_t38-*.json`` (a run of
+    ``benchmarks.decode --paths native`` with Triton 3.8 cubins; where a device window was too short for both
+    paths): per shape our graph replay from 3.8 cubins, FlashMLA's time and their ratio."""
+    files = sorted(explore.glob("decode_native_t38-*.json"))
+    if not files:
+        return []
+    data = json.loads(files[-1].read_text())
+    cells = cells_by(data["rows"], ("H", "B", "swa_topk", "extra_topk"))
+    out = [
+        "",
+        f"**The wgmma path alone next to FlashMLA** (Triton 3.8 cubins, graph replay; FlashMLA eager as above; µs; "
+        f"{data['gpu']}, commit `{data['git_sha'][:10]}`, {data.get('date', '')[:10]}; "
+        f"`{files[-1].relative_to(explore.parents[2])}`):",
+        "",
+        "| H | B (rows) | wgmma 3.8 | FlashMLA | wgmma / FlashMLA |",
+        "|---|---|---|---|---|",
+    ]
+    for (h_, b_, _, _), v in sorted(cells.items()):
+        ours, flash = v.get("sparsemla_t38_graph"), v.get("flashmla")
+        if ours and flash:
+            out.append(f"| {h_} | {b_} | {fmt_us(ours)} | {fmt_us(flash)} | {ours / flash:.2f}x |")
     return out
 
 
