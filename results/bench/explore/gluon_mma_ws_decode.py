@@ -8,11 +8,12 @@ so nothing overlaps a program's gather but another SM's work. Here:
 * a 32-head x 32-token tile: q [32, 512] + two tile buffers [32, 512] bf16 = 96 KB, plus the scores' layout
   conversion and the reductions' scratch, within 101,376 B;
 * a producer warpgroup (4 warps) gathers and dequantizes tile i + 1 (the package's ``_gather_store_tile``: the
-  integer e4m3 path, paging by shifts) behind Ampere mbarriers ``full`` / ``empty`` (every thread arrives);
+  integer e4m3 path, paging by shifts) behind Ampere mbarriers ``full`` / ``empty`` (count 1: Gluon's arrive is a
+  barrier across the arriving partition, then one thread's arrive);
 * eight consumer warps (the default partition, ``warps_per_cta = [2, 4]``; 4: ``[2, 2]``): S = q K^T by ``mma_v2`` over eight
   64-column chunks (operands loaded from shared memory per chunk, so q does not stay in registers), the online
-  softmax, P converted to the A operand in registers (no shared round trip), O [32, 512] += P V by ``mma_v2``; the
-  buffer is released once both operands are loaded;
+  softmax, P converted to the A operand (through 2 KB of the compiler's shared scratch), O [32, 512] += P V by
+  ``mma_v2``; the buffer is released once both operands are loaded;
 * no register split (``setmaxnreg`` is sm_90a's; ``gluon_ampere_ws_probe.py``): 12 warps at 168 registers each.
 
 Triton 3.6 (the GPU machine's) cannot compile warp specialization for these targets, so on the H200 this can only
@@ -81,7 +82,7 @@ def _mma_produce(k_bufs, full, empty, cache, cache_x, idx, idx_x, length, length
         mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)  # fresh barriers pass: tiles 0 and 1 go at once
         _gather_store_tile(p_cache, b_idx, in_main, page_size, page_stride, page_size_x, page_stride_x,
                            k_bufs.index(buf), o_d, INT_DEQUANT, False, PAGE_SHIFT, PAGE_SHIFT_X)  # fmt: skip
-        mbarrier.arrive(full.index(buf))  # after this thread's stores (release; the consumers' wait acquires)
+        mbarrier.arrive(full.index(buf))  # the partition's stores, then one release; the consumers' wait acquires
 
 
 @gluon.jit
@@ -181,8 +182,10 @@ def _mma_ws_decode_kernel(
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=PRODUCER_WARPS * 32)  # every producer thread arrives after its stores
-        mbarrier.init(empty.index(i), count=num_warps * 32)  # every consumer thread after its operand loads
+        # count 1: Gluon's Ampere arrive is one elected thread after a barrier across its partition (bar.sync, then
+        # one mbarrier.arrive), not one arrival per thread
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
     gl.barrier()  # q's stores and the barriers' init before either partition uses them
     gl.warp_specialize(
         [
@@ -203,10 +206,11 @@ def mma_ws_decode(q, k_cache, indices, topk_length=None, attn_sink=None, softmax
                   extra_indices_in_kvcache=None, extra_topk_length=None, slots: int = 142, head_dim_v: int = 512,
                   consumer_warps: int = CONSUMER_WARPS):  # fmt: skip
     """(out [B, s_q, H, DV] bf16, lse [B, H, s_q]) of the package launcher's contract (``slots``: programs of one
-    wave, one a SM: 142 for an L40S); the package's combine kernel merges split partials (fp32)."""
+    wave, one a SM: 142 for an L40S); the package's combine kernel merges split partials (fp32). An explore launcher:
+    no checks (indices contiguous along top-k assumed), no padded heads."""
     batch, s_q, heads, _ = q.shape
     cache, page_size, page_stride = T._cache_bytes(k_cache, "k_cache")
-    has_extra = extra_k_cache is not None
+    has_extra = extra_k_cache is not None and extra_indices_in_kvcache is not None
     if has_extra:
         cache_x, page_size_x, page_stride_x = T._cache_bytes(extra_k_cache, "extra_k_cache")
         idx_x = extra_indices_in_kvcache
@@ -221,7 +225,7 @@ def mma_ws_decode(q, k_cache, indices, topk_length=None, attn_sink=None, softmax
     lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device) if splits > 1 else lse
     grid, heads_fastest = T.decode_grid(rows, head_blocks, splits, True)
     dummy = indices
-    scale = (softmax_scale or 512**-0.5) * T.LOG2E
+    scale = (512**-0.5 if softmax_scale is None else softmax_scale) * T.LOG2E
     _mma_ws_decode_kernel[grid](
         q, cache, indices, topk_length if topk_length is not None else dummy,
         cache_x, idx_x, extra_topk_length if extra_topk_length is not None else dummy,
