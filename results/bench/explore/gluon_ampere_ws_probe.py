@@ -63,8 +63,8 @@ def _probe_kernel(x, out, REGS: gl.constexpr, num_warps: gl.constexpr):
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=128)
-        mbarrier.init(empty.index(i), count=num_warps * 32)
+        mbarrier.init(full.index(i), count=1)  # Gluon's arrive: one elected thread per partition
+        mbarrier.init(empty.index(i), count=1)
     if REGS > 0:  # the partitions' list inline: Gluon takes no local list of functions
         gl.warp_specialize([(_consume, (buf, full, empty, out, num_warps)), (_produce, (buf, full, empty, x, 4))], [4],
                            [REGS])  # fmt: skip
