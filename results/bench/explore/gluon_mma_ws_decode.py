@@ -43,7 +43,10 @@ from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
 from sparsemla.kernels.paging import page_shift
 from sparsemla.kernels.sparse_decode import triton as T
 from sparsemla.kernels.sparse_decode.gluon_sm90 import (
+    LN2,
+    LOG2E,
     _gather_store_tile,
+    _index_rows,
     _program_coords,
     _split_range,
     _tile_ids,
@@ -69,8 +72,7 @@ def _mma_produce(k_bufs, full, empty, cache, cache_x, idx, idx_x, length, length
     _, i_b, i_s, _, i_sp = _program_coords(S, HEADS_FASTEST)
     n_main, n_x, t_main, t_lo, t_hi = _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N,
                                                    HAS_LEN, HAS_EXTRA, HAS_LEN_X)  # fmt: skip
-    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-    p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+    p_idx, p_idx_x = _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs)
     o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
     o_d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
     for i_t in range(t_lo, t_hi):
@@ -99,8 +101,7 @@ def _mma_consume(q_smem, k_bufs, full, empty, idx, idx_x, length, length_x, sink
     i_r, i_b, i_s, i_hb, i_sp = _program_coords(S, HEADS_FASTEST)
     n_main, n_x, t_main, t_lo, t_hi = _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N,
                                                    HAS_LEN, HAS_EXTRA, HAS_LEN_X)  # fmt: skip
-    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-    p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+    p_idx, p_idx_x = _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs)
     o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))  # S's columns
     acc_lo = gl.zeros([BLOCK_H, 256], gl.float32, mma)  # output columns 0-255
     acc_hi = gl.zeros([BLOCK_H, 256], gl.float32, mma)  # 256-511: V loaded half at a time (registers)
@@ -143,9 +144,9 @@ def _store_halves(acc_lo, acc_hi, m_i, l_i, sink, out, lse, o_part, lse_part, i_
     o_c = gl.arange(0, 256, layout=gl.SliceLayout(0, acc_lo.type.layout))
     if SINGLE:
         if HAS_SINK:
-            b_sink = gl.load(sink + o_h, mask=m_h, other=float("-inf")) * 1.4426950408889634
+            b_sink = gl.load(sink + o_h, mask=m_h, other=float("-inf")) * LOG2E
             inv_l = gl.where(l_i > 0.0, inv_l / (1.0 + gl.exp2(b_sink - lse2)), 0.0)
-        gl.store(lse + i_r.to(gl.int64) * H_OUT + o_h, lse2 * 0.6931471805599453, mask=m_h)
+        gl.store(lse + i_r.to(gl.int64) * H_OUT + o_h, lse2 * LN2, mask=m_h)
         p_o = out + i_r.to(gl.int64) * H_OUT * DV + o_h.to(gl.int64)[:, None] * DV + o_c[None, :]
     else:
         i_part = i_r.to(gl.int64) * num_splits + i_sp

@@ -195,6 +195,22 @@ if _HAVE_GLUON:
         _prefetch_l2(p_cache + o_scale, m_n)
 
     @gluon.jit
+    def _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs):
+        """(p_idx, p_idx_x): the start of this program's index row in the main and the extra list."""
+        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+        return p_idx, idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+
+    @gluon.jit
+    def _prefetch_offsets(PF_STRIDE: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """(o_b [NP] byte offsets in a data row: every PF_STRIDE bytes and its last byte, m_b [NP] which are real,
+        o_np [BLOCK_N] the tile's rows) in the [BLOCK_N, NP] layout :func:`_prefetch_rows` takes."""
+        pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # [BLOCK_N, NP] prefetches
+        NPF: gl.constexpr = (DATA_ROW - 1 + PF_STRIDE - 1) // PF_STRIDE + 1  # addresses a data row needs
+        o_pb = gl.arange(0, triton.next_power_of_2(NPF), layout=gl.SliceLayout(0, pf))
+        o_b = gl.minimum(o_pb * PF_STRIDE, DATA_ROW - 1)
+        return o_b, o_pb < NPF, gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf))
+
+    @gluon.jit
     def _program_coords(S, HEADS_FASTEST: gl.constexpr):
         """(i_r, i_b, i_s, i_hb, i_sp): this program's row (b * S + s), batch entry, query position, 64-head block and
         split in ``decode_grid``'s layout (HEADS_FASTEST: the first two axes swapped)."""
@@ -323,14 +339,8 @@ if _HAVE_GLUON:
         o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))  # the gather's rows
         o_d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))  # a chunk's columns
         o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # S's columns
-        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-        p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
-        pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # [BLOCK_N, NP] prefetches
-        NPF: gl.constexpr = (DATA_ROW - 1 + PF_STRIDE - 1) // PF_STRIDE + 1  # addresses a data row needs
-        o_pb = gl.arange(0, triton.next_power_of_2(NPF), layout=gl.SliceLayout(0, pf))
-        o_b = gl.minimum(o_pb * PF_STRIDE, DATA_ROW - 1)  # [NP] byte offsets: every PF_STRIDE bytes, the last byte
-        m_b = o_pb < NPF
-        o_np = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf))
+        p_idx, p_idx_x = _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs)
+        o_b, m_b, o_np = _prefetch_offsets(PF_STRIDE, BLOCK_N, num_warps)
         if IDS_AHEAD:  # the first tile's ids (and the first prefetched tile's) before the loop
             b_idx_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, t_hi, o_n, BLOCK_N)
             b_ids_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, t_hi, o_ns, BLOCK_N)

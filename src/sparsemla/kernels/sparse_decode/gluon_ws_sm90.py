@@ -21,7 +21,6 @@ contract, options (L2 prefetch by the producer, the lift, ids_ahead) and grid as
 from __future__ import annotations
 
 import torch
-import triton
 
 from sparsemla.kernels.sparse_decode import gluon_sm90 as sync_tile
 
@@ -47,9 +46,10 @@ if sync_tile._HAVE_GLUON:
     )
 
     from sparsemla.kernels.sparse_decode.gluon_sm90 import (
-        DATA_ROW,
         _barrier,
         _gather_store_tile,
+        _index_rows,
+        _prefetch_offsets,
         _prefetch_rows,
         _program_coords,
         _q_to_smem,
@@ -73,19 +73,13 @@ if sync_tile._HAVE_GLUON:
         then ``full[j % 2]``. PREFETCH > 0: first the rows of the tile PREFETCH past it into L2. IDS_AHEAD: the next
         tile's slot ids are loaded before this tile's gather (the same bits)."""
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])  # [BLOCK_N, 64], 16 B runs
-        pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PRODUCER_WARPS, 1], [1, 0])  # [BLOCK_N, NP] prefetches
         _, i_b, i_s, _, i_sp = _program_coords(S, HEADS_FASTEST)
         n_main, n_x, t_main, t_lo, t_hi = _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N,
                                                        HAS_LEN, HAS_EXTRA, HAS_LEN_X)  # fmt: skip
-        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-        p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+        p_idx, p_idx_x = _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs)
         o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))  # the gather's rows
         o_d = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))  # a chunk's columns
-        NPF: gl.constexpr = (DATA_ROW - 1 + PF_STRIDE - 1) // PF_STRIDE + 1  # addresses a data row needs
-        o_pb = gl.arange(0, triton.next_power_of_2(NPF), layout=gl.SliceLayout(0, pf))
-        o_b = gl.minimum(o_pb * PF_STRIDE, DATA_ROW - 1)  # [NP] byte offsets in a row, the last one its end
-        m_b = o_pb < NPF
-        o_np = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pf))
+        o_b, m_b, o_np = _prefetch_offsets(PF_STRIDE, BLOCK_N, PRODUCER_WARPS)
         if IDS_AHEAD:
             b_idx_n = _tile_ids(p_idx, p_idx_x, n_main, n_x, t_main, t_lo, t_hi, o_n, BLOCK_N)
         for i_t in range(t_lo, t_hi):
@@ -127,8 +121,7 @@ if sync_tile._HAVE_GLUON:
         i_r, i_b, i_s, i_hb, i_sp = _program_coords(S, HEADS_FASTEST)
         n_main, n_x, t_main, t_lo, t_hi = _split_range(length, length_x, i_b, i_sp, num_splits, TOPK, TOPK_X, BLOCK_N,
                                                        HAS_LEN, HAS_EXTRA, HAS_LEN_X)  # fmt: skip
-        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-        p_idx_x = idx_x + i_b.to(gl.int64) * stride_xb + i_s.to(gl.int64) * stride_xs
+        p_idx, p_idx_x = _index_rows(idx, idx_x, i_b, i_s, stride_ib, stride_is, stride_xb, stride_xs)
         o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))  # S's columns
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
