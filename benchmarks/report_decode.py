@@ -125,11 +125,21 @@ EXPLORE = Path(__file__).resolve().parents[1] / "results" / "bench" / "explore"
 def t38_lines(explore: Path = EXPLORE) -> list[str]:
     """Both code paths on Triton 3.8 (production's compiler), from the newest ``decode_paths_t38-*.json``
     (``results/bench/explore/gpu_t38.sh paths``: cubins built here per code path, replayed on the GPU), next to the
-    GPU machine's Triton 3.6 in the same run: the sm_89-path rules on the compiler production runs."""
-    files = sorted(explore.glob("decode_paths_t38-*.json"))
-    if not files:
-        return []
-    data = json.loads(files[-1].read_text())
+    GPU machine's Triton 3.6 in the same run: the sm_89-path rules on the compiler production runs. One table per GPU
+    (the device tool lends H200s and H100s; their times are never compared), the newest run of each by its date."""
+    newest: dict[str, tuple[str, Path, dict]] = {}
+    for f in explore.glob("decode_paths_t38-*.json"):
+        data = json.loads(f.read_text())
+        key = (data.get("date", ""), f.name)
+        if data["gpu"] not in newest or key > newest[data["gpu"]][0]:
+            newest[data["gpu"]] = (key, f, data)
+    out: list[str] = []
+    for _, f, data in sorted(newest.values(), key=lambda kv: kv[2]["gpu"], reverse=True):  # H200 first
+        out += _t38_table(f, data, explore)
+    return out
+
+
+def _t38_table(path: Path, data: dict, explore: Path) -> list[str]:
     cells = cells_by(data["rows"], ("extra_topk", "H", "B", "swa_topk"))
     h, swa, x = TARGET_SHAPE
     occ = any("sparsemla_sm89path_t38occ_graph" in v for v in cells.values())
@@ -139,7 +149,7 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
         f"**Triton 3.8 (production's compiler), both code paths** (graph replay, µs; {data['gpu']}, commit "
         f"`{data['git_sha'][:10]}`, {data.get('date', '')[:10]}; `3.8` = kernels compiled by Triton 3.8 on the build "
         "machine for that code path and launched from their cubins, `3.6` = the GPU machine's Triton in the same run; "
-        f"`{files[-1].relative_to(explore.parents[2])}`"
+        f"`{path.relative_to(explore.parents[2])}`"
         + (
             f"; `at {occ_name}'s occupancy` = the sm_89 path's 3.8 cubins with as many programs per SM as an "
             f"{occ_name} SM holds and the launcher given {occ_name}'s facts: `benchmarks/prod_cubins.py`, "

@@ -42,3 +42,39 @@ def test_occupancy_provider_needs_a_known_target_and_cubins():
     assert wgmma.exit_code == 2 and "wgmma" in wgmma.output
     alone = runner.invoke(decode.app, ["--occupancy-of", "sm_89"])
     assert alone.exit_code == 2 and "--occupancy-of needs --cubins" in alone.output
+
+
+def _paths_run(gpu: str, date: str, sha: str, native: float, sm89: float) -> dict:
+    cell = {"B": 64, "H": 64, "swa_topk": 128, "extra_topk": 512}
+    return {
+        "gpu": gpu,
+        "date": date,
+        "git_sha": sha,
+        "rows": [
+            {**cell, "provider": "sparsemla_t38_graph", "us": native},
+            {**cell, "provider": "sparsemla_sm89path_t38_graph", "us": sm89},
+        ],
+    }
+
+
+def test_t38_tables_newest_run_per_gpu_by_date(tmp_path: Path) -> None:
+    """One both-path table per GPU, the newest run of each by its date (not by file name), H200 first."""
+    from benchmarks.report_decode import t38_lines
+
+    explore = tmp_path / "results" / "bench" / "explore"
+    explore.mkdir(parents=True)
+    h100 = "NVIDIA H100 80GB HBM3"
+    runs = {
+        "decode_paths_t38-h200-2026-12-05d.json": _paths_run("NVIDIA H200", "2026-12-05T19:00", "h200new", 46.0, 50.0),
+        "decode_paths_t38-h200-2026-12-05c.json": _paths_run("NVIDIA H200", "2026-12-05T17:00", "h200old", 47.0, 51.0),
+        "decode_paths_t38-h100-2026-12-06.json": _paths_run(h100, "2026-12-06T00:30", "h100new", 45.0, 60.0),
+        "decode_paths_t38-h100-2026-12-07z.json": _paths_run(h100, "2026-12-05T10:00", "h100old", 1.0, 1.0),
+    }
+    for name, data in runs.items():
+        (explore / name).write_text(json.dumps(data))
+    md = "\n".join(t38_lines(explore))
+    assert "commit `h200new`" in md and "commit `h100new`" in md
+    assert "h200old" not in md and "h100old" not in md
+    assert md.index("NVIDIA H200") < md.index("NVIDIA H100")
+    assert "| 64 | 64 | - | 46.0 | - | 50.0 | 1.09x | 55 (met) |" in md
+    assert "| 64 | 64 | - | 45.0 | - | 60.0 | 1.33x (over 1.3x) | 55 (missed) |" in md

@@ -1,4 +1,4 @@
-"""Exploratory (not in the package, not yet run on a GPU): the V4 decode for the mma.sync targets (sm_80, 86, 89,
+"""Exploratory (not in the package; measured once and concluded: it loses 1.3-2.5x, see the end): the V4 decode for the mma.sync targets (sm_80, 86, 89,
 120) as a warp-specialized Gluon kernel, the design of sm_90's ``sparse_decode/gluon_ws_sm90.py`` on ``mma_v2``.
 
 Why: the sm_89 code path's prefill rows (1024 / 8192 rows, H = 64) run about 1.5x the wgmma path's since that one
@@ -26,7 +26,15 @@ run from Triton 3.8 cubins (``build`` here, ``bench`` there, in the sm89 code pa
 Session 31, ahead of time with Triton 3.8 (H = 64, top-k 128 + 512): it compiles for sm_80 / 86 / 89 / 120 within
 the budget (100,388 B; sm_120 99,364 B). Eight consumer warps: 168 registers, nothing spilled on sm_80 / 86 / 89,
 48 B on sm_120. Four: 255 registers, 120 B spilled (sm_120 152 B; the output's accumulator alone is 128 registers a
-thread, and without ``setmaxnreg`` the producer's warps get as many). Not yet run on a GPU.
+thread, and without ``setmaxnreg`` the producer's warps get as many).
+
+Session 32, H100, sm89 code path, Triton 3.8 cubins, CUDA-graph replay, at the H100's blocks per SM
+(``gluon_mma_ws_decode-sm89-h100-9b1a16d.json``; errors against the fp32 reference 1.0e-3 - 1.9e-3 for every
+variant): the package's launcher against four / eight consumer warps, µs: 1 row 12.8 / 16.0 / 16.7; 64 rows
+50.6 / 80.2 / 88.6; 128 rows 77.0 / 153 / 167; 1024 rows 528 / 1,188 / 1,300; 8192 rows 4,115 / 8,867 / 9,862; H =
+128, 64 rows 74.3 / 157 / 172. Concluded: no variant enters the package. Not profiled; what differs from the
+package's kernel: this 32 x 32 tile loads q from shared memory again for every 64-column chunk of both dots and hands
+over 32 tokens at a time, where the package runs 32 x 64 tiles in two halves (``DecodeConfig.sub_tiles``).
 """
 
 from __future__ import annotations

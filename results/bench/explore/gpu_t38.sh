@@ -387,7 +387,8 @@ gluonws)  # V4 decode, native path: the package's Gluon tile against its warp-sp
         --cubins .gpu-cubins/gluon_ws --git-sha "$SHA" --out "$OUT/gluon_ws_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
 mmaws)  # V4 decode, sm_89 path: the warp-specialized mma_v2 prototype (explore/gluon_mma_ws_decode.py) against the
-    # launcher, both from Triton 3.8 cubins (build: gluon_mma_ws_decode.py build; Triton 3.6 cannot compile it)
+    # launcher, both from Triton 3.8 cubins (build: gluon_mma_ws_decode.py build; Triton 3.6 cannot compile it). Ran at
+    # 9b1a16d on an H100 (gluon_mma_ws_decode-sm89-h100-9b1a16d.json): 1.3-2.5x slower than the launcher, concluded
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
