@@ -19,7 +19,7 @@
 #   PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode.py build
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon32", carry=[".gpu-cubins/gluon_v32", ".gpu"])
 #   after PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build
-#   after PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_ws_decode.py build:
+#   after bash results/bench/explore/gpu_t38.sh build-gluonws (GLUONWS_SHAPES):
 #   run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluonws", carry=[".gpu-cubins/gluon_ws", ".gpu"])
 #
 # Cubins live in DIR/<code path>: `native`, and `sm89` = the mma.sync code Triton 3.8 emits under
@@ -69,6 +69,10 @@ WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,
 # topk_wide3_ab-native-h200.json; the 4k spans won only where 16 - 32 rows of 16k leave SMs idle and lost on 64k rows
 # of the same capacity, the rest lost or tied: concluded and removed with the code of 4ef5688 / 5421507)
+# `gluonws`: the sm_90 Gluon tile synchronous against warp-specialized. WS_MIN_TILES (4) leaves H = 64 B = 32 (3
+# tiles a program, 4 splits) synchronous; 32x64 asks whether 3 tiles already pay, 16x64 / 8x128 (1-2 tiles) and 32x128
+# (5 tiles, WS by default) bracket it
+GLUONWS_SHAPES=${GLUONWS_SHAPES:-32x64,16x64,8x128,32x128}
 # `ws`: the V4 decode tile with its 512 dims split over the warps (one chunk per warp through a batched dot;
 # warp_split_decode.py, ahead of time: warp_split_decode_aot-t38-2026-12-04.json) against the launcher's kernel on
 # the same tile and split count: Triton 3.6 JIT, 3.8 cubins (`build-ws`) and, in the sm_89 path, 3.8 cubins at
@@ -377,6 +381,10 @@ gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon t
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode_v32.py bench \
         --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" | cut -c1-200
     ;;
+build-gluonws)  # the cubins of `gluonws` at GLUONWS_SHAPES (rows x heads)
+    rm -rf .gpu-cubins/gluon_ws
+    PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_ws_decode.py build --shapes "$GLUONWS_SHAPES"
+    ;;
 gluonws)  # V4 decode, native path: the package's Gluon tile against its warp-specialized form (explore/
     # gluon_ws_decode.py: a producer warpgroup gathers tile i + 1 while two consumer warpgroups multiply tile i), both
     # from Triton 3.8 cubins (build: gluon_ws_decode.py build); outputs must be bit-equal
@@ -384,7 +392,8 @@ gluonws)  # V4 decode, native path: the package's Gluon tile against its warp-sp
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_ws_decode.py bench \
-        --cubins .gpu-cubins/gluon_ws --git-sha "$SHA" --out "$OUT/gluon_ws_decode-native-$(gpu_tag).json" | cut -c1-200
+        --cubins .gpu-cubins/gluon_ws --shapes "$GLUONWS_SHAPES" --git-sha "$SHA" \
+        --out "$OUT/gluon_ws_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
 mmaws)  # V4 decode, sm_89 path: the warp-specialized mma_v2 prototype (explore/gluon_mma_ws_decode.py) against the
     # launcher, both from Triton 3.8 cubins (build: gluon_mma_ws_decode.py build; Triton 3.6 cannot compile it). Ran at
@@ -453,7 +462,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|gluonws|mmaws|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
