@@ -127,16 +127,21 @@ def t38_lines(explore: Path = EXPLORE) -> list[str]:
     (``results/bench/explore/gpu_t38.sh paths``: cubins built here per code path, replayed on the GPU), next to the
     GPU machine's Triton 3.6 in the same run: the sm_89-path rules on the compiler production runs. One table per GPU
     (the device tool lends H200s and H100s; their times are never compared), the newest run of each by its date."""
-    newest: dict[str, tuple[str, Path, dict]] = {}
-    for f in explore.glob("decode_paths_t38-*.json"):
-        data = json.loads(f.read_text())
-        key = (data.get("date", ""), f.name)
-        if data["gpu"] not in newest or key > newest[data["gpu"]][0]:
-            newest[data["gpu"]] = (key, f, data)
+    runs = _runs(explore, "decode_paths_t38-*.json")
     out: list[str] = []
-    for _, f, data in sorted(newest.values(), key=lambda kv: kv[2]["gpu"], reverse=True):  # H200 first
-        out += _t38_table(f, data, explore)
+    for gpu in sorted({data["gpu"] for _, data in runs}, reverse=True):  # H200 first
+        out += _t38_table(*max((r for r in runs if r[1]["gpu"] == gpu), key=_run_order), explore)
     return out
+
+
+def _runs(explore: Path, pattern: str) -> list[tuple[Path, dict]]:
+    """Every run file matching ``pattern`` with its JSON."""
+    return [(f, json.loads(f.read_text())) for f in explore.glob(pattern)]
+
+
+def _run_order(run: tuple[Path, dict]) -> tuple[str, str]:
+    """Newest last: a run's date, then its file name (file names carry a date or a commit, not an order)."""
+    return run[1].get("date", ""), run[0].name
 
 
 def _t38_table(path: Path, data: dict, explore: Path) -> list[str]:
@@ -195,16 +200,16 @@ def native_lines(explore: Path = EXPLORE) -> list[str]:
     """The native path alone next to FlashMLA, from the newest ``decode_native_t38-*.json`` (a run of
     ``benchmarks.decode --paths native`` with Triton 3.8 cubins; where a device window was too short for both
     paths): per shape our graph replay from 3.8 cubins, FlashMLA's time and their ratio."""
-    files = sorted(explore.glob("decode_native_t38-*.json"))
-    if not files:
+    runs = _runs(explore, "decode_native_t38-*.json")
+    if not runs:
         return []
-    data = json.loads(files[-1].read_text())
+    path, data = max(runs, key=_run_order)
     cells = cells_by(data["rows"], ("H", "B", "swa_topk", "extra_topk"))
     out = [
         "",
         f"**The wgmma path alone next to FlashMLA** (Triton 3.8 cubins, graph replay; FlashMLA eager as above; µs; "
         f"{data['gpu']}, commit `{data['git_sha'][:10]}`, {data.get('date', '')[:10]}; "
-        f"`{files[-1].relative_to(explore.parents[2])}`):",
+        f"`{path.relative_to(explore.parents[2])}`):",
         "",
         "| H | B (rows) | wgmma 3.8 | FlashMLA | wgmma / FlashMLA |",
         "|---|---|---|---|---|",
