@@ -11,7 +11,9 @@ longer on 3.6), so timings taken there describe a compiler production does not r
   and profile scratch pointers), threads, shared memory and scratch sizes (``manifest.json`` + ``*.cubin.gz``).
 - ``replay`` (the GPU machine, Triton 3.6): within the block every ``kernel[grid](...)`` whose key is in the manifest
   is launched from its cubin through the CUDA driver (``cuModuleLoadData`` / ``cuLaunchKernel`` on torch's current
-  stream, so CUDA-graph capture records it); a launch with no cubin raises instead of silently timing Triton 3.6.
+  stream, so CUDA-graph capture records it; a kernel compiled with ``num_ctas`` > 1 as clusters of that many CTAs
+  through ``cuLaunchKernelEx``, as Triton launches it); a launch with no cubin raises instead of silently timing
+  Triton 3.6.
 
 Occupancy of another GPU (``Replayer(..., occupancy_of=dev.target("sm_89"))``): the mma.sync code that sm_80..sm_120
 get runs on the H200, but an H200 SM holds 228 KB of shared memory where an sm_86/89/120 SM holds 100 KB, so a block
@@ -109,9 +111,11 @@ def _entry(kernel: object, key: str) -> dict:
     params = [[name, ty] for name, ty in sig.items() if ty != "constexpr"]
     if any(isinstance(ty, tuple) or str(ty).startswith("tensordesc") for _, ty in params):
         raise ValueError(f"{md.name}: tuple or tensor-descriptor arguments are not supported by the replay")
-    if getattr(md, "num_ctas", 1) != 1 or md.launch_pdl or md.launch_cooperative_grid:
-        raise ValueError(f"{md.name}: clusters, PDL and cooperative launches are not supported by the replay")
+    if md.launch_pdl or md.launch_cooperative_grid:
+        raise ValueError(f"{md.name}: PDL and cooperative launches are not supported by the replay")
+    clusters = {"num_ctas": md.num_ctas} if getattr(md, "num_ctas", 1) != 1 else {}  # a CTA cluster per program
     return {
+        **clusters,
         "key": key, "name": md.name, "cubin": f"{key}.cubin.gz", "num_warps": md.num_warps, "shared": md.shared,
         "global_scratch": [md.global_scratch_size, md.global_scratch_align],
         "profile_scratch": [md.profile_scratch_size, md.profile_scratch_align], "params": params,
@@ -239,11 +243,38 @@ class _Driver:
         return n.value
 
     def launch(self, func: ctypes.c_void_p, grid: tuple[int, int, int], threads: int, shared: int,
-               stream: int, params: list) -> None:  # fmt: skip
+               stream: int, params: list, num_ctas: int = 1) -> None:  # fmt: skip
+        """``grid`` in programs; ``num_ctas`` > 1: each program is a cluster of that many CTAs along x (Triton's
+        launch: ``gridDimX = grid x num_ctas`` with the cluster-dimension attribute, through ``cuLaunchKernelEx``)."""
         holders = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-        self.check(self.lib.cuLaunchKernel(func, *(ctypes.c_uint(g) for g in grid), ctypes.c_uint(threads),
-                                           ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
-                                           ctypes.c_void_p(stream), holders, None), "cuLaunchKernel")  # fmt: skip
+        if num_ctas == 1:
+            self.check(self.lib.cuLaunchKernel(func, *(ctypes.c_uint(g) for g in grid), ctypes.c_uint(threads),
+                                               ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared),
+                                               ctypes.c_void_p(stream), holders, None), "cuLaunchKernel")  # fmt: skip
+            return
+        attr = _LaunchAttribute(id=_CLUSTER_DIMENSION)
+        attr.value.cluster_dim[:] = (num_ctas, 1, 1)
+        config = _LaunchConfig(grid[0] * num_ctas, grid[1], grid[2], threads, 1, 1, shared, ctypes.c_void_p(stream),
+                               ctypes.pointer(attr), 1)  # fmt: skip
+        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), func, holders, None), "cuLaunchKernelEx")
+
+
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (cuda.h)
+
+
+class _LaunchAttributeValue(ctypes.Union):  # CUlaunchAttributeValue: a 64-byte union
+    _fields_ = [("pad", ctypes.c_char * 64), ("cluster_dim", ctypes.c_uint * 3)]
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: the id, padded to 8 bytes, then the value
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]  # fmt: skip
 
 
 @functools.cache
@@ -359,7 +390,8 @@ class Replayer:
         scratch = []
         for size, align in (entry["global_scratch"], entry["profile_scratch"]):
             if size > 0:
-                buf = torch.empty(g[0] * g[1] * g[2] * size + align, dtype=torch.uint8, device=device)
+                ctas = g[0] * g[1] * g[2] * entry.get("num_ctas", 1)
+                buf = torch.empty(ctas * size + align, dtype=torch.uint8, device=device)
                 self.scratch_bufs.append(buf)
                 scratch.append((buf.data_ptr() + align - 1) // align * align)
             else:
@@ -382,7 +414,8 @@ class Replayer:
                 "blocks_per_sm": self.driver.blocks_per_sm(func, threads, shared),
             })  # fmt: skip
         stream = torch.cuda.current_stream(device).cuda_stream
-        self.driver.launch(func, g, threads, shared, stream, pack_params(entry, bound, scratch))
+        params = pack_params(entry, bound, scratch)
+        self.driver.launch(func, g, threads, shared, stream, params, entry.get("num_ctas", 1))
         self.counts[entry["name"]] = self.counts.get(entry["name"], 0) + 1
 
     def __enter__(self) -> dict[str, int]:

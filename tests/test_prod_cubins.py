@@ -341,3 +341,47 @@ def test_resident_blocks_follows_the_cuda_occupancy_rules():
     assert dev.resident_blocks(sm89, 102_400, 128) == 0  # over the per-block budget
     assert dev.resident_blocks(sm89, 0, 32) == 24  # the SM's block slots (sm_86: 16)
     assert dev.resident_blocks(dev.target("sm_86"), 0, 32) == 16 and dev.resident_blocks(h200, 0, 32) == 32
+
+
+def _fake_kernel(num_ctas: int, pdl: bool = False):
+    from types import SimpleNamespace
+
+    md = SimpleNamespace(name="_k", num_ctas=num_ctas, launch_pdl=pdl, launch_cooperative_grid=False, num_warps=8,
+                         shared=1024, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                         profile_scratch_align=1, target=SimpleNamespace(backend="cuda", arch=90))  # fmt: skip
+    return SimpleNamespace(metadata=md, src=SimpleNamespace(signature={"x": "*bf16", "n": "i32", "B": "constexpr"}))
+
+
+def test_cluster_kernels_are_recorded_and_launched_as_clusters():
+    """A kernel compiled with ``num_ctas=2`` is recorded with its cluster size and launched as Triton launches it:
+    ``cuLaunchKernelEx`` with grid x times the cluster size and the cluster-dimension attribute (CUDA's struct
+    layouts: a 72-byte attribute, a 56-byte config); one-CTA kernels keep ``cuLaunchKernel`` and their manifest entry
+    unchanged; PDL launches are still refused."""
+    import ctypes
+
+    assert prod_cubins._entry(_fake_kernel(2), "k")["num_ctas"] == 2
+    assert "num_ctas" not in prod_cubins._entry(_fake_kernel(1), "k")
+    with pytest.raises(ValueError, match="PDL"):
+        prod_cubins._entry(_fake_kernel(1, pdl=True), "k")
+    assert ctypes.sizeof(prod_cubins._LaunchAttribute) == 72 and ctypes.sizeof(prod_cubins._LaunchConfig) == 56
+    seen: dict = {}
+
+    class FakeLib:
+        def cuLaunchKernelEx(self, config, func, params, extra):  # noqa: N802 - the driver's name
+            cfg = config._obj
+            attr = cfg.attrs.contents
+            seen["ex"] = (cfg.grid_x, cfg.grid_y, cfg.grid_z, cfg.block_x, cfg.shared, cfg.stream, cfg.num_attrs,
+                          attr.id, tuple(attr.value.cluster_dim))  # fmt: skip
+            return 0
+
+        def cuLaunchKernel(self, func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):  # noqa: N802
+            seen["plain"] = (gx.value, gy.value, gz.value, bx.value, shared.value)
+            return 0
+
+    driver = prod_cubins._Driver.__new__(prod_cubins._Driver)
+    driver.lib = FakeLib()
+    params = [ctypes.c_uint64(0), ctypes.c_int32(5)]
+    driver.launch(ctypes.c_void_p(1), (64, 1, 3), 256, 221_696, 1234, params, num_ctas=2)
+    assert seen["ex"] == (128, 1, 3, 256, 221_696, 1234, 1, 4, (2, 1, 1))
+    driver.launch(ctypes.c_void_p(1), (64, 1, 3), 256, 1024, 1234, params)
+    assert seen["plain"] == (64, 1, 3, 256, 1024)

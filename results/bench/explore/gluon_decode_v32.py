@@ -169,6 +169,172 @@ def _gluon_v32_kernel(
     gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
 
 
+# The 2-CTA cluster form (issue #17 at H = 128; README, session 33). Layout bases of the cluster's CTA bit:
+SPLIT0 = gl.constexpr([[1, 0]])  # the second CTA holds the second half of dim 0 (heads; tokens of a gathered chunk)
+BCAST = gl.constexpr([[0, 0]])  # both CTAs hold the whole tensor
+
+
+@gluon.jit
+def _cl_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d, o_r,
+                          ck_b: gl.constexpr, INT_DEQUANT: gl.constexpr):  # fmt: skip
+    """The cluster form of :func:`_v32_gather_store_tile`: ``b_idx`` [N] is split over the cluster's two CTAs, so each
+    gathers and dequantizes half of the tile's tokens; ``gl.convert_layout`` to ``ck_b`` (both CTAs hold all N rows)
+    exchanges the halves through distributed shared memory (``ld.shared::cluster``), and each CTA stores the whole
+    dequantized tile into its own ``k_smem`` [N, 512]. The RoPE rows (``b_idr``, bf16, nothing to dequantize) are
+    loaded whole by both CTAs."""
+    m_n, o_tok = _v32_rows(b_idx, num_slots, page_size, stride_kb, stride_kt)
+    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
+    for c in gl.static_range(4):
+        b_u = gl.load(kv + (o_tok + c * 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 128] half
+        b_sc = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32 (this CTA's half)
+        if INT_DEQUANT:
+            two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+            b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
+        else:
+            b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        b_kc = (b_k * b_sc[:, None]).to(gl.bfloat16)  # [N, 128]: this CTA's rows
+        k_smem.slice(c * 128, 128, dim=1).store(gl.convert_layout(b_kc, ck_b))  # [N, 128]: all rows
+    m_r, o_tr = _v32_rows(b_idr, num_slots, page_size, stride_kb, stride_kt)
+    p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    b_r = gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [N, 64] bf16
+    kr_smem.store(b_r)
+
+
+@gluon.jit
+def _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_half, k_smem, kr_smem,
+                              o_d, o_r, ck_b: gl.constexpr, INT_DEQUANT: gl.constexpr):  # fmt: skip
+    """:func:`_cl_gather_store_tile` with ONE cluster barrier a tile instead of the layout conversion's four a chunk:
+    each CTA stores its dequantized half of the tokens into ``k_half`` (a [N, 512] buffer split over the cluster:
+    this CTA's rows in its own shared memory), a cluster barrier (release / acquire), then each CTA reads all N rows
+    (the peer's through ``ld.shared::cluster``) into its own ``k_smem``. ``k_half`` alternates between two buffers
+    (the caller), so the next barrier also says the peer has read this one before it is written again."""
+    m_n, o_tok = _v32_rows(b_idx, num_slots, page_size, stride_kb, stride_kt)
+    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
+    for c in gl.static_range(4):
+        b_u = gl.load(kv + (o_tok + c * 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 128] half
+        b_sc = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32 (this CTA's half)
+        if INT_DEQUANT:
+            two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+            b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
+        else:
+            b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        k_half.slice(c * 128, 128, dim=1).store((b_k * b_sc[:, None]).to(gl.bfloat16))  # this CTA's rows
+    m_r, o_tr = _v32_rows(b_idr, num_slots, page_size, stride_kb, stride_kt)
+    p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    b_r = gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [N, 64] bf16
+    kr_smem.store(b_r)
+    gl.barrier(cluster=True)  # both CTAs' halves are in
+    for c in gl.static_range(4):
+        k_smem.slice(c * 128, 128, dim=1).store(k_half.slice(c * 128, 128, dim=1).load(ck_b))  # [N, 128]: all rows
+
+
+@gluon.jit
+def _gluon_v32_cluster_kernel(
+    q, kv, idx, out, lse, o_part, lse_part,
+    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
+    stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
+    BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr, EXCHANGE_BUF: gl.constexpr,
+    num_warps: gl.constexpr,
+):  # fmt: skip
+    """:func:`_gluon_v32_kernel` for H = 128 as ONE program of a 2-CTA cluster (``num_ctas=2``): tensors are the
+    cluster's, and the layouts put heads 0..63 on the first CTA and 64..127 on the second (``SPLIT0``), so each CTA
+    runs the 64-head tile of the synchronous kernel; the gathered tile is dequantized once per cluster instead of once
+    per CTA (:func:`_cl_gather_store_tile`; EXCHANGE_BUF: :func:`_cl_gather_store_tile_buf`). Grid (B * S, 1,
+    num_splits) clusters."""
+    gl.static_assert(num_warps == 8, "two warpgroups a CTA")
+    BLOCK_H: gl.constexpr = 128
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0], cga_layout=SPLIT0)  # q rows
+    ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0], cga_layout=SPLIT0)  # half the tokens
+    ck_b: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0], cga_layout=BCAST)  # all of them
+    cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0], cga_layout=BCAST)  # [N, 64] RoPE
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16],
+                                                       cga_layout=SPLIT0)  # fmt: skip
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16], cga_layout=SPLIT0)  # fmt: skip
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16, cga_layout=SPLIT0)
+    qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16, cga_layout=SPLIT0)
+    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16, cga_layout=BCAST)
+    kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16, cga_layout=BCAST)
+    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16, cga_layout=SPLIT0)
+
+    i_r = gl.program_id(0)
+    i_sp = gl.program_id(2)
+    i_b = i_r // S
+    i_s = i_r % S
+    o_hl = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
+    o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    b_qr = gl.load(p_q + 512 + o_e[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
+    kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], kr_sl)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+    if EXCHANGE_BUF:  # two [N, 512] buffers, each split over the cluster (32 KB a CTA each)
+        kh_sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0], cga_layout=SPLIT0)
+        kh0 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], kh_sl)
+        kh1 = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], kh_sl)
+
+    tiles = gl.cdiv(TOPK, BLOCK_N)
+    per = gl.cdiv(tiles, num_splits)
+    t_lo = i_sp * per
+    t_hi = gl.minimum(t_lo + per, tiles)
+    acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+    o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
+    o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
+    o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
+    o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
+    o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    for i_t in range(t_lo, t_hi):
+        t0 = i_t * BLOCK_N
+        b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (this CTA's half)
+        b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same, all (RoPE rows)
+        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # the same, all (S columns)
+        _barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
+        if EXCHANGE_BUF:  # (a memdesc index of a cluster-split 3D buffer does not compile: two buffers)
+            if i_t % 2 == 0:
+                _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, kh0, k_smem,
+                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT)  # fmt: skip
+            else:
+                _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, kh1, k_smem,
+                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT)  # fmt: skip
+        else:
+            _cl_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d,
+                                  o_r, ck_b, INT_DEQUANT)  # fmt: skip
+        fence_async_shared()
+        _barrier()
+        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                            use_acc=False, is_async=True)  # fmt: skip
+        b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]
+        m_s = (b_ids >= 0) & (b_ids < num_slots)
+        acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
+    if EXCHANGE_BUF:
+        gl.barrier(cluster=True)  # no CTA leaves while its peer may still read its half of the last tile
+
+    o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    m_hs = o_hs < H
+    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+    if SINGLE:
+        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
+        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
+    else:
+        i_part = i_r.to(gl.int64) * num_splits + i_sp
+        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+
+
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)
 WS_MAXNREG = 168  # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers
 
@@ -330,7 +496,7 @@ def _gluon_v32_ws_kernel(
 
 
 def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
-                     num_splits="auto", ws_regs=None):  # noqa: ANN001
+                     num_splits="auto", ws_regs=None, cluster=None):  # noqa: ANN001
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
     entries masked), the package's split rule and combine kernel."""
     from sparsemla.kernels import device as dev
@@ -357,7 +523,13 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
             s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
             kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * 1.4426950408889634,
             q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1))  # fmt: skip
-    if ws_regs:  # warp-specialized: ws_regs registers a producer thread
+    if cluster:  # H = 128 as one 2-CTA cluster a (row, split): head_blocks counts CTAs for the split rule
+        assert heads == 128, "the cluster form is the 128-head tile"
+        _gluon_v32_cluster_kernel[(rows, 1, splits)](
+            *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster == "buf",
+            num_warps=8, num_ctas=2,
+        )  # fmt: skip
+    elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
             *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PRODUCER_REGS=ws_regs,
             num_warps=8, maxnreg=WS_MAXNREG,
@@ -375,7 +547,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
     return out, lse
 
 
-VARIANTS = ("base", "gluon_int", "gluon", "gluon_ws104", "gluon_ws120", "gluon_ws136")
+# (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
+VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int")
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -388,7 +561,11 @@ def _inputs(batch: int, heads: int, device: str, fill: bool = True, seed: int = 
 
 def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel,
-    ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread."""
+    ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread, ``gluon_cl[_int]`` = its 2-CTA cluster
+    form (H = 128; ``gluon_clc``: the halves exchanged by a layout conversion)."""
+    if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
+        return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
+                                cluster="convert" if variant.startswith("gluon_clc") else "buf")  # fmt: skip
     if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
         return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
