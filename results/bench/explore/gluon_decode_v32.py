@@ -229,18 +229,67 @@ def _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb,
 
 
 @gluon.jit
+def _cl_load_raw(kv, p_idx, t0, TOPK, o_n, o_d, o_nr, o_r, num_slots, page_size, stride_kb, stride_kt):
+    """The raw rows of the tile at index-row position ``t0`` (``PREFETCH``: loaded a tile ahead): this CTA's half of
+    the tokens' four [N, 128] e4m3 chunks (uint8) and four [N] fp32 scales, and all N tokens' [N, 64] bf16 RoPE rows
+    (invalid ids: zeros). Returns (u0, u1, u2, u3, s0, s1, s2, s3, rope)."""
+    b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] this CTA's half
+    m_n, o_tok = _v32_rows(b_idx, num_slots, page_size, stride_kb, stride_kt)
+    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
+    u0 = gl.load(kv + o_tok[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
+    u1 = gl.load(kv + (o_tok + 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
+    u2 = gl.load(kv + (o_tok + 256)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
+    u3 = gl.load(kv + (o_tok + 384)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)
+    s0 = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32, mask=m_n, other=0.0)
+    s1 = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + 1, mask=m_n, other=0.0)
+    s2 = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + 2, mask=m_n, other=0.0)
+    s3 = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + 3, mask=m_n, other=0.0)
+    b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # [N] all
+    m_r, o_tr = _v32_rows(b_idr, num_slots, page_size, stride_kb, stride_kt)
+    p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    rope = gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)
+    return u0, u1, u2, u3, s0, s1, s2, s3, rope
+
+
+@gluon.jit
+def _cl_dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr):
+    """[N, 128] e4m3 bytes times their [N] fp32 scales -> bf16 (rounded once, as the package)."""
+    if INT_DEQUANT:
+        two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+        b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
+    else:
+        b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+    return (b_k * b_sc[:, None]).to(gl.bfloat16)
+
+
+@gluon.jit
+def _cl_store_raw_tile(u0, u1, u2, u3, s0, s1, s2, s3, rope, k_half, k_smem, kr_smem, ck_b: gl.constexpr,
+                       INT_DEQUANT: gl.constexpr):  # fmt: skip
+    """:func:`_cl_gather_store_tile_buf` from rows already loaded (:func:`_cl_load_raw`)."""
+    k_half.slice(0, 128, dim=1).store(_cl_dequant_chunk(u0, s0, INT_DEQUANT))
+    k_half.slice(128, 128, dim=1).store(_cl_dequant_chunk(u1, s1, INT_DEQUANT))
+    k_half.slice(256, 128, dim=1).store(_cl_dequant_chunk(u2, s2, INT_DEQUANT))
+    k_half.slice(384, 128, dim=1).store(_cl_dequant_chunk(u3, s3, INT_DEQUANT))
+    kr_smem.store(rope)
+    gl.barrier(cluster=True)  # both CTAs' halves are in
+    for c in gl.static_range(4):
+        k_smem.slice(c * 128, 128, dim=1).store(k_half.slice(c * 128, 128, dim=1).load(ck_b))  # [N, 128]: all rows
+
+
+@gluon.jit
 def _gluon_v32_cluster_kernel(
     q, kv, idx, out, lse, o_part, lse_part,
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
     BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr, EXCHANGE_BUF: gl.constexpr,
-    num_warps: gl.constexpr,
+    PREFETCH: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
     """:func:`_gluon_v32_kernel` for H = 128 as ONE program of a 2-CTA cluster (``num_ctas=2``): tensors are the
     cluster's, and the layouts put heads 0..63 on the first CTA and 64..127 on the second (``SPLIT0``), so each CTA
     runs the 64-head tile of the synchronous kernel; the gathered tile is dequantized once per cluster instead of once
-    per CTA (:func:`_cl_gather_store_tile`; EXCHANGE_BUF: :func:`_cl_gather_store_tile_buf`). Grid (B * S, 1,
-    num_splits) clusters."""
+    per CTA (:func:`_cl_gather_store_tile`; EXCHANGE_BUF: :func:`_cl_gather_store_tile_buf`; PREFETCH, with
+    EXCHANGE_BUF: the next tile's raw rows are loaded into registers before this tile is dequantized and multiplied,
+    so their latency hides behind it). Grid (B * S, 1, num_splits) clusters."""
     gl.static_assert(num_warps == 8, "two warpgroups a CTA")
     BLOCK_H: gl.constexpr = 128
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0], cga_layout=SPLIT0)  # q rows
@@ -290,13 +339,29 @@ def _gluon_v32_cluster_kernel(
     o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
     o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
+    gl.static_assert(EXCHANGE_BUF or not PREFETCH, "PREFETCH goes with EXCHANGE_BUF")
+    if PREFETCH:
+        u0, u1, u2, u3, s0, s1, s2, s3, rope = _cl_load_raw(kv, p_idx, t_lo * BLOCK_N, TOPK, o_n, o_d, o_nr, o_r,
+                                                            num_slots, page_size, stride_kb, stride_kt)  # fmt: skip
     for i_t in range(t_lo, t_hi):
         t0 = i_t * BLOCK_N
-        b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (this CTA's half)
-        b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same, all (RoPE rows)
-        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # the same, all (S columns)
-        _barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
-        if EXCHANGE_BUF:  # (a memdesc index of a cluster-split 3D buffer does not compile: two buffers)
+        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # [N] slot ids, all (S columns)
+        if PREFETCH:  # this tile's rows (loaded last iteration) and the next tile's, issued now
+            c0, c1, c2, c3, d0, d1, d2, d3, cr0 = u0, u1, u2, u3, s0, s1, s2, s3, rope
+            u0, u1, u2, u3, s0, s1, s2, s3, rope = _cl_load_raw(kv, p_idx, t0 + BLOCK_N, TOPK, o_n, o_d, o_nr, o_r,
+                                                                num_slots, page_size, stride_kb, stride_kt)  # fmt: skip
+            _barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
+            if i_t % 2 == 0:
+                _cl_store_raw_tile(c0, c1, c2, c3, d0, d1, d2, d3, cr0, kh0, k_smem, kr_smem, ck_b, INT_DEQUANT)
+            else:
+                _cl_store_raw_tile(c0, c1, c2, c3, d0, d1, d2, d3, cr0, kh1, k_smem, kr_smem, ck_b, INT_DEQUANT)
+        else:
+            b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [N] slot ids (this CTA's half)
+            b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < TOPK, other=-1)  # the same, all (RoPE rows)
+            _barrier()  # every warpgroup's PV of the last tile is done before the tile is replaced
+        if PREFETCH:
+            pass
+        elif EXCHANGE_BUF:  # (a memdesc index of a cluster-split 3D buffer does not compile: two buffers)
             if i_t % 2 == 0:
                 _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, kh0, k_smem,
                                           kr_smem, o_d, o_r, ck_b, INT_DEQUANT)  # fmt: skip
@@ -526,8 +591,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
     if cluster:  # H = 128 as one 2-CTA cluster a (row, split): head_blocks counts CTAs for the split rule
         assert heads == 128, "the cluster form is the 128-head tile"
         _gluon_v32_cluster_kernel[(rows, 1, splits)](
-            *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster == "buf",
-            num_warps=8, num_ctas=2,
+            *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster in ("buf", "prefetch"),
+            PREFETCH=cluster == "prefetch", num_warps=8, num_ctas=2,
         )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
@@ -548,7 +613,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
-VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int")
+VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int")
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -562,10 +627,11 @@ def _inputs(batch: int, heads: int, device: str, fill: bool = True, seed: int = 
 def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel,
     ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread, ``gluon_cl[_int]`` = its 2-CTA cluster
-    form (H = 128; ``gluon_clc``: the halves exchanged by a layout conversion)."""
+    form (H = 128; ``gluon_clc``: the halves exchanged by a layout conversion; ``gluon_clp``: the next tile's rows
+    loaded a tile ahead)."""
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
-                                cluster="convert" if variant.startswith("gluon_clc") else "buf")  # fmt: skip
+                                cluster={"gluon_clc": "convert", "gluon_clp": "prefetch"}.get(variant[:9], "buf"))
     if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
         return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
