@@ -685,7 +685,7 @@ def build(out: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES) -> No
 
 @app.command()
 def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, out: Path = Path("gluon_v32.json"),
-          git_sha: str = "unknown") -> None:  # fmt: skip
+          git_sha: str = "unknown", variants: str = ",".join(VARIANTS)) -> None:  # fmt: skip
     """GPU: the launcher and this kernel from CUBINS (Triton 3.8) replayed, CUDA-graph median (2 input sets
     rotated); out's relative error and lse's largest difference against the fp32 reference; JSON to OUT."""
     import json
@@ -704,7 +704,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
             want_o, want_l = sparse_decode_v32_reference(kw0["q"], kw0["kv_cache"], kw0["indices"], kw0["sm_scale"],
                                                          kv_format=kw0["kv_format"], d_v=512)  # fmt: skip
             sync = None  # the synchronous Gluon tile's out (the warp-specialized ones must equal it)
-            for variant in VARIANTS:
+            for variant in variants.split(","):
                 row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant)
                 try:
                     got_o, got_l = _launch(variant, kw0)
@@ -736,7 +736,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
             kw["indices"] = ids
             want_o, want_l = sparse_decode_v32_reference(kw["q"], kw["kv_cache"], ids, kw["sm_scale"],
                                                          kv_format=kw["kv_format"], d_v=512)  # fmt: skip
-            for variant in VARIANTS:
+            for variant in variants.split(","):
                 row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant, case="masked")
                 try:
                     got_o, got_l = _launch(variant, kw)

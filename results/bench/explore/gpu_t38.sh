@@ -379,7 +379,8 @@ gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon t
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode_v32.py bench \
-        --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" | cut -c1-200
+        --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" \
+        ${GLUON32_SHAPES:+--shapes "$GLUON32_SHAPES"} ${GLUON32_VARIANTS:+--variants "$GLUON32_VARIANTS"} | cut -c1-200
     ;;
 build-gluonws)  # the cubins of `gluonws` at GLUONWS_SHAPES (rows x heads)
     rm -rf .gpu-cubins/gluon_ws
