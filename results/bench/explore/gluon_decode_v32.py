@@ -11,6 +11,19 @@ package's kernel). Per tile:
 * S = q_nope K_nope^T + q_rope K_rope^T by two ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``;
 * online softmax; P (bf16) through shared memory; O [64, 512] += P K_nope with ``warps_per_cta = [4, 2]``.
 
+Session 33: the 2-CTA cluster form for H = 128 (``_gluon_v32_cluster_kernel``, variants ``gluon_cl*``): one program
+is a cluster of two CTAs (``num_ctas=2``; Triton 3.8's Gluon layouts with ``cga_layout`` put heads 0..63 on one CTA
+and 64..127 on the other), each CTA gathers and dequantizes half of every tile's tokens, and the halves are
+exchanged through distributed shared memory, so a tile is dequantized once per row instead of once per 64 heads (the
+idea of FlashMLA's "crossover", flashmla_sm90_notes.md, here with loads from the peer instead of its stores). What
+Triton 3.8 lowers (ahead of time, sm_90): ``gl.convert_layout`` from a cluster-split to a cluster-broadcast layout
+goes through a 4 KB scratch in rounds, two cluster barriers a round (``gluon_clc``: 16 a tile, each a GPU-scope
+fence: MEMBAR.ALL.GPU + CCTL.IVALL in SASS); a load of a cluster-split shared buffer into a broadcast layout is
+``ld.shared::cluster`` with no barrier of its own, so ``gluon_cl`` stores its half into one of two split buffers,
+takes ONE cluster barrier a tile and copies all rows into its own tile buffer (221,696 B of shared memory, 239
+registers, 991 loop instructions against the synchronous tile's 1,202). ``gluon_clp`` also loads the next tile's
+raw rows a tile ahead (255 registers, 56 B spilled). The cubin replay launches clusters (``cuLaunchKernelEx``).
+
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py aot     # here: Triton 3.8, sm_90
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build   # here: .gpu-cubins/gluon_v32
     run(command="SHA=<sha> bash results/bench/explore/gpu_t38.sh gluon32", carry=[".gpu-cubins/gluon_v32", ".gpu"])
