@@ -215,7 +215,8 @@ def _cl_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, str
 
 @gluon.jit
 def _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_half, k_smem, kr_smem,
-                              o_d, o_r, ck_b: gl.constexpr, INT_DEQUANT: gl.constexpr):  # fmt: skip
+                              o_d, o_r, ck_b: gl.constexpr, INT_DEQUANT: gl.constexpr,
+                              DIAG: gl.constexpr = 0):  # fmt: skip
     """:func:`_cl_gather_store_tile` with ONE cluster barrier a tile instead of the layout conversion's four a chunk:
     each CTA stores its dequantized half of the tokens into ``k_half`` (a [N, 512] buffer split over the cluster:
     this CTA's rows in its own shared memory), a cluster barrier (release / acquire), then each CTA reads all N rows
@@ -236,9 +237,11 @@ def _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb,
     p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
     b_r = gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [N, 64] bf16
     kr_smem.store(b_r)
-    gl.barrier(cluster=True)  # both CTAs' halves are in
-    for c in gl.static_range(4):
-        k_smem.slice(c * 128, 128, dim=1).store(k_half.slice(c * 128, 128, dim=1).load(ck_b))  # [N, 128]: all rows
+    if DIAG == 0:  # (DIAG, timing only, wrong outputs: 1 = without the barrier, 2 = without barrier and exchange)
+        gl.barrier(cluster=True)  # both CTAs' halves are in
+    if DIAG < 2:
+        for c in gl.static_range(4):
+            k_smem.slice(c * 128, 128, dim=1).store(k_half.slice(c * 128, 128, dim=1).load(ck_b))  # [N, 128]: all
 
 
 @gluon.jit
@@ -295,7 +298,7 @@ def _gluon_v32_cluster_kernel(
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
     BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr, EXCHANGE_BUF: gl.constexpr,
-    PREFETCH: gl.constexpr, num_warps: gl.constexpr,
+    PREFETCH: gl.constexpr, num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
 ):  # fmt: skip
     """:func:`_gluon_v32_kernel` for H = 128 as ONE program of a 2-CTA cluster (``num_ctas=2``): tensors are the
     cluster's, and the layouts put heads 0..63 on the first CTA and 64..127 on the second (``SPLIT0``), so each CTA
@@ -377,10 +380,10 @@ def _gluon_v32_cluster_kernel(
         elif EXCHANGE_BUF:  # (a memdesc index of a cluster-split 3D buffer does not compile: two buffers)
             if i_t % 2 == 0:
                 _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, kh0, k_smem,
-                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT)  # fmt: skip
+                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT, DIAG)  # fmt: skip
             else:
                 _cl_gather_store_tile_buf(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, kh1, k_smem,
-                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT)  # fmt: skip
+                                          kr_smem, o_d, o_r, ck_b, INT_DEQUANT, DIAG)  # fmt: skip
         else:
             _cl_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d,
                                   o_r, ck_b, INT_DEQUANT)  # fmt: skip
@@ -574,7 +577,7 @@ def _gluon_v32_ws_kernel(
 
 
 def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
-                     num_splits="auto", ws_regs=None, cluster=None):  # noqa: ANN001
+                     num_splits="auto", ws_regs=None, cluster=None, diag=0):  # noqa: ANN001
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
     entries masked), the package's split rule and combine kernel."""
     from sparsemla.kernels import device as dev
@@ -605,7 +608,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
         assert heads == 128, "the cluster form is the 128-head tile"
         _gluon_v32_cluster_kernel[(rows, 1, splits)](
             *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster in ("buf", "prefetch"),
-            PREFETCH=cluster == "prefetch", num_warps=8, num_ctas=2,
+            PREFETCH=cluster == "prefetch", num_warps=8, num_ctas=2, DIAG=diag,
         )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
@@ -627,6 +630,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int")
+DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -642,6 +646,8 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread, ``gluon_cl[_int]`` = its 2-CTA cluster
     form (H = 128; ``gluon_clc``: the halves exchanged by a layout conversion; ``gluon_clp``: the next tile's rows
     loaded a tile ahead)."""
+    if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
+        return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
                                 cluster={"gluon_clc": "convert", "gluon_clp": "prefetch"}.get(variant[:9], "buf"))
@@ -689,7 +695,7 @@ def build(out: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES) -> No
     def workload() -> None:
         for batch, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             kw = _inputs(batch, heads, "cpu", fill=False)
-            for variant in VARIANTS:
+            for variant in VARIANTS + DIAG_VARIANTS:
                 _launch(variant, kw)
 
     added = prod_cubins.build(workload, out, "native")
