@@ -23,6 +23,9 @@ fence: MEMBAR.ALL.GPU + CCTL.IVALL in SASS); a load of a cluster-split shared bu
 takes ONE cluster barrier a tile and copies all rows into its own tile buffer (221,696 B of shared memory, 239
 registers, 991 loop instructions against the synchronous tile's 1,202). ``gluon_clp`` also loads the next tile's
 raw rows a tile ahead (255 registers, 56 B spilled). The cubin replay launches clusters (``cuLaunchKernelEx``).
+Measured on an H100 (README, session 33): correct, and slower than the synchronous tile (B = 64: 207.1 / 218.5 /
+533.7 us for cl / clp / clc against 174.6); without the exchange (timing only) 161.5: the synchronous loop is
+latency-bound, so the exchange must be asynchronous (a warp-specialized pipeline) to pay. Concluded in this form.
 
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py aot     # here: Triton 3.8, sm_90
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/gluon_decode_v32.py build   # here: .gpu-cubins/gluon_v32
