@@ -791,11 +791,32 @@ def _inputs(batch: int, heads: int, device: str, fill: bool = True, seed: int = 
     return {k: kw[k] for k in ("q", "kv_cache", "indices", "sm_scale", "kv_format")}
 
 
+_FLASHMLA: dict[tuple, tuple] = {}  # (id(q), id(indices)) -> FlashMLA's call on them (schedule once, untimed)
+
+
+def _flashmla(kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of FlashMLA's sparse fp8 decode on ``kw``, called as sglang's flashmla_kv backend calls it
+    (benchmarks/decode_v32.py's ``flashmla``; ``bench`` primes the call of every input set before timing)."""
+    key = (id(kw["q"]), id(kw["indices"]))
+    if key not in _FLASHMLA:
+        from benchmarks.decode import load_flash_mla
+        from benchmarks.decode_v32 import flashmla_decode_call
+
+        flash_mla, why = load_flash_mla(kw["q"].device)
+        if flash_mla is None:
+            raise RuntimeError(why)
+        _FLASHMLA[key] = flashmla_decode_call(flash_mla, {**kw, "ctx": 8192})
+    run, unpack = _FLASHMLA[key]
+    return unpack(run())
+
+
 def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of one call: ``base`` = the package's launcher (its choices), ``gluon[_int]`` = this kernel,
     ``gluon_wsNN`` = it warp-specialized with NN registers a producer thread, ``gluon_cl[_int]`` = its 2-CTA cluster
     form (H = 128; ``gluon_clc``: the halves exchanged by a layout conversion; ``gluon_clp``: the next tile's rows
     loaded a tile ahead)."""
+    if variant == "flashmla":  # FlashMLA in the same run (GPU only; not built)
+        return _flashmla(kw)
     if variant.startswith("gluon_pf"):  # the synchronous tile, gather one tile ahead through cp.async
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"), prefetch=True)
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
@@ -871,6 +892,12 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
     with prod_cubins.Replayer(cubins) as counts:
         for batch, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             sets = [_inputs(batch, heads, "cuda", seed=100 * batch + i) for i in range(2)]
+            if "flashmla" in variants.split(","):  # its schedule metadata outside the graphs
+                for kw in sets:
+                    try:
+                        _flashmla(kw)
+                    except Exception as exc:  # noqa: BLE001 - reported per row below
+                        print(f"flashmla: {exc}", flush=True)
             kw0 = sets[0]
             want_o, want_l = sparse_decode_v32_reference(kw0["q"], kw0["kv_cache"], kw0["indices"], kw0["sm_scale"],
                                                          kv_format=kw0["kv_format"], d_v=512)  # fmt: skip
@@ -908,6 +935,8 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
             want_o, want_l = sparse_decode_v32_reference(kw["q"], kw["kv_cache"], ids, kw["sm_scale"],
                                                          kv_format=kw["kv_format"], d_v=512)  # fmt: skip
             for variant in variants.split(","):
+                if variant == "flashmla":  # (the masked ids include ids past the cache, which sglang never passes it)
+                    continue
                 row = dict(B=batch, H=heads, topk=2048, kv_format="fp8_656", variant=variant, case="masked")
                 try:
                     got_o, got_l = _launch(variant, kw)

@@ -374,7 +374,8 @@ if not n.startswith('_')), 'barrier' in dir(gl), 'warp_specialize' in dir(gl))" 
         --git-sha "$SHA" --out "$OUT/gluon_decode-native-$(gpu_tag).json" | cut -c1-200
     ;;
 gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon tile (explore/gluon_decode_v32.py)
-    # against the launcher, both from Triton 3.8 cubins (build: gluon_decode_v32.py build)
+    # against the launcher, both from Triton 3.8 cubins (build: gluon_decode_v32.py build). Next (session 33, not run):
+    # GLUON32_VARIANTS=base,gluon,gluon_pf,gluon_pf_int,flashmla (the gather one tile ahead, FlashMLA beside it)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
