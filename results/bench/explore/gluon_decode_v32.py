@@ -102,6 +102,31 @@ def _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, st
 
 
 @gluon.jit
+def _v32_epilogue(acc, m_i, l_i, h0, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
+                  BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, SINGLE: gl.constexpr):  # fmt: skip
+    """Heads ``h0 .. h0 + BLOCK_H`` of a program's result: SINGLE: out [B, S, H, 512] bf16 and lse [B, H, S] (natural
+    log, +inf when empty); else the split's normalised partial o_part [rows, splits, H, 512] and base-2 lse_part (-inf
+    when empty) for the package's combine kernel. ``acc`` [BLOCK_H, 512] (``o_layout``), ``m_i`` / ``l_i`` [BLOCK_H]
+    (the scores' rows, ``s_layout``)."""
+    o_hs = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    m_hs = o_hs < H
+    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
+    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
+    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+    o_ho = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+    if SINGLE:
+        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
+        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
+    else:
+        i_part = i_r.to(gl.int64) * num_splits + i_sp
+        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
+        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
+    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+
+
+@gluon.jit
 def _gluon_v32_kernel(
     q, kv, idx, out, lse, o_part, lse_part,
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
@@ -172,22 +197,8 @@ def _gluon_v32_kernel(
         m_s = (b_ids >= 0) & (b_ids < num_slots)
         acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
 
-    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    m_hs = o_hs < H
-    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
-    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-    if SINGLE:
-        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
-        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
-    else:
-        i_part = i_r.to(gl.int64) * num_splits + i_sp
-        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
-    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+    _v32_epilogue(acc, m_i, l_i, i_hb * BLOCK_H, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
+                  BLOCK_H, s_layout, o_layout, SINGLE)
 
 
 @gluon.jit
@@ -309,22 +320,8 @@ def _gluon_v32_pf_kernel(
         acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
     async_copy.wait_group(0)  # the last (unused) copies land before the program leaves
 
-    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    m_hs = o_hs < H
-    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
-    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-    if SINGLE:
-        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
-        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
-    else:
-        i_part = i_r.to(gl.int64) * num_splits + i_sp
-        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
-    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+    _v32_epilogue(acc, m_i, l_i, i_hb * BLOCK_H, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
+                  BLOCK_H, s_layout, o_layout, SINGLE)
 
 
 # The 2-CTA cluster form (issue #17 at H = 128; README, session 33). Layout bases of the cluster's CTA bit:
@@ -543,22 +540,8 @@ def _gluon_v32_cluster_kernel(
     if EXCHANGE_BUF:
         gl.barrier(cluster=True)  # no CTA leaves while its peer may still read its half of the last tile
 
-    o_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    m_hs = o_hs < H
-    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
-    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-    if SINGLE:
-        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
-        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
-    else:
-        i_part = i_r.to(gl.int64) * num_splits + i_sp
-        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
-    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+    _v32_epilogue(acc, m_i, l_i, 0, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits, BLOCK_H,
+                  s_layout, o_layout, SINGLE)
 
 
 PRODUCER_WARPS: gl.constexpr = gl.constexpr(4)
@@ -652,22 +635,8 @@ def _v32_ws_consume(q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, idx, 
         _barrier()  # both warpgroups' dots on this buffer are done
         mbarrier.arrive(empty.index(buf), count=1)
 
-    o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
-    m_hs = o_hs < H
-    lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
-    inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-    b_o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-    if SINGLE:
-        p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        b_lse = gl.where(l_i > 0.0, lse2 * 0.6931471805599453, float("inf"))
-        gl.store(lse + (i_b.to(gl.int64) * H + o_hs) * S + i_s, b_lse, mask=m_hs)  # lse [B, H, S]
-    else:
-        i_part = i_r.to(gl.int64) * num_splits + i_sp
-        p_o = o_part + (i_part * H + o_ho.to(gl.int64))[:, None] * 512 + o_co[None, :]
-        gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
-    gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None])
+    _v32_epilogue(acc, m_i, l_i, i_hb * BLOCK_H, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
+                  BLOCK_H, s_layout, o_layout, SINGLE)
 
 
 @gluon.jit
