@@ -46,6 +46,9 @@ def test_the_cases_cover_sglangs_shapes_and_every_kernel(records):
         # nowhere else
         for gluon in ("_sparse_decode_sm90_kernel", "_sparse_decode_sm90_ws_kernel"):
             assert (gluon in kernels) == (target == "sm_90"), (target, gluon, kernels)
+        # the V3.2 Gluon tile (V32Config.gluon, off by default; its cases force it on sm_90, synchronous and with
+        # its gather a tile ahead)
+        assert ("_sparse_decode_v32_sm90_kernel" in kernels) == (target == "sm_90"), (target, kernels)
     cases = {r["case"] for r in records["records"]}
     assert len([c for c in cases if c.startswith("decode ")]) == 32  # B {1,8,64,128} x H {8,16,64,128} x 2 top-k
     assert len([c for c in cases if c.startswith("indexer_")]) == 8

@@ -312,6 +312,45 @@ def test_config_checks():
     v32.check_v32_config(v32.V32Config(64, 32, 8, 2), dev.target("sm_100"))
 
 
+def test_gluon_tile_config_checks():
+    """V32Config.gluon (sm_90's Gluon tile, off by default): accepted on sm_90 for fp8_656 in its one shape, refused
+    with a reason on every other target, under the interpreter, for bf16_576, in another shape or with an option the
+    Triton tile has; gluon_prefetch only with it; its shared memory is the tile's own (one program per SM), and no
+    target's chooser picks it yet."""
+    from sparsemla.kernels.sparse_decode import gluon_v32_sm90
+
+    tile = v32.V32Config(64, 64, 8, 1, True, gluon=True)
+    ahead = dataclasses.replace(tile, gluon_prefetch=True)
+    sm90 = dev.target("sm_90")
+    if gluon_v32_sm90.available():
+        v32.check_v32_config(tile, sm90, "fp8_656")
+        v32.check_v32_config(ahead, sm90)
+    for target in set(dev.TARGETS) - {"sm_90"}:
+        with pytest.raises(ValueError, match="sm_90"):
+            v32.check_v32_config(tile, dev.target(target), "fp8_656")
+    with pytest.raises(ValueError, match="sm_90"):
+        v32.check_v32_config(tile, dev.INTERPRETER)
+    with pytest.raises(ValueError, match="fp8_656"):
+        v32.check_v32_config(tile, sm90, "bf16_576")
+    for other in (dataclasses.replace(tile, num_stages=2), dataclasses.replace(tile, nope_chunks=4),
+                  dataclasses.replace(tile, block_n=32), dataclasses.replace(tile, opaque_k=True),
+                  dataclasses.replace(tile, l2_prefetch=1), dataclasses.replace(tile, heads_fastest=True)):  # fmt: skip
+        with pytest.raises(ValueError, match="64 x 64"):
+            v32.check_v32_config(other, sm90)
+    with pytest.raises(ValueError, match="gluon_prefetch"):
+        v32.check_v32_config(v32.V32Config(64, 64, 8, 1, gluon_prefetch=True), sm90)
+    assert v32.shared_bytes_v32(tile, "fp8_656", sm90) == gluon_v32_sm90.SHARED_BYTES == 156_160
+    assert v32.shared_bytes_v32(ahead, "fp8_656", sm90) == gluon_v32_sm90.PREFETCH_SHARED_BYTES == 198_144
+    assert sm90.smem_per_sm // gluon_v32_sm90.PREFETCH_SHARED_BYTES == 1
+    assert not any(
+        v32.choose_v32_config(info, h, r, fmt).gluon
+        for info in dev.TARGETS.values()
+        for h in (16, 64, 128)
+        for r in (1, 8, 64, 128)
+        for fmt in layouts.V32_FORMATS
+    )
+
+
 @pytest.mark.parametrize(
     "mutate,match",
     [

@@ -130,6 +130,8 @@ def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
     name += ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
+    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "")
+    name += "" if cfg.int_dequant else "-cvt"
     return name + {None: "", True: "-lift", False: "-nolift"}[cfg.q_lift]
 
 
@@ -184,13 +186,18 @@ VARIANTS = [
     v32.V32Config(64, 64, 8, 3, True, nope_chunks=4, q_lift=True),
     v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True, q_lift=True),
     v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True, q_lift=False),
+    # sm_90's Gluon tile (V32Config.gluon, fp8_656; elsewhere skipped), synchronous and with its gather a tile ahead,
+    # with the e4m3 conversion instructions and with the integer dequant
+    v32.V32Config(64, 64, 8, 1, True, gluon=True),
+    v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True),
 ]
 
 
 def _runnable(cfg: v32.V32Config, kv_format: str) -> None:
     info = dev.device_info()
     try:
-        v32.check_v32_config(cfg, info)
+        v32.check_v32_config(cfg, info, kv_format)
     except ValueError as exc:
         pytest.skip(str(exc))
     if v32.shared_bytes_v32(cfg, kv_format, info) > info.smem_per_block:
@@ -224,6 +231,57 @@ def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
         out, lse = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=splits, config=cfg)
         assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.isposinf(lse[:2]).all()
         check(args, kw_dv, out, lse)
+
+
+GLUON_TILES = [v32.V32Config(64, 64, 8, 1, True, gluon=True), v32.V32Config(64, 64, 8, 1, True, gluon=True,
+                                                                            gluon_prefetch=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("cfg", GLUON_TILES, ids=_variant_id)
+def test_gluon_tile_corner_cases(nan_empty, cfg):
+    """sm_90's Gluon tile: all -1 rows and topk_length 0 -> out 0, lse +inf; a length ending inside a tile; d_v
+    ending inside a chunk; odd head counts (the second 64-head block partly masked); split and unsplit."""
+    _runnable(cfg, "fp8_656")
+    for heads in (128, 100, 33):
+        args, kw = make_case("fp8_656", 4, 2, heads, lengths=None, seed=7 + heads)
+        kw["topk_length"] = torch.full((4,), TOPK, dtype=torch.int32, device="cuda")
+        args[2][0] = -1
+        kw["topk_length"][1] = 0
+        kw["topk_length"][2] = 100
+        for splits, d_v in ((1, 512), (4, 512), (4, 200), (1, 448)):
+            kw_dv = dict(kw, d_v=d_v)
+            out, lse = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=splits, config=cfg)
+            assert torch.equal(out[:2], torch.zeros_like(out[:2])) and torch.isposinf(lse[:2]).all()
+            check(args, kw_dv, out, lse)
+
+
+@pytest.mark.parametrize("int_dequant", [True, False], ids=["int", "cvt"])
+@pytest.mark.parametrize("splits", [1, 3, 17])
+def test_gluon_prefetch_changes_no_bit(nan_empty, int_dequant, splits):
+    """The Gluon tile's gather one tile ahead (cp.async into staging) computes the same bits as the synchronous
+    tile: across split ends, empty splits (17), -1 and out-of-range ids, short rows; and the integer dequant equals
+    the e4m3 conversion instructions bit for bit."""
+    sync, ahead = (replace(c, int_dequant=int_dequant) for c in GLUON_TILES)
+    _runnable(ahead, "fp8_656")
+    args, kw = make_case("fp8_656", 5, 2, 128, invalid=0.05, seed=17 + splits)
+    num_slots = args[1].shape[0] * args[1].shape[1]
+    args[2][1, 0, ::7] = num_slots + 3  # past the cache: invalid
+    want = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=sync)
+    got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=ahead)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    flip = replace(ahead, int_dequant=not int_dequant)
+    other = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=flip)
+    assert torch.equal(other[0], got[0]) and torch.equal(other[1], got[1])
+    check(args, kw, *got)
+
+
+def test_gluon_tile_refuses_what_it_cannot_run():
+    """V32Config.gluon: the bf16_576 cache and an unaligned fp8_656 cache are refused with a reason, not run."""
+    cfg = GLUON_TILES[0]
+    _runnable(cfg, "fp8_656")
+    args, kw = make_case("bf16_576", 2, 1, 128, seed=3)
+    with pytest.raises(ValueError, match="fp8_656"):
+        v32.sparse_decode_v32_fwd(*args, **kw, config=cfg)
 
 
 PREFETCH_TILES = [  # the chosen tiles of each kind (sm_90's wgmma tile, the mma.sync tiles of H > 16 and H <= 16)

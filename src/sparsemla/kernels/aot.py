@@ -312,9 +312,11 @@ DECODE_V32_CASES = (  # (kv_format, B, H, s_q): every branch of choose_v32_confi
 DECODE_V32_TOPK = 2048
 
 
-def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int) -> Callable[[], object]:
+def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int, gluon: str = "") -> Callable[[], object]:
+    """``gluon`` ("sync" / "prefetch"): on sm_90 the Gluon tile (``V32Config.gluon``, off by default; with
+    ``gluon_prefetch``), elsewhere the chosen tile."""
     from sparsemla.kernels.layouts import V32_DIM, V32_PAGE, v32_row_width
-    from sparsemla.kernels.sparse_decode.triton_v32 import sparse_decode_v32_fwd
+    from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
     def call() -> object:
         # torch.empty: only shapes and strides reach the compiler
@@ -323,18 +325,27 @@ def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int) -> Callab
         q = torch.empty(batch, s_q, heads, V32_DIM, dtype=torch.bfloat16)
         idx = torch.empty(batch, s_q, DECODE_V32_TOPK, dtype=torch.int32)
         lens = torch.empty(batch, dtype=torch.int32)
-        return sparse_decode_v32_fwd(q, kv, idx, V32_DIM**-0.5, kv_format=kv_format, topk_length=lens)
+        cfg = None
+        if gluon and dev.launch_info(q.device).capability == (9, 0):
+            cfg = V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=gluon == "prefetch")
+        return sparse_decode_v32_fwd(q, kv, idx, V32_DIM**-0.5, kv_format=kv_format, topk_length=lens, config=cfg)
 
     return call
 
 
 def decode_v32_cases() -> dict[str, Callable[[], object]]:
     """DeepSeek-V3.2 sparse decode (``sparse_decode_v32``): fp8_656 / bf16_576 caches, page 64, top-k 2048, 16 heads
-    (TP 8) and 128, B 1 / 64 / 128, s_q 1 and 2 (MTP), with topk_length."""
-    return {
+    (TP 8) and 128, B 1 / 64 / 128, s_q 1 and 2 (MTP), with topk_length; sm_90's Gluon tile at B 1 / 64, H 128."""
+    out = {
         f"decode_v32 {fmt} B{b} H{h} topk{DECODE_V32_TOPK} s_q{s}": _decode_v32_case(fmt, b, h, s)
         for fmt, b, h, s in DECODE_V32_CASES
     }
+    for gluon in ("sync", "prefetch"):  # sm_90's Gluon tile (V32Config.gluon), split and unsplit
+        for b in (1, 64):
+            out[f"decode_v32 fp8_656 B{b} H128 topk{DECODE_V32_TOPK} s_q1 gluon-{gluon}"] = _decode_v32_case(
+                "fp8_656", b, 128, 1, gluon
+            )
+    return out
 
 
 def cases() -> dict[str, Callable[[], object]]:

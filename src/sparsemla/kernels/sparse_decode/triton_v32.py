@@ -37,6 +37,7 @@ from sparsemla.kernels.dequant import (
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.paging import page_shift, page_split
 from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_rows_l2
+from sparsemla.kernels.sparse_decode import gluon_v32_sm90
 from sparsemla.kernels.sparse_decode.triton import (
     _lazy_softmax,
     _rescaled,
@@ -106,7 +107,13 @@ class V32Config:
 
     heads_fastest: a row's head blocks are adjacent programs (the V4 decode's ``DecodeConfig.heads_fastest``,
     :func:`~sparsemla.kernels.sparse_decode.triton.decode_grid`), so the later ones read the row's tokens from L2
-    once the grid is more than one wave. Off until timed."""
+    once the grid is more than one wave. Off until timed.
+
+    gluon (sm_90, fp8_656; the 64 x 64 tile, 8 warps, 1 stage, without chunks, staging, lift, L2 prefetch or lazy
+    rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
+    warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
+    one tile ahead through cp.async. Both off until their GPU tests and timings run in the package (the explore
+    prototype: results/bench/explore/gluon_decode_v32*.json)."""
 
     block_h: int
     block_n: int
@@ -122,6 +129,8 @@ class V32Config:
     l2_prefetch: int = 0
     prefetch_stride: int = 128
     heads_fastest: bool = False
+    gluon: bool = False
+    gluon_prefetch: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
@@ -146,7 +155,10 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
       more than one stage keeps every stage's raw rows plus a 2-KB operand copy, and its barriers take < 1 KB.
 
     Never below ``metadata.shared`` for the tiles measured ahead of time, chosen ones included, and equal for most
-    (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less."""
+    (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less. The Gluon tile
+    (``gluon``): its own figure (:data:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.SHARED_BYTES`)."""
+    if cfg.gluon:
+        return gluon_v32_sm90.PREFETCH_SHARED_BYTES if cfg.gluon_prefetch else gluon_v32_sm90.SHARED_BYTES
     fp8 = kv_format == "fp8_656"
     row = V32_FP8_BYTES if fp8 else 2 * V32_DIM
     pipeline = (cfg.num_stages - 1) * row
@@ -173,11 +185,26 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
     return cfg.block_h * V32_DIM * 2 + cfg.block_n * token
 
 
-def check_v32_config(cfg: V32Config, info: dev.DeviceInfo) -> None:
-    """Raise ValueError when ``cfg`` cannot run on ``info`` (the launcher calls it for every config, chosen or not)."""
+def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None = None) -> None:
+    """Raise ValueError when ``cfg`` cannot run on ``info`` (with ``kv_format`` where given; the launcher calls it for
+    every config, chosen or not)."""
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
+    if cfg.gluon_prefetch and not cfg.gluon:
+        raise ValueError("gluon_prefetch is an option of the Gluon tile (gluon=True)")
+    if cfg.gluon:
+        shape = (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.nope_chunks)
+        extras = cfg.stage_k or cfg.opaque_k or cfg.lazy_rescale or cfg.q_lift or cfg.l2_prefetch or cfg.heads_fastest
+        if shape != (gluon_v32_sm90.BLOCK_H, gluon_v32_sm90.BLOCK_N, gluon_v32_sm90.NUM_WARPS, 1, 1) or extras:
+            raise ValueError("gluon is the 64 x 64 tile with 8 warps and one stage, without nope_chunks, stage_k, "
+                             f"opaque_k, lazy_rescale, q_lift, l2_prefetch or heads_fastest; got {cfg}")  # fmt: skip
+        if info is dev.INTERPRETER or info.capability != (9, 0):
+            raise ValueError(f"V32Config.gluon is the sm_90 wgmma tile; this launch is for {info.name or info}")
+        if kv_format not in (None, "fp8_656"):
+            raise ValueError(f"V32Config.gluon reads the fp8_656 cache, not {kv_format}")
+        if not gluon_v32_sm90.available():
+            raise ValueError(f"V32Config.gluon needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     if info is dev.INTERPRETER:
         return
     if not cfg.int_dequant and not info.has_fp8:
@@ -595,7 +622,9 @@ def sparse_decode_v32_fwd(
 
     info = dev.launch_info(q.device)
     cfg = config or choose_v32_config(info, heads, batch * s_q, kv_format)
-    check_v32_config(cfg, info)
+    check_v32_config(cfg, info, kv_format)
+    if cfg.gluon and not aligned:
+        raise ValueError("V32Config.gluon needs the fp8_656 cache's pages and slots 16-byte aligned")
     rows, topk = batch * s_q, indices.shape[2]
     head_blocks = triton.cdiv(heads, cfg.block_h)
     # programs one SM holds at once: registers bound it (8 warps x ~200-255 registers per thread fill an SM's 64K)
@@ -613,23 +642,33 @@ def sparse_decode_v32_fwd(
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse  # unused
-    grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
-    _sparse_decode_v32_kernel[grid](
-        q, kv, indices, topk_length if topk_length is not None else indices, out, lse, o_part, lse_part,
-        s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
-        kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
-        DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks, KV_FP8=kv_format == "fp8_656",
-        INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
-        OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-        Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)) and not interpret,
-        SINGLE=splits == 1,
-        PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
-        PF_STRIDE=cfg.prefetch_stride,
-        PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest,
-        ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    if cfg.gluon:
+        gluon_v32_sm90.sparse_decode_v32_sm90_fwd(
+            q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
+            stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
+            splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
+            prefetch=cfg.gluon_prefetch,
+        )  # fmt: skip
+    else:
+        grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
+        _sparse_decode_v32_kernel[grid](
+            q, kv, indices, topk_length if topk_length is not None else indices, out, lse, o_part, lse_part,
+            s_q, heads, topk, kv_cache.shape[1], kv_cache.stride(0), kv_cache.stride(1),
+            kv_cache.shape[0] * kv_cache.shape[1], splits, float(sm_scale) * LOG2E,
+            q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
+            DV=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NOPE_CHUNKS=cfg.nope_chunks,
+            KV_FP8=kv_format == "fp8_656",
+            INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
+            OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
+            Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits))
+            and not interpret,
+            SINGLE=splits == 1,
+            PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
+            PF_STRIDE=cfg.prefetch_stride,
+            PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest,
+            ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
     if splits > 1:
         block_s, block_hc, block_d = combine_blocks(splits, heads)
         _sparse_decode_v32_combine_kernel[(rows, triton.cdiv(heads, block_hc), triton.cdiv(d_v, block_d))](
