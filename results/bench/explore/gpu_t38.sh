@@ -375,13 +375,24 @@ if not n.startswith('_')), 'barrier' in dir(gl), 'warp_specialize' in dir(gl))" 
     ;;
 gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon tile (explore/gluon_decode_v32.py)
     # against the launcher, both from Triton 3.8 cubins (build: gluon_decode_v32.py build). Next (session 33, not run):
-    # GLUON32_VARIANTS=base,gluon,gluon_pf,gluon_pf_int,flashmla (the gather one tile ahead, FlashMLA beside it)
+    # GLUON32_VARIANTS=base,gluon,gluon_pf,pkg_gluon,pkg_gluon_cvt,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla (the gather
+    # one tile ahead; pkg_* = the package's V32Config.gluon tile through its launcher; FlashMLA beside them)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${GLUON_LIMIT_S:-200}" python3 results/bench/explore/gluon_decode_v32.py bench \
         --cubins .gpu-cubins/gluon_v32 --git-sha "$SHA" --out "$OUT/gluon_decode_v32-native-$(gpu_tag).json" \
         ${GLUON32_SHAPES:+--shapes "$GLUON32_SHAPES"} ${GLUON32_VARIANTS:+--variants "$GLUON32_VARIANTS"} | cut -c1-200
+    ;;
+v32g)  # session 33's V3.2 Gluon tile in one call: `gluon32` with the package's tile (V32Config.gluon, synchronous and
+    # prefetching) next to the explore prototypes and FlashMLA, then the V3.2 GPU tests (native path; its Gluon tests
+    # run there). Build first: gluon_decode_v32.py build; carry .gpu-cubins/gluon_v32 and .gpu
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    GLUON32_SHAPES=${GLUON32_SHAPES:-32x128,64x128,128x128} \
+        GLUON32_VARIANTS=${GLUON32_VARIANTS:-base,gluon,gluon_pf,pkg_gluon,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla} \
+        GLUON_LIMIT_S=${GLUON_LIMIT_S:-180} bash "$0" gluon32 | grep -v masked
+    PATH_LIMIT_S=${V32G_TESTS_LIMIT_S:-300} OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh native \
+        tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
     ;;
 build-gluonws)  # the cubins of `gluonws` at GLUONWS_SHAPES (rows x heads)
     rm -rf .gpu-cubins/gluon_ws
@@ -464,7 +475,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|formal native|sm89" >&2
     exit 2
     ;;
 esac
