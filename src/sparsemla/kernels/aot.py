@@ -313,8 +313,8 @@ DECODE_V32_TOPK = 2048
 
 
 def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int, gluon: str = "") -> Callable[[], object]:
-    """``gluon`` ("sync" / "prefetch"): on sm_90 the Gluon tile (``V32Config.gluon``, off by default; with
-    ``gluon_prefetch``), elsewhere the chosen tile."""
+    """``gluon`` ("sync" / "prefetch"): sm_90's Gluon tile (``V32Config.gluon``, off by default; with
+    ``gluon_prefetch``) instead of the chosen tile."""
     from sparsemla.kernels.layouts import V32_DIM, V32_PAGE, v32_row_width
     from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
@@ -325,31 +325,31 @@ def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int, gluon: st
         q = torch.empty(batch, s_q, heads, V32_DIM, dtype=torch.bfloat16)
         idx = torch.empty(batch, s_q, DECODE_V32_TOPK, dtype=torch.int32)
         lens = torch.empty(batch, dtype=torch.int32)
-        cfg = None
-        if gluon and dev.launch_info(q.device).capability == (9, 0):
-            cfg = V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=gluon == "prefetch")
+        cfg = V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=gluon == "prefetch") if gluon else None
         return sparse_decode_v32_fwd(q, kv, idx, V32_DIM**-0.5, kv_format=kv_format, topk_length=lens, config=cfg)
 
     return call
 
 
-def decode_v32_cases() -> dict[str, Callable[[], object]]:
+def decode_v32_cases(target: str | None = None) -> dict[str, Callable[[], object]]:
     """DeepSeek-V3.2 sparse decode (``sparse_decode_v32``): fp8_656 / bf16_576 caches, page 64, top-k 2048, 16 heads
-    (TP 8) and 128, B 1 / 64 / 128, s_q 1 and 2 (MTP), with topk_length; sm_90's Gluon tile at B 1 / 64, H 128."""
+    (TP 8) and 128, B 1 / 64 / 128, s_q 1 and 2 (MTP), with topk_length; for ``target`` sm_90 (or None: every case)
+    also sm_90's Gluon tile at B 1 / 64, H 128."""
     out = {
         f"decode_v32 {fmt} B{b} H{h} topk{DECODE_V32_TOPK} s_q{s}": _decode_v32_case(fmt, b, h, s)
         for fmt, b, h, s in DECODE_V32_CASES
     }
-    for gluon in ("sync", "prefetch"):  # sm_90's Gluon tile (V32Config.gluon), split and unsplit
-        for b in (1, 64):
+    for gluon in ("sync", "prefetch") if target in (None, "sm_90") else ():  # sm_90's Gluon tile (V32Config.gluon)
+        for b in (1, 64):  # split and unsplit
             out[f"decode_v32 fp8_656 B{b} H128 topk{DECODE_V32_TOPK} s_q1 gluon-{gluon}"] = _decode_v32_case(
                 "fp8_656", b, 128, 1, gluon
             )
     return out
 
 
-def cases() -> dict[str, Callable[[], object]]:
-    """Case name -> a call of the public launcher at that shape (CPU tensors; only shapes and strides matter)."""
+def cases(target: str | None = None) -> dict[str, Callable[[], object]]:
+    """Case name -> a call of the public launcher at that shape (CPU tensors; only shapes and strides matter); with
+    ``target``, the cases that target has (a tile only one target runs is compiled there only)."""
     out: dict[str, Callable[[], object]] = {}
     for b in DECODE_BATCHES:
         for h in DECODE_HEADS:
@@ -363,7 +363,7 @@ def cases() -> dict[str, Callable[[], object]]:
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
     out.update(prefill_cases())
-    out.update(decode_v32_cases())
+    out.update(decode_v32_cases(target))
     return out
 
 
@@ -372,7 +372,7 @@ def compile_target(name: str, selected: list[str] | None = None, sass_dir: Path 
     :func:`compile_only`); a case that fails to compile is a record with its error, never an exception."""
     info = dev.target(name)
     records: list[KernelResources] = []
-    for case, call in cases().items():
+    for case, call in cases(dev.target_name(name)).items():
         if selected and case not in selected:
             continue
         before = len(records)
