@@ -886,8 +886,8 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
                     row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
                                lse_max_abs=float((got_l - want_l)[fin].abs().max()))  # fmt: skip
                     sync = got_o if variant == "gluon" else sync
-                    if variant.startswith("gluon_ws") and sync is not None:
-                        row["equal_to_gluon"] = bool(torch.equal(got_o, sync))
+                    if variant.startswith(("gluon_ws", "gluon_pf", "pkg_gluon")) and sync is not None:
+                        row["equal_to_gluon"] = bool(torch.equal(got_o, sync))  # the same bits as the Gluon tile
                     runs = [graphed(lambda kw=kw, v=variant: _launch(v, kw)) for kw in sets]
                     st = {"i": 0}
 
