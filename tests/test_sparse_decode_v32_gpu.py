@@ -275,6 +275,23 @@ def test_gluon_prefetch_changes_no_bit(nan_empty, int_dequant, splits):
     check(args, kw, *got)
 
 
+@pytest.mark.parametrize("cfg", GLUON_TILES, ids=_variant_id)
+def test_gluon_tile_strided_q_int64_lengths_ragged_topk(nan_empty, cfg):
+    """sm_90's Gluon tile with a non-contiguous q (stride 2 along its 576 dims), int64 topk_length and a top-k that
+    is not a multiple of its 64-token tile: the reference's numbers, and the same bits as a contiguous q."""
+    _runnable(cfg, "fp8_656")
+    args, kw = make_case("fp8_656", 3, 2, 128, topk=2000, seed=29)
+    kw["topk_length"] = kw["topk_length"].long()
+    big = torch.randn(3, 2, 128, 1152, device="cuda").to(torch.bfloat16)
+    big[..., ::2] = args[0]
+    strided = [big[..., ::2], *args[1:]]
+    for splits in (1, 5):
+        want = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=cfg)
+        got = v32.sparse_decode_v32_fwd(*strided, **kw, num_splits=splits, config=cfg)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        check(strided, kw, *got)
+
+
 def test_gluon_tile_refuses_what_it_cannot_run():
     """V32Config.gluon: the bf16_576 cache and an unaligned fp8_656 cache are refused with a reason, not run."""
     cfg = GLUON_TILES[0]
@@ -282,6 +299,13 @@ def test_gluon_tile_refuses_what_it_cannot_run():
     args, kw = make_case("bf16_576", 2, 1, 128, seed=3)
     with pytest.raises(ValueError, match="fp8_656"):
         v32.sparse_decode_v32_fwd(*args, **kw, config=cfg)
+    args, kw = make_case("fp8_656", 2, 1, 128, seed=3)
+    kv = args[1]
+    page = kv.shape[1] * kv.shape[3]
+    buf = torch.zeros(kv.shape[0], page + 4, dtype=kv.dtype, device="cuda")  # pages 4 bytes apart from 16-aligned
+    buf[:, :page] = kv.reshape(kv.shape[0], page)
+    with pytest.raises(ValueError, match="16-byte"):
+        v32.sparse_decode_v32_fwd(args[0], buf[:, :page].view(kv.shape), *args[2:], **kw, config=cfg)
 
 
 PREFETCH_TILES = [  # the chosen tiles of each kind (sm_90's wgmma tile, the mma.sync tiles of H > 16 and H <= 16)

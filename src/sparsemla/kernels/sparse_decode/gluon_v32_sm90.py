@@ -21,7 +21,8 @@ found the synchronous tile bound by each tile's serial latency; results/bench/ex
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton_v32.sparse_decode_v32_fwd`'s main kernel: one program
 per (row, 64-head block, split), ``topk_length``, -1 / out-of-range ids, ``d_v`` <= 512, rows with no valid entry
 out 0 and lse +inf, split partials merged by the package's combine kernel. sm_90 only; chosen by ``V32Config.gluon``
-(off until its GPU tests and timings run in the package). Triton 3.6 and 3.8 both compile it.
+(off until its GPU tests and timings run in the package). Triton 3.6 and 3.8 both compile it (3.6, the GPU
+machine's JIT, puts a few more CTA barriers between the dequantized chunks' stores: time it from 3.8 cubins).
 
 Shared memory: q [64, 512 + 64] + the tile [64, 512 + 64] + P [64, 64], bf16 = 155,648 B plus the reductions'
 scratch (ahead of time, Triton 3.8: 156,160 B); PREFETCH adds 41,984 B of staging (198,144 B). One program per SM.
@@ -50,7 +51,7 @@ try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile
     cp_async.commit_group = _async_copy.commit_group
     cp_async.wait_group = _async_copy.wait_group
     _HAVE_GLUON = True
-except ImportError:  # pragma: no cover - older Triton
+except (ImportError, AttributeError):  # pragma: no cover - older Triton (or neither cp.async name)
     _HAVE_GLUON = False
 
 BLOCK_H = 64  # heads per program: one warpgroup's M
@@ -65,7 +66,7 @@ PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 def available() -> bool:
     """Whether this Triton can build the tile: Gluon's Hopper API in 3.6 (the GPU machine's GPU tests) or newer (3.8,
     production's: the ahead-of-time compile test)."""
-    return gluon_sm90.available()
+    return _HAVE_GLUON and gluon_sm90.available()
 
 
 if _HAVE_GLUON:
@@ -217,11 +218,11 @@ if _HAVE_GLUON:
             o_sc = gl.arange(0, 4, layout=gl.SliceLayout(0, cp_sc))
             o_c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, ck))
             t0 = t_lo * BLOCK_N
-            _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
-                        gl.load(p_idx + t0 + o_pn, mask=(t0 + o_pn < n_valid) & (t_lo < t_hi), other=-1), o_pd,
-                        gl.load(p_idx + t0 + o_sn, mask=(t0 + o_sn < n_valid) & (t_lo < t_hi), other=-1), o_sc,
-                        gl.load(p_idx + t0 + o_nr, mask=(t0 + o_nr < n_valid) & (t_lo < t_hi), other=-1),
-                        o_r)  # fmt: skip
+            if t_lo < t_hi:  # the first tile's copies (no copy is ever in flight when the program leaves)
+                _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
+                            gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd,
+                            gl.load(p_idx + t0 + o_sn, mask=t0 + o_sn < n_valid, other=-1), o_sc,
+                            gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1), o_r)  # fmt: skip
         else:
             o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
             o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
@@ -229,7 +230,7 @@ if _HAVE_GLUON:
             t0 = i_t * BLOCK_N
             b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [N] this tile's ids (S columns)
             if PREFETCH:
-                t1 = t0 + BLOCK_N  # the next tile (none past this split's end: ids -1, nothing copied)
+                t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
                 more = i_t + 1 < t_hi
                 n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
                 n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
@@ -238,14 +239,16 @@ if _HAVE_GLUON:
                 _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
                 b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
                 for c in gl.static_range(4):
-                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, 0.0), 1)  # [N] chunk c's scales
+                    # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
+                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
                     b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
                     k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
                 kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn, o_pd,
-                            n_sn, o_sc, n_rn, o_r)  # fmt: skip
+                if more:  # (a split's last tile copies nothing)
+                    _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
+                                o_pd, n_sn, o_sc, n_rn, o_r)  # fmt: skip
             else:
                 b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
                 b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
@@ -260,8 +263,6 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             m_s = (b_ids >= 0) & (b_ids < num_slots)
             acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
-        if PREFETCH:
-            cp_async.wait_group(0)  # the last (empty) copies land before the program leaves
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
