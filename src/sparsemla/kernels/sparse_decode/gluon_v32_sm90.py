@@ -70,7 +70,7 @@ def available() -> bool:
 
 
 if _HAVE_GLUON:
-    from sparsemla.kernels.sparse_decode.gluon_sm90 import _barrier, _e4m3_bits_to_bf16
+    from sparsemla.kernels.sparse_decode.gluon_sm90 import _barrier, _e4m3_bits_to_bf16, _softmax_pv
 
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
@@ -127,25 +127,6 @@ if _HAVE_GLUON:
         p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
         cp_async.load(rope_smem, p_rope + (o_tr // 2)[:, None] + o_rd[None, :], mask=m_r[:, None])
         cp_async.commit_group()
-
-    @gluon.jit
-    def _softmax_pv(b_s, valid, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout: gl.constexpr):
-        """One online-softmax step and the PV dot of a tile: scores ``b_s`` [BLOCK_H, BLOCK_N] (each warpgroup half
-        the tokens), ``valid`` [BLOCK_N]; P goes through ``p_smem`` to the ``warpgroup_mma`` with V = ``k_smem``
-        [BLOCK_N, 512] into ``acc`` (``o_layout``). Returns (acc, m_i, l_i)."""
-        b_s = gl.where(valid[None, :], b_s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with nothing valid yet stay at zero weight
-        alpha = gl.exp2(m_i - m_use)
-        b_p = gl.exp2(b_s - m_use[:, None])
-        l_i = l_i * alpha + gl.sum(b_p, 1)
-        p_smem.store(b_p.to(gl.bfloat16))
-        fence_async_shared()
-        _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return acc, m_new, l_i
 
     @gluon.jit
     def _sparse_decode_v32_sm90_kernel(
@@ -261,8 +242,8 @@ if _HAVE_GLUON:
                                 use_acc=False, is_async=True)  # fmt: skip
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
-            m_s = (b_ids >= 0) & (b_ids < num_slots)
-            acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
+            b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False)
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
