@@ -55,11 +55,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gluon_decode import _e4m3_bits_to_bf16, _softmax_pv  # noqa: E402 - the V4 prototype's Gluon helpers
 
-try:  # Triton 3.8 (the build machine): cp.async; the GPU machine's 3.6 only replays the cubins
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-except ImportError:  # pragma: no cover
-    async_copy = None
-
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton 3.8's name; 3.6 (the GPU machine): thread_barrier
 
 app = typer.Typer(add_completion=False)
@@ -103,7 +98,8 @@ def _v32_gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, st
 
 @gluon.jit
 def _v32_epilogue(acc, m_i, l_i, h0, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
-                  BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, SINGLE: gl.constexpr):  # fmt: skip
+                  BLOCK_H: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  SINGLE: gl.constexpr):  # fmt: skip
     """Heads ``h0 .. h0 + BLOCK_H`` of a program's result: SINGLE: out [B, S, H, 512] bf16 and lse [B, H, S] (natural
     log, +inf when empty); else the split's normalised partial o_part [rows, splits, H, 512] and base-2 lse_part (-inf
     when empty) for the package's combine kernel. ``acc`` [BLOCK_H, 512] (``o_layout``), ``m_i`` / ``l_i`` [BLOCK_H]
@@ -196,129 +192,6 @@ def _gluon_v32_kernel(
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
         m_s = (b_ids >= 0) & (b_ids < num_slots)
         acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
-
-    _v32_epilogue(acc, m_i, l_i, i_hb * BLOCK_H, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
-                  BLOCK_H, s_layout, o_layout, SINGLE)
-
-
-@gluon.jit
-def _pf_issue(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, o_pn, o_pd, o_sn, o_sc,
-              o_rn, o_rd):  # fmt: skip
-    """cp.async of a tile's rows (its slot ids three times, once per copy layout: ``o_pn`` / ``o_sn`` / ``o_rn`` [N]
-    in the NoPE, scale and RoPE copy layouts; ``o_pd`` / ``o_sc`` / ``o_rd`` the columns) into the staging buffers: ``raw_smem``
-    [N, 512] uint8 (the e4m3 NoPE bytes), ``sc_smem`` [N, 4] fp32 (the scales), ``rope_smem`` [N, 64] bf16; invalid
-    ids copy nothing (zeros). Committed as one group."""
-    m_p, o_tp = _v32_rows(o_pn, num_slots, page_size, stride_kb, stride_kt)
-    async_copy.async_load(raw_smem, kv + o_tp[:, None] + o_pd[None, :], mask=m_p[:, None])
-    m_s, o_ts = _v32_rows(o_sn, num_slots, page_size, stride_kb, stride_kt)
-    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
-    async_copy.async_load(sc_smem, p_sc + (o_ts // 4 + SCALE_OFF_F32)[:, None] + o_sc[None, :], mask=m_s[:, None])
-    m_r, o_tr = _v32_rows(o_rn, num_slots, page_size, stride_kb, stride_kt)
-    p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-    async_copy.async_load(rope_smem, p_rope + (o_tr // 2)[:, None] + o_rd[None, :], mask=m_r[:, None])
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _gluon_v32_pf_kernel(
-    q, kv, idx, out, lse, o_part, lse_part,
-    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
-    stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
-    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-    num_warps: gl.constexpr,
-):  # fmt: skip
-    """:func:`_gluon_v32_kernel` with the gather one tile ahead: the next tile's raw rows (e4m3 NoPE bytes, fp32
-    scales, bf16 RoPE: 41 KB) are copied with cp.async into staging buffers right after this tile's rows were
-    dequantized out of them, so the copy's latency hides behind this tile's two MMAs and softmax; the dequant then
-    reads shared memory instead of waiting on global loads (198,144 B of shared memory)."""
-    gl.static_assert(num_warps == 8, "two warpgroups")
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # q rows, 16-byte runs
-    ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])  # [N, 128] NoPE chunks
-    cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [N, 64] RoPE
-    cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])  # [N, 512] uint8, 16 B a copy
-    cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [num_warps, 1], [1, 0])  # [N, 4] fp32, 4 B a copy
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, 256, 16])  # fmt: skip
-    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
-    qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
-    k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
-    kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
-    st_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # staging: plain rows
-
-    i_r = gl.program_id(0)
-    i_hb = gl.program_id(1)
-    i_sp = gl.program_id(2)
-    i_b = i_r // S
-    i_s = i_r % S
-    o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
-    o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-    b_qr = gl.load(p_q + 512 + o_e[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
-    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
-    k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
-    kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], kr_sl)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
-    raw_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 512], st_sl)
-    sc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, 4], st_sl)
-    rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], st_sl)
-
-    tiles = gl.cdiv(TOPK, BLOCK_N)
-    per = gl.cdiv(tiles, num_splits)
-    t_lo = i_sp * per
-    t_hi = gl.minimum(t_lo + per, tiles)
-    acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
-    o_pn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_raw))
-    o_pd = gl.arange(0, 512, layout=gl.SliceLayout(0, cp_raw))
-    o_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_sc))
-    o_sc = gl.arange(0, 4, layout=gl.SliceLayout(0, cp_sc))
-    o_rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
-    o_rd = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
-    o_c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, ck))
-    o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-    t0 = t_lo * BLOCK_N
-    _pf_issue(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
-              gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < TOPK, other=-1), o_pd,
-              gl.load(p_idx + t0 + o_sn, mask=t0 + o_sn < TOPK, other=-1), o_sc,
-              gl.load(p_idx + t0 + o_rn, mask=t0 + o_rn < TOPK, other=-1), o_rd)  # fmt: skip
-    for i_t in range(t_lo, t_hi):
-        t0 = i_t * BLOCK_N
-        t1 = t0 + BLOCK_N  # the next tile (past this split's end: ids -1 or the next split's rows, never used)
-        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # [N] this tile's ids (S columns)
-        n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < TOPK) & (i_t + 1 < t_hi), other=-1)
-        n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < TOPK) & (i_t + 1 < t_hi), other=-1)
-        n_rn = gl.load(p_idx + t1 + o_rn, mask=(t1 + o_rn < TOPK) & (i_t + 1 < t_hi), other=-1)
-        async_copy.wait_group(0)  # this tile's rows are in staging
-        _barrier()  # ... for every thread; and every warpgroup's PV of the last tile is done (k_smem is free)
-        b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales (each thread its rows')
-        for c in gl.static_range(4):
-            b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-            b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, 0.0), 1)  # [N] chunk c's scales
-            if INT_DEQUANT:
-                two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
-                b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
-            else:
-                b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
-            k_smem.slice(c * 128, 128, dim=1).store((b_k * b_scc[:, None]).to(gl.bfloat16))
-        kr_smem.store(rope_smem.load(cr))
-        fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
-        _barrier()  # ... for every thread; and the staging is read before the next tile's copies overwrite it
-        _pf_issue(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn, o_pd, n_sn,
-                  o_sc, n_rn, o_rd)  # fmt: skip
-        b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                            use_acc=False, is_async=True)  # fmt: skip
-        b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
-        m_s = (b_ids >= 0) & (b_ids < num_slots)
-        acc, m_i, l_i = _softmax_pv(b_s, m_s, qk_scale, m_i, l_i, acc, p_smem, k_smem, o_layout)
-    async_copy.wait_group(0)  # the last (unused) copies land before the program leaves
 
     _v32_epilogue(acc, m_i, l_i, i_hb * BLOCK_H, out, lse, o_part, lse_part, i_r, i_b, i_s, i_sp, S, H, num_splits,
                   BLOCK_H, s_layout, o_layout, SINGLE)
@@ -691,7 +564,7 @@ def _gluon_v32_ws_kernel(
 
 
 def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
-                     num_splits="auto", ws_regs=None, cluster=None, diag=0, prefetch=False):  # noqa: ANN001
+                     num_splits="auto", ws_regs=None, cluster=None, diag=0):  # noqa: ANN001
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
     entries masked), the package's split rule and combine kernel."""
     from sparsemla.kernels import device as dev
@@ -724,10 +597,6 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
             *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster in ("buf", "prefetch"),
             PREFETCH=cluster == "prefetch", num_warps=8, num_ctas=2, DIAG=diag,
         )  # fmt: skip
-    elif prefetch:  # the synchronous tile with its gather one tile ahead (cp.async into staging)
-        _gluon_v32_pf_kernel[(rows, head_blocks, splits)](
-            *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, num_warps=8,
-        )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
             *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PRODUCER_REGS=ws_regs,
@@ -747,8 +616,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
-VARIANTS = ("base", "gluon_int", "gluon", "gluon_pf", "gluon_pf_int", "gluon_clc", "gluon_cl", "gluon_cl_int",
-            "gluon_clp", "gluon_clp_int", "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt")
+VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
+            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -793,8 +662,6 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
                         gluon_prefetch="_pf" in variant)  # fmt: skip
         return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"], kv_format=kw["kv_format"],
                                      d_v=512, config=cfg)  # fmt: skip
-    if variant.startswith("gluon_pf"):  # the synchronous tile, gather one tile ahead through cp.async
-        return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"), prefetch=True)
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
@@ -886,7 +753,7 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES, ou
                     row.update(err=float((got_o.float() - want_o.float()).norm() / want_o.float().norm()),
                                lse_max_abs=float((got_l - want_l)[fin].abs().max()))  # fmt: skip
                     sync = got_o if variant == "gluon" else sync
-                    if variant.startswith(("gluon_ws", "gluon_pf", "pkg_gluon")) and sync is not None:
+                    if variant.startswith(("gluon_ws", "pkg_gluon")) and sync is not None:
                         row["equal_to_gluon"] = bool(torch.equal(got_o, sync))  # the same bits as the Gluon tile
                     runs = [graphed(lambda kw=kw, v=variant: _launch(v, kw)) for kw in sets]
                     st = {"i": 0}

@@ -375,8 +375,8 @@ if not n.startswith('_')), 'barrier' in dir(gl), 'warp_specialize' in dir(gl))" 
     ;;
 gluon32)  # V3.2 decode (fp8_656, H = 128, top-k 2048), native path: the Gluon tile (explore/gluon_decode_v32.py)
     # against the launcher, both from Triton 3.8 cubins (build: gluon_decode_v32.py build). Next (session 33, not run):
-    # GLUON32_VARIANTS=base,gluon,gluon_pf,pkg_gluon,pkg_gluon_cvt,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla (the gather
-    # one tile ahead; pkg_* = the package's V32Config.gluon tile through its launcher; FlashMLA beside them)
+    # GLUON32_VARIANTS=base,gluon,pkg_gluon,pkg_gluon_cvt,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla (pkg_* = the package's
+    # V32Config.gluon tile through its launcher, _pf its gather one tile ahead; FlashMLA beside them)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -389,7 +389,7 @@ v32g)  # session 33's V3.2 Gluon tile in one call: `gluon32` with the package's 
     # run there). Build first: gluon_decode_v32.py build; carry .gpu-cubins/gluon_v32 and .gpu
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     GLUON32_SHAPES=${GLUON32_SHAPES:-32x128,64x128,128x128} \
-        GLUON32_VARIANTS=${GLUON32_VARIANTS:-base,gluon,gluon_pf,pkg_gluon,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla} \
+        GLUON32_VARIANTS=${GLUON32_VARIANTS:-base,gluon,pkg_gluon,pkg_gluon_pf,pkg_gluon_pf_cvt,flashmla} \
         GLUON_LIMIT_S=${GLUON_LIMIT_S:-180} bash "$0" gluon32 | grep -v masked
     PATH_LIMIT_S=${V32G_TESTS_LIMIT_S:-300} OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh native \
         tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
