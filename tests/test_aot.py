@@ -202,7 +202,7 @@ for target in ("sm_80", "sm_90", "sm_120"):
     with aot.compile_only(target, info, "v4", recs), aot.watch_launches(lambda n, k: got.setdefault(n, k)):
         aot._decode_case(64, 64, 512)()
     T.choose_config = chosen
-    cfg = dataclasses.replace(v32.choose_v32_config(info, 128, 64), l2_prefetch=3)
+    cfg = dataclasses.replace(v32.choose_v32_config(info, 128, 1), l2_prefetch=3)  # 2 programs: the Triton tile
     with aot.compile_only(target, info, "v32", recs), aot.watch_launches(lambda n, k: got.setdefault(n, k)):
         kv = torch.empty(4, V32_PAGE, 1, v32_row_width("fp8_656"), dtype=torch.uint8)
         q, idx = torch.empty(64, 1, 128, V32_DIM, dtype=torch.bfloat16), torch.empty(64, 1, 2048, dtype=torch.int32)

@@ -315,8 +315,8 @@ def test_config_checks():
 def test_gluon_tile_config_checks():
     """V32Config.gluon (sm_90's Gluon tile, off by default): accepted on sm_90 for fp8_656 in its one shape, refused
     with a reason on every other target, under the interpreter, for bf16_576, in another shape or with an option the
-    Triton tile has; gluon_prefetch only with it; its shared memory is the tile's own (one program per SM), and no
-    target's chooser picks it yet."""
+    Triton tile has; gluon_prefetch only with it; its shared memory is the tile's own (one program per SM); the
+    chooser picks it (prefetching, with cvt) on sm_90 for fp8_656 from 16 64-head programs on, never elsewhere."""
     from sparsemla.kernels.sparse_decode import gluon_v32_sm90
 
     tile = v32.V32Config(64, 64, 8, 1, True, gluon=True)
@@ -342,13 +342,24 @@ def test_gluon_tile_config_checks():
     assert v32.shared_bytes_v32(tile, "fp8_656", sm90) == gluon_v32_sm90.SHARED_BYTES == 156_160
     assert v32.shared_bytes_v32(ahead, "fp8_656", sm90) == gluon_v32_sm90.PREFETCH_SHARED_BYTES == 198_144
     assert sm90.smem_per_sm // gluon_v32_sm90.PREFETCH_SHARED_BYTES == 1
-    assert not any(
-        v32.choose_v32_config(info, h, r, fmt).gluon
-        for info in dev.TARGETS.values()
-        for h in (16, 64, 128)
-        for r in (1, 8, 64, 128)
+    chosen = {
+        (name, h, r, fmt)
+        for name, info in dev.TARGETS.items()
+        for h in (16, 17, 64, 65, 128)
+        for r in (1, 8, 15, 16, 64, 128)
         for fmt in layouts.V32_FORMATS
-    )
+        if v32.choose_v32_config(info, h, r, fmt).gluon
+    }
+    # sm_90 and fp8_656 only, from 16 64-head programs (rows x head blocks) on, never with <= 16 heads
+    want = {("sm_90", h, r, "fp8_656") for h in (17, 64, 65, 128) for r in (8, 15, 16, 64, 128)}
+    want -= {("sm_90", h, r, "fp8_656") for h in (17, 64) for r in (8, 15)}
+    assert chosen == (want if gluon_v32_sm90.available() else set())
+    if not gluon_v32_sm90.available():
+        return
+    gluon = v32.choose_v32_config(sm90, 128, 64)
+    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
+    v32.check_v32_config(gluon, sm90, "fp8_656")
+    assert not v32.choose_v32_config(sm90, 128, 64, aligned=False).gluon, "the tile needs 16-byte aligned rows"
 
 
 @pytest.mark.parametrize(
@@ -431,13 +442,16 @@ def test_configs_fit_every_target(target, kv_format):
         for rows in (1, 8, 9, 128, 256):
             cfg = v32.choose_v32_config(info, heads, rows, kv_format)
             assert v32.shared_bytes_v32(cfg, kv_format, info) <= info.smem_per_block, (target, heads, rows, cfg)
-            assert cfg.int_dequant, "the integer e4m3 path is the one every target compiles"
+            # the integer e4m3 path is the one every target compiles; sm_90's Gluon tile converts with cvt
+            assert cfg.int_dequant or (cfg.gluon and info.has_fp8), (target, heads, rows, cfg)
             assert cfg.block_h >= min(heads, 32) or cfg.block_h == 16
 
 
 def test_each_target_gets_its_measured_tile():
     """benchmarks/explore_v32_configs.py's winners where they fit (results/bench/explore/v32_configs*.json)."""
     hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 64, "fp8_656")
+    assert (hopper.block_h, hopper.block_n, hopper.gluon, hopper.gluon_prefetch) == (64, 64, True, True)
+    hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 1, "fp8_656")  # 2 programs: the Triton tile
     assert (hopper.block_h, hopper.block_n, hopper.num_stages, hopper.nope_chunks) == (64, 64, 3, 4)
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 128, "bf16_576").num_stages == 2
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 1).block_h == 16  # < 4 rows: no wgmma tile

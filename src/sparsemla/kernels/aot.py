@@ -313,8 +313,8 @@ DECODE_V32_TOPK = 2048
 
 
 def _decode_v32_case(kv_format: str, batch: int, heads: int, s_q: int, gluon: str = "") -> Callable[[], object]:
-    """``gluon`` ("sync" / "prefetch"): sm_90's Gluon tile (``V32Config.gluon``, off by default; with
-    ``gluon_prefetch``) instead of the chosen tile."""
+    """``gluon`` ("sync" / "prefetch"): sm_90's Gluon tile (``V32Config.gluon``; with ``gluon_prefetch``)
+    with the integer dequant, which the chooser does not pick (it takes the prefetching tile with cvt)."""
     from sparsemla.kernels.layouts import V32_DIM, V32_PAGE, v32_row_width
     from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 

@@ -21,7 +21,8 @@ found the synchronous tile bound by each tile's serial latency; results/bench/ex
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton_v32.sparse_decode_v32_fwd`'s main kernel: one program
 per (row, 64-head block, split), ``topk_length``, -1 / out-of-range ids, ``d_v`` <= 512, rows with no valid entry
 out 0 and lse +inf, split partials merged by the package's combine kernel. sm_90 only; chosen by ``V32Config.gluon``
-(off until its GPU tests and timings run in the package). Triton 3.6 and 3.8 both compile it (3.6, the GPU
+(:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config` takes it with PREFETCH and the e4m3
+conversions from 16 64-head programs on). Triton 3.6 and 3.8 both compile it (3.6, the GPU
 machine's JIT, puts a few more CTA barriers between the dequantized chunks' stores: time it from 3.8 cubins).
 
 Shared memory: q [64, 512 + 64] + the tile [64, 512 + 64] + P [64, 64], bf16 = 155,648 B plus the reductions'

@@ -112,8 +112,8 @@ class V32Config:
     gluon (sm_90, fp8_656; the 64 x 64 tile, 8 warps, 1 stage, without chunks, staging, lift, L2 prefetch or lazy
     rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
-    one tile ahead through cp.async. Both off until their GPU tests and timings run in the package (the explore
-    prototype: results/bench/explore/gluon_decode_v32*.json)."""
+    one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
+    the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json)."""
 
     block_h: int
     block_n: int
@@ -217,14 +217,27 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
                          f"sm_{info.arch} (Triton 3.8, tcgen05): use nope_chunks=1 or <= 32 heads")  # fmt: skip
 
 
-def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_format: str = "fp8_656") -> V32Config:
-    """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info``, from the H200
-    sweeps of benchmarks/explore_v32_configs.py (results/bench/explore/v32_configs*.json; both code paths):
+# 64-head programs (rows x head blocks) from which sm_90 takes the Gluon tile: at 8 (B = 8, H = 64) the Triton
+# tile's 3-stage pipeline won (29.3 vs 32.4 us), at 16 (B = 8, H = 128) the Gluon tile (39.2 vs 41.3 us; H100)
+GLUON_MIN_PROGRAMS = 16
 
-    * sm_90: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of 232,448),
-      2 for bf16_576; bf16_576 with <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per row): the
-      48 masked rows cost less than mma.sync's 16-head tile. fp8_656 with <= 16 heads takes the 16-head mma.sync tile
-      below instead, whose K chunks go through the opaque move (``opaque_k``).
+
+def choose_v32_config(
+    info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_format: str = "fp8_656", aligned: bool = True
+) -> V32Config:
+    """The launch configuration for ``num_heads`` heads and ``rows`` query rows (B * s_q) on ``info`` (``aligned``:
+    the fp8_656 cache's pages and slots 16-byte aligned), from the H200 sweeps of benchmarks/explore_v32_configs.py
+    (results/bench/explore/v32_configs*.json; both code paths) and the Gluon tile's H100 runs
+    (results/bench/explore/gluon_decode_v32_pkg*.json):
+
+    * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with its gather one
+      tile ahead and the e4m3 conversion instructions (``gluon``, ``gluon_prefetch``, ``int_dequant=False``;
+      198,144 B, one program per SM). It took 22-27 % off the Triton tile at H = 128 and B = 32..128 and 17-27 % at
+      H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the Triton tile's deeper pipeline won.
+    * sm_90 otherwise: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
+      232,448), 2 for bf16_576; bf16_576 with <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per
+      row): the 48 masked rows cost less than mma.sync's 16-head tile. fp8_656 with <= 16 heads takes the 16-head
+      mma.sync tile below instead, whose K chunks go through the opaque move (``opaque_k``).
     * H <= 16 elsewhere: one 16-head program per row; 1 row: 16 tokens, 8 warps; more: 16x32, 4 warps, 4 chunks,
       3 stages (bf16_576 on the 101,376-B targets: 2); fp8_656 with ``opaque_k`` (101,376 B at 3 stages).
     * H > 16 elsewhere, mma.sync (64-head tiles only lower to wgmma/tcgen05, and tcgen05 traps with chunks): 32-head
@@ -237,6 +250,15 @@ def choose_v32_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, kv_fo
     if info is dev.INTERPRETER:
         return V32Config(max(16, min(64, triton.next_power_of_2(num_heads))), 16, 4, 1)
     fp8 = kv_format == "fp8_656"
+    if (
+        info.capability == (9, 0)
+        and fp8
+        and aligned
+        and num_heads > 16
+        and rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_MIN_PROGRAMS
+        and gluon_v32_sm90.available()
+    ):
+        return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True)
     if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
@@ -621,7 +643,7 @@ def sparse_decode_v32_fwd(
     kv, aligned = _cache_operand(kv_cache, kv_format)
 
     info = dev.launch_info(q.device)
-    cfg = config or choose_v32_config(info, heads, batch * s_q, kv_format)
+    cfg = config or choose_v32_config(info, heads, batch * s_q, kv_format, aligned)
     check_v32_config(cfg, info, kv_format)
     if cfg.gluon and not aligned:
         raise ValueError("V32Config.gluon needs the fp8_656 cache's pages and slots 16-byte aligned")
