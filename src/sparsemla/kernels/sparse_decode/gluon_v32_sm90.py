@@ -43,12 +43,7 @@ try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as _async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        warpgroup_mma,
-        warpgroup_mma_init,
-        warpgroup_mma_wait,
-    )
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     # cp.async from per-thread pointers, under one name for both Tritons (3.8: async_load, 3.6, the GPU machine's:
     # async_copy_global_to_shared). A module, because kernels reach builtins through module attributes only.
@@ -135,77 +130,12 @@ if _HAVE_GLUON:
         cp_async.commit_group()
 
     @gluon.jit
-    def _overlapped_tiles(q_smem, qr_smem, k_smem, kr_smem, p_smem, raw_smem, sc_smem, rope_smem, kv, p_idx, t_lo,
-                          t_hi, n_valid, num_slots, page_size, stride_kb, stride_kt, qk_scale, acc, m_i, l_i, o_ns,
-                          o_pn, o_pd, o_sn, o_sc, o_nr, o_r, o_c4, INT_DEQUANT: gl.constexpr):  # fmt: skip
-        """PREFETCH's tile loop with the MMAs left running (OVERLAP): tile i's PV is waited for only at tile i + 1,
-        after chunks 0 and 1 of that tile were dequantized into registers, and the next tile's copies are issued
-        behind tile i's score MMAs. The same arithmetic in the same order as the synchronous loop (bit-equal
-        results). Returns (acc, m_i, l_i)."""
-        BLOCK_N: gl.constexpr = 64
-        ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])  # [N, 128] NoPE chunks
-        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # [N, 64] RoPE
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, 32, 16])  # fmt: skip
-        if t_lo < t_hi:  # (no path that skips the loop reaches its wait: ptxas would serialize every wgmma)
-            acc_run = warpgroup_mma_init(acc)  # the PV left running (an accumulator token across iterations)
-            for i_t in range(t_lo, t_hi):
-                t0 = i_t * BLOCK_N
-                b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [N] the tile's ids (S columns)
-                t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
-                more = i_t + 1 < t_hi
-                n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
-                n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
-                n_rn = gl.load(p_idx + t1 + o_nr, mask=(t1 + o_nr < n_valid) & more, other=-1)
-                cp_async.wait_group(0)  # this thread's copies of this tile are in
-                _barrier()  # ... every thread's
-                b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
-                # chunks 0 and 1 into registers while the last tile's PV still reads k_smem
-                b_k0 = _dequant_chunk(raw_smem.slice(0, 128, dim=1).load(ck),
-                                      gl.sum(gl.where(o_c4[None, :] == 0, b_sc, -0.0), 1), INT_DEQUANT)  # fmt: skip
-                b_k1 = _dequant_chunk(raw_smem.slice(128, 128, dim=1).load(ck),
-                                      gl.sum(gl.where(o_c4[None, :] == 1, b_sc, -0.0), 1), INT_DEQUANT)  # fmt: skip
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_run,))  # this warpgroup's PV of the last tile
-                _barrier()  # ... and the other's: k_smem and p_smem are free
-                k_smem.slice(0, 128, dim=1).store(b_k0)
-                k_smem.slice(128, 128, dim=1).store(b_k1)
-                for c in gl.static_range(2, 4):
-                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
-                    b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
-                kr_smem.store(rope_smem.load(cr))
-                fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
-                _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([64, BLOCK_N], gl.float32, s_layout),
-                                    use_acc=False, is_async=True)  # fmt: skip
-                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-                if more:  # the next tile's copies, behind the score MMAs
-                    _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
-                                o_pd, n_sn, o_sc, n_rn, o_r)  # fmt: skip
-                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [64, N]: each warpgroup 32 tokens
-                b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too
-                b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(b_s, 1))
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                b_p = gl.exp2(b_s - m_use[:, None])
-                l_i = l_i * alpha + gl.sum(b_p, 1)
-                p_smem.store(b_p.to(gl.bfloat16))
-                fence_async_shared()
-                _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
-                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
-                acc_run = warpgroup_mma(p_smem, k_smem, acc * alpha_o[:, None], is_async=True)  # [64, 512], running
-                m_i = m_new
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_run,))
-        return acc, m_i, l_i
-
-    @gluon.jit
     def _sparse_decode_v32_sm90_kernel(
         q, kv, idx, length, out, lse, o_part, lse_part,
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -278,49 +208,43 @@ if _HAVE_GLUON:
         else:
             o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
             o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
-        if OVERLAP:  # (with PREFETCH) the MMAs overlap the dequant and the next copies
-            acc, m_i, l_i = _overlapped_tiles(q_smem, qr_smem, k_smem, kr_smem, p_smem, raw_smem, sc_smem,
-                                              rope_smem, kv, p_idx, t_lo, t_hi, n_valid, num_slots, page_size,
-                                              stride_kb, stride_kt, qk_scale, acc, m_i, l_i, o_ns, o_pn, o_pd, o_sn,
-                                              o_sc, o_nr, o_r, o_c4, INT_DEQUANT)  # fmt: skip
-        else:
-            for i_t in range(t_lo, t_hi):
-                t0 = i_t * BLOCK_N
-                b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [N] the tile's ids (S columns)
-                if PREFETCH:
-                    t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
-                    more = i_t + 1 < t_hi
-                    n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
-                    n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
-                    n_rn = gl.load(p_idx + t1 + o_nr, mask=(t1 + o_nr < n_valid) & more, other=-1)
-                    cp_async.wait_group(0)  # this thread's copies of this tile are in
-                    _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
-                    b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
-                    for c in gl.static_range(4):
-                        # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
-                        b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
-                        b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                        k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
-                    kr_smem.store(rope_smem.load(cr))
-                    fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
-                    _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                    if more:  # (a split's last tile copies nothing)
-                        _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
-                                    o_pd, n_sn, o_sc, n_rn, o_r)  # fmt: skip
-                else:
-                    b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
-                    b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
-                    _barrier()  # both warpgroups' PV of the last tile is done before the tile is replaced
-                    _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem,
-                                       o_d, o_r, INT_DEQUANT)  # fmt: skip
-                    fence_async_shared()
-                    _barrier()
-                b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                                    use_acc=False, is_async=True)  # fmt: skip
-                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
-                b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-                acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False)
+        for i_t in range(t_lo, t_hi):
+            t0 = i_t * BLOCK_N
+            b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [N] this tile's ids (S columns)
+            if PREFETCH:
+                t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
+                more = i_t + 1 < t_hi
+                n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
+                n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
+                n_rn = gl.load(p_idx + t1 + o_nr, mask=(t1 + o_nr < n_valid) & more, other=-1)
+                cp_async.wait_group(0)  # this thread's copies of this tile are in
+                _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
+                b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
+                for c in gl.static_range(4):
+                    # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
+                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
+                    b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
+                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
+                kr_smem.store(rope_smem.load(cr))
+                fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
+                _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
+                if more:  # (a split's last tile copies nothing)
+                    _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
+                                o_pd, n_sn, o_sc, n_rn, o_r)  # fmt: skip
+            else:
+                b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
+                b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
+                _barrier()  # both warpgroups' PV of the last tile is done before the tile is replaced
+                _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem,
+                                   o_d, o_r, INT_DEQUANT)  # fmt: skip
+                fence_async_shared()
+                _barrier()
+            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                                use_acc=False, is_async=True)  # fmt: skip
+            b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+            b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False)
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
@@ -344,13 +268,11 @@ def sparse_decode_v32_sm90_fwd(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None, out: torch.Tensor,
     lse: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor, *, page_size: int, stride_kb: int,
     stride_kt: int, num_slots: int, splits: int, qk_scale: float, d_v: int, int_dequant: bool, prefetch: bool,
-    overlap: bool = False,
 ) -> None:  # fmt: skip
     """Launch the tile: q [B, s_q, H, 576] bf16; kv the fp8_656 cache as uint8 (``page_size`` slots a page, byte
     strides ``stride_kb`` a page / ``stride_kt`` a slot, 16-byte aligned); indices [B, s_q, topk] int32 (contiguous
     along topk); length [B] or None; out / lse / o_part / lse_part as the Triton tile's (``splits`` > 1: partials);
-    ``qk_scale`` in base 2 (sm_scale x log2 e); ``overlap`` (with ``prefetch``): the MMAs left running behind the
-    next tile's dequant and copies (``OVERLAP``)."""
+    ``qk_scale`` in base 2 (sm_scale x log2 e)."""
     if not available():
         raise dev.UnsupportedDevice(f"the V3.2 Gluon tile needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     batch, s_q, heads, _ = q.shape
@@ -360,7 +282,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        OVERLAP=overlap and prefetch, num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

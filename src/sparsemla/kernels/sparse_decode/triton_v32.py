@@ -112,10 +112,8 @@ class V32Config:
     gluon (sm_90, fp8_656; the 64 x 64 tile, 8 warps, 1 stage, without chunks, staging, lift, L2 prefetch or lazy
     rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
-    one tile ahead through cp.async; gluon_overlap (with gluon_prefetch): its MMAs left running behind the next
-    tile's dequant and copies (the same results). :func:`choose_v32_config` takes the prefetching tile (with the e4m3
-    conversions) on sm_90 where the launch has 16 or more 64-head programs a split
-    (results/bench/explore/gluon_decode_v32_pkg*.json)."""
+    one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
+    the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json)."""
 
     block_h: int
     block_n: int
@@ -133,7 +131,6 @@ class V32Config:
     heads_fastest: bool = False
     gluon: bool = False
     gluon_prefetch: bool = False
-    gluon_overlap: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
@@ -196,8 +193,6 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
     if cfg.gluon_prefetch and not cfg.gluon:
         raise ValueError("gluon_prefetch is an option of the Gluon tile (gluon=True)")
-    if cfg.gluon_overlap and not cfg.gluon_prefetch:
-        raise ValueError("gluon_overlap is an option of the prefetching Gluon tile (gluon=True, gluon_prefetch=True)")
     if cfg.gluon:
         shape = (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.nope_chunks)
         extras = cfg.stage_k or cfg.opaque_k or cfg.lazy_rescale or cfg.q_lift or cfg.l2_prefetch or cfg.heads_fastest
@@ -674,7 +669,7 @@ def sparse_decode_v32_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
             splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
-            prefetch=cfg.gluon_prefetch, overlap=cfg.gluon_overlap,
+            prefetch=cfg.gluon_prefetch,
         )  # fmt: skip
     else:
         grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
