@@ -140,17 +140,16 @@ if _HAVE_GLUON:
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
         when empty) for the combine kernel."""
-        gl.static_assert((num_warps == 8) or (num_warps == 16), "two or four warpgroups")
-        WG: gl.constexpr = num_warps // 4  # warpgroups: each scores 64 / WG tokens and owns 512 / WG output columns
+        gl.static_assert(num_warps == 8, "two warpgroups")
         BLOCK_H: gl.constexpr = 64
         BLOCK_N: gl.constexpr = 64
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # q rows, 16-byte runs
         ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])  # [N, 128] NoPE chunks
         cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [N, 64] RoPE
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
-                                                           instr_shape=[16, 64 // WG, 16])  # fmt: skip
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WG],
-                                                           instr_shape=[16, 512 // WG, 16])  # fmt: skip
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, 32, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, 256, 16])  # fmt: skip
         q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
         qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
         k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
@@ -269,7 +268,6 @@ def sparse_decode_v32_sm90_fwd(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None, out: torch.Tensor,
     lse: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor, *, page_size: int, stride_kb: int,
     stride_kt: int, num_slots: int, splits: int, qk_scale: float, d_v: int, int_dequant: bool, prefetch: bool,
-    num_warps: int = NUM_WARPS,
 ) -> None:  # fmt: skip
     """Launch the tile: q [B, s_q, H, 576] bf16; kv the fp8_656 cache as uint8 (``page_size`` slots a page, byte
     strides ``stride_kb`` a page / ``stride_kt`` a slot, 16-byte aligned); indices [B, s_q, topk] int32 (contiguous
@@ -284,7 +282,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        num_warps=num_warps,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -196,11 +196,9 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
     if cfg.gluon:
         shape = (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.nope_chunks)
         extras = cfg.stage_k or cfg.opaque_k or cfg.lazy_rescale or cfg.q_lift or cfg.l2_prefetch or cfg.heads_fastest
-        tile = (gluon_v32_sm90.BLOCK_H, gluon_v32_sm90.BLOCK_N)
-        if shape[:2] != tile or shape[2] not in (8, 16) or shape[3:] != (1, 1) or extras:
-            raise ValueError("gluon is the 64 x 64 tile with 8 or 16 warps and one stage, without nope_chunks, "
-                             "stage_k, opaque_k, lazy_rescale, q_lift, l2_prefetch or heads_fastest; "
-                             f"got {cfg}")  # fmt: skip
+        if shape != (gluon_v32_sm90.BLOCK_H, gluon_v32_sm90.BLOCK_N, gluon_v32_sm90.NUM_WARPS, 1, 1) or extras:
+            raise ValueError("gluon is the 64 x 64 tile with 8 warps and one stage, without nope_chunks, stage_k, "
+                             f"opaque_k, lazy_rescale, q_lift, l2_prefetch or heads_fastest; got {cfg}")  # fmt: skip
         if info is dev.INTERPRETER or info.capability != (9, 0):
             raise ValueError(f"V32Config.gluon is the sm_90 wgmma tile; this launch is for {info.name or info}")
         if kv_format not in (None, "fp8_656"):
@@ -671,7 +669,7 @@ def sparse_decode_v32_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
             splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
-            prefetch=cfg.gluon_prefetch, num_warps=cfg.num_warps,
+            prefetch=cfg.gluon_prefetch,
         )  # fmt: skip
     else:
         grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
