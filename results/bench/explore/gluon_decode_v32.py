@@ -617,7 +617,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
-            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt")
+            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -656,12 +656,19 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     if variant == "flashmla":  # FlashMLA in the same run (GPU only; not built)
         return _flashmla(kw)
     if variant.startswith("pkg_gluon"):  # the package's Gluon tile (V32Config.gluon[_prefetch]), its launcher
+        from sparsemla.kernels.sparse_decode import gluon_v32_sm90
         from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
-        cfg = V32Config(64, 64, 8, 1, True, int_dequant=not variant.endswith("_cvt"), gluon=True,
+        cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
                         gluon_prefetch="_pf" in variant)  # fmt: skip
-        return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"], kv_format=kw["kv_format"],
-                                     d_v=512, config=cfg)  # fmt: skip
+        shift = gluon_v32_sm90.page_shift
+        if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
+            gluon_v32_sm90.page_shift = lambda page_size: -1
+        try:
+            return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"],
+                                         kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
+        finally:
+            gluon_v32_sm90.page_shift = shift
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange

@@ -37,6 +37,7 @@ import torch
 import triton
 
 from sparsemla.kernels import device as dev
+from sparsemla.kernels.paging import page_shift
 from sparsemla.kernels.sparse_decode import gluon_sm90
 
 try:  # Gluon's Hopper API (Triton >= 3.6); without it the package's Triton tile runs
@@ -79,11 +80,19 @@ if _HAVE_GLUON:
     LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
     @gluon.jit
-    def _rows(b_idx, num_slots, page_size, stride_kb, stride_kt):
-        """(valid [N], byte offsets [N] int64) of slot ids ``b_idx``; invalid (< 0 or >= num_slots): slot 0's row."""
+    def _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT: gl.constexpr):
+        """(valid [N], byte offsets [N] int64) of slot ids ``b_idx``; invalid (< 0 or >= num_slots): slot 0's row.
+        PAGE_SHIFT >= 0: pages of 2 ** PAGE_SHIFT slots, split by a shift and a mask (paging.page_shift), else by
+        division."""
         m_n = (b_idx >= 0) & (b_idx < num_slots)
         b_slot = gl.where(m_n, b_idx, 0)
-        return m_n, (b_slot // page_size).to(gl.int64) * stride_kb + (b_slot % page_size).to(gl.int64) * stride_kt
+        if PAGE_SHIFT >= 0:
+            b_page = b_slot >> PAGE_SHIFT
+            b_off = b_slot & ((1 << PAGE_SHIFT) - 1)
+        else:
+            b_page = b_slot // page_size
+            b_off = b_slot % page_size
+        return m_n, b_page.to(gl.int64) * stride_kb + b_off.to(gl.int64) * stride_kt
 
     @gluon.jit
     def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr):
@@ -98,35 +107,35 @@ if _HAVE_GLUON:
 
     @gluon.jit
     def _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d, o_r,
-                           INT_DEQUANT: gl.constexpr):  # fmt: skip
+                           INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr):  # fmt: skip
         """Rows of slot ids ``b_idx`` / ``b_idr`` [N] (the same ids in the NoPE chunks' and the RoPE's layouts;
         invalid -> zeros) of the uint8 cache ``kv`` into ``k_smem`` [N, 512] bf16 (128 columns at a time) and
         ``kr_smem`` [N, 64] bf16. ``o_d`` [128] / ``o_r`` [64]: the columns."""
-        m_n, o_tok = _rows(b_idx, num_slots, page_size, stride_kb, stride_kt)
+        m_n, o_tok = _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
         for c in gl.static_range(4):
             b_u = gl.load(kv + (o_tok + c * 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 128]
-            b_sc = gl.load(p_sc + o_tok // 4 + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32
+            b_sc = gl.load(p_sc + (o_tok >> 2) + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32
             k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_sc, INT_DEQUANT))
-        m_r, o_tr = _rows(b_idr, num_slots, page_size, stride_kb, stride_kt)
+        m_r, o_tr = _rows(b_idr, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-        kr_smem.store(gl.load(p_rope + (o_tr // 2)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0))
+        kr_smem.store(gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0))
 
     @gluon.jit
     def _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, o_pn, o_pd, o_sn,
-                    o_sc, o_rn, o_rd):  # fmt: skip
+                    o_sc, o_rn, o_rd, PAGE_SHIFT: gl.constexpr):  # fmt: skip
         """cp.async of a tile's raw rows into the staging buffers, one group: ``raw_smem`` [N, 512] uint8 (e4m3
         NoPE), ``sc_smem`` [N, 4] fp32, ``rope_smem`` [N, 64] bf16. The tile's slot ids come three times, once per
         copy layout (``o_pn`` / ``o_sn`` / ``o_rn`` [N]; ``o_pd`` / ``o_sc`` / ``o_rd`` the columns); invalid ids
         copy zeros (cp.async's source size 0)."""
-        m_p, o_tp = _rows(o_pn, num_slots, page_size, stride_kb, stride_kt)
+        m_p, o_tp = _rows(o_pn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         cp_async.load(raw_smem, kv + o_tp[:, None] + o_pd[None, :], mask=m_p[:, None])
-        m_s, o_ts = _rows(o_sn, num_slots, page_size, stride_kb, stride_kt)
+        m_s, o_ts = _rows(o_sn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
-        cp_async.load(sc_smem, p_sc + (o_ts // 4 + SCALE_OFF_F32)[:, None] + o_sc[None, :], mask=m_s[:, None])
-        m_r, o_tr = _rows(o_rn, num_slots, page_size, stride_kb, stride_kt)
+        cp_async.load(sc_smem, p_sc + ((o_ts >> 2) + SCALE_OFF_F32)[:, None] + o_sc[None, :], mask=m_s[:, None])
+        m_r, o_tr = _rows(o_rn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-        cp_async.load(rope_smem, p_rope + (o_tr // 2)[:, None] + o_rd[None, :], mask=m_r[:, None])
+        cp_async.load(rope_smem, p_rope + (o_tr >> 1)[:, None] + o_rd[None, :], mask=m_r[:, None])
         cp_async.commit_group()
 
     @gluon.jit
@@ -135,7 +144,7 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -204,7 +213,8 @@ if _HAVE_GLUON:
                 _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
                             gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd,
                             gl.load(p_idx + t0 + o_sn, mask=t0 + o_sn < n_valid, other=-1), o_sc,
-                            gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1), o_r)  # fmt: skip
+                            gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1), o_r,
+                            PAGE_SHIFT)  # fmt: skip
         else:
             o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
             o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
@@ -230,13 +240,13 @@ if _HAVE_GLUON:
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
                 if more:  # (a split's last tile copies nothing)
                     _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
-                                o_pd, n_sn, o_sc, n_rn, o_r)  # fmt: skip
+                                o_pd, n_sn, o_sc, n_rn, o_r, PAGE_SHIFT)  # fmt: skip
             else:
                 b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
                 b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
                 _barrier()  # both warpgroups' PV of the last tile is done before the tile is replaced
                 _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem,
-                                   o_d, o_r, INT_DEQUANT)  # fmt: skip
+                                   o_d, o_r, INT_DEQUANT, PAGE_SHIFT)  # fmt: skip
                 fence_async_shared()
                 _barrier()
             b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
@@ -282,7 +292,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
