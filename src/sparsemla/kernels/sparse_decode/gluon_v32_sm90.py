@@ -72,26 +72,18 @@ def available() -> bool:
 
 
 if _HAVE_GLUON:
-    from sparsemla.kernels.sparse_decode.gluon_sm90 import _barrier, _e4m3_bits_to_bf16, _softmax_pv
+    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split, _softmax_pv
 
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
-    LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
     @gluon.jit
     def _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT: gl.constexpr):
         """(valid [N], byte offsets [N] int64) of slot ids ``b_idx``; invalid (< 0 or >= num_slots): slot 0's row.
-        PAGE_SHIFT >= 0: pages of 2 ** PAGE_SHIFT slots, split by a shift and a mask (paging.page_shift), else by
-        division."""
+        PAGE_SHIFT: :func:`~sparsemla.kernels.paging.page_shift` of ``page_size`` (the V4 tile's split, one cache)."""
         m_n = (b_idx >= 0) & (b_idx < num_slots)
-        b_slot = gl.where(m_n, b_idx, 0)
-        if PAGE_SHIFT >= 0:
-            b_page = b_slot >> PAGE_SHIFT
-            b_off = b_slot & ((1 << PAGE_SHIFT) - 1)
-        else:
-            b_page = b_slot // page_size
-            b_off = b_slot % page_size
+        b_page, b_off = _page_split(gl.where(m_n, b_idx, 0), True, page_size, page_size, PAGE_SHIFT, PAGE_SHIFT)
         return m_n, b_page.to(gl.int64) * stride_kb + b_off.to(gl.int64) * stride_kt
 
     @gluon.jit
