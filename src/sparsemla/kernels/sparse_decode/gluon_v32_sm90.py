@@ -62,6 +62,8 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
+LAZY_RESCALE = True  # the online softmax's lazy rescale (gluon_sm90._softmax_pv's LAZY; explore variants turn it off)
+IDS_ONCE = True  # PREFETCH's three copies from one set of row offsets a thread (explore variants turn it off)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 
 
@@ -131,12 +133,31 @@ if _HAVE_GLUON:
         cp_async.commit_group()
 
     @gluon.jit
+    def _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, b_ids, o_pd,
+                         o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT: gl.constexpr):  # fmt: skip
+        """:func:`_issue_rows` from ONE set of slot ids ``b_ids`` [N]: the three copy layouts give each thread the
+        same rows (``o_sn`` / ``o_rn``: aranges in the scales' / RoPE's row layouts, equal to ``b_ids``' layout), so
+        each row's offset is computed once and only relabelled."""
+        m_p, o_tp = _rows(b_ids, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
+        cp_async.load(raw_smem, kv + o_tp[:, None] + o_pd[None, :], mask=m_p[:, None])
+        m_s = gl.convert_layout(m_p, o_sn.type.layout)
+        o_ts = gl.convert_layout(o_tp, o_sn.type.layout)
+        p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
+        cp_async.load(sc_smem, p_sc + ((o_ts >> 2) + SCALE_OFF_F32)[:, None] + o_sc[None, :], mask=m_s[:, None])
+        m_r = gl.convert_layout(m_p, o_rn.type.layout)
+        o_tr = gl.convert_layout(o_tp, o_rn.type.layout)
+        p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        cp_async.load(rope_smem, p_rope + (o_tr >> 1)[:, None] + o_rd[None, :], mask=m_r[:, None])
+        cp_async.commit_group()
+
+    @gluon.jit
     def _sparse_decode_v32_sm90_kernel(
         q, kv, idx, length, out, lse, o_part, lse_part,
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, IDS_ONCE: gl.constexpr, LAZY: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -189,8 +210,14 @@ if _HAVE_GLUON:
         o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
         p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
         if PREFETCH:
-            cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])  # 16 B a copy
-            cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [num_warps, 1], [1, 0])  # 4 B a copy
+            if IDS_ONCE:  # the same rows a thread in all three copies: a warp copies 4 whole 128-byte lines
+                cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
+                cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # 4 B a copy
+                cp_ro: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
+            else:
+                cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])  # 16 B a copy
+                cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [num_warps, 1], [1, 0])  # 4 B a copy
+                cp_ro: gl.constexpr = cr
             st_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # staging: plain rows
             raw_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 512], st_sl)
             sc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, 4], st_sl)
@@ -200,12 +227,19 @@ if _HAVE_GLUON:
             o_sn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_sc))
             o_sc = gl.arange(0, 4, layout=gl.SliceLayout(0, cp_sc))
             o_c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, ck))
+            o_rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_ro))
+            o_rd = gl.arange(0, 64, layout=gl.SliceLayout(0, cp_ro))
             t0 = t_lo * BLOCK_N
-            if t_lo < t_hi:  # the first tile's copies (no copy is ever in flight when the program leaves)
+            if IDS_ONCE:
+                if t_lo < t_hi:
+                    _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
+                                     gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd, o_sn,
+                                     o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
+            elif t_lo < t_hi:  # the first tile's copies (no copy is ever in flight when the program leaves)
                 _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
                             gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd,
                             gl.load(p_idx + t0 + o_sn, mask=t0 + o_sn < n_valid, other=-1), o_sc,
-                            gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1), o_r,
+                            gl.load(p_idx + t0 + o_rn, mask=t0 + o_rn < n_valid, other=-1), o_rd,
                             PAGE_SHIFT)  # fmt: skip
         else:
             o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
@@ -217,8 +251,9 @@ if _HAVE_GLUON:
                 t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
                 more = i_t + 1 < t_hi
                 n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
-                n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
-                n_rn = gl.load(p_idx + t1 + o_nr, mask=(t1 + o_nr < n_valid) & more, other=-1)
+                if not IDS_ONCE:
+                    n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
+                    n_rn = gl.load(p_idx + t1 + o_rn, mask=(t1 + o_rn < n_valid) & more, other=-1)
                 cp_async.wait_group(0)  # this thread's copies of this tile are in
                 _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
                 b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
@@ -231,8 +266,12 @@ if _HAVE_GLUON:
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
                 if more:  # (a split's last tile copies nothing)
-                    _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
-                                o_pd, n_sn, o_sc, n_rn, o_r, PAGE_SHIFT)  # fmt: skip
+                    if IDS_ONCE:
+                        _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem,
+                                         rope_smem, n_pn, o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
+                    else:
+                        _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
+                                    n_pn, o_pd, n_sn, o_sc, n_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             else:
                 b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
                 b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
@@ -246,7 +285,7 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False)
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY)
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
@@ -284,7 +323,8 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE,
+        num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
