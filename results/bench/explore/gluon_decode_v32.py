@@ -662,7 +662,9 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
                         gluon_prefetch="_pf" in variant)  # fmt: skip
-        saved = gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE
+        saved = gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE, gluon_v32_sm90.DIAG
+        if "_diag" in variant:  # timing only (wrong outputs): _diagN = gluon_v32_sm90.DIAG N
+            gluon_v32_sm90.DIAG = int(variant.split("_diag")[1])
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
             gluon_v32_sm90.page_shift = lambda page_size: -1
         gluon_v32_sm90.IDS_ONCE = "_ids3" not in variant  # _ids3: each copy's own slot ids (before session 35)
@@ -671,7 +673,8 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
             return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"],
                                          kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
         finally:
-            gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE = saved
+            (gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE,
+             gluon_v32_sm90.DIAG) = saved
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange

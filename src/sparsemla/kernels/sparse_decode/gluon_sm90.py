@@ -240,7 +240,7 @@ if _HAVE_GLUON:
 
     @gluon.jit
     def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, P_IN_USE: gl.constexpr,
-                    LAZY: gl.constexpr = False):  # fmt: skip
+                    LAZY: gl.constexpr = False, NO_PV: gl.constexpr = False):  # fmt: skip
         """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
         masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
         (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_i). P_IN_USE: the last PV may still
@@ -269,8 +269,9 @@ if _HAVE_GLUON:
                 acc = acc * alpha_o[:, None]
         else:
             acc = acc * alpha_o[:, None]
-        acc = warpgroup_mma(p_smem, k_tile, acc, is_async=True)  # [BLOCK_H, 512]
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if not NO_PV:
+            acc = warpgroup_mma(p_smem, k_tile, acc, is_async=True)  # [BLOCK_H, 512]
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return acc, m_new, l_i
 
     @gluon.jit

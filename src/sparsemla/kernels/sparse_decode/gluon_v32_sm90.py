@@ -62,6 +62,7 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
+DIAG = 0  # timing-only diagnostics (explore, session 35): 1 half the score MMA, 2 no dequant, 3 no PV, 4 no score
 LAZY_RESCALE = True  # the online softmax's lazy rescale (gluon_sm90._softmax_pv's LAZY; explore variants turn it off)
 IDS_ONCE = True  # PREFETCH's three copies from one set of row offsets a thread (explore variants turn it off)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
@@ -157,7 +158,7 @@ if _HAVE_GLUON:
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
         PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, IDS_ONCE: gl.constexpr, LAZY: gl.constexpr,
-        num_warps: gl.constexpr,
+        num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -257,12 +258,13 @@ if _HAVE_GLUON:
                 cp_async.wait_group(0)  # this thread's copies of this tile are in
                 _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
                 b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
-                for c in gl.static_range(4):
-                    # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
-                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
-                    b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
-                kr_smem.store(rope_smem.load(cr))
+                if DIAG != 2:
+                    for c in gl.static_range(4):
+                        # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
+                        b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
+                        b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
+                        k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
+                    kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
                 if more:  # (a split's last tile copies nothing)
@@ -280,12 +282,20 @@ if _HAVE_GLUON:
                                    o_d, o_r, INT_DEQUANT, PAGE_SHIFT)  # fmt: skip
                 fence_async_shared()
                 _barrier()
-            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                                use_acc=False, is_async=True)  # fmt: skip
-            b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+            if DIAG == 4:
+                b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+            elif DIAG == 1:
+                b_s = warpgroup_mma(q_smem.slice(0, 256, dim=1), k_smem.slice(0, 256, dim=1).permute((1, 0)),
+                                    gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
+            else:
+                b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                                    use_acc=False, is_async=True)  # fmt: skip
+                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY)
+            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY, DIAG == 3)
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
@@ -323,7 +333,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE,
+        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE, DIAG=DIAG,
         num_warps=NUM_WARPS,
     )  # fmt: skip
 
