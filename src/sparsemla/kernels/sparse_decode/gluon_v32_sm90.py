@@ -62,7 +62,8 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
-DIAG = 0  # timing-only diagnostics (explore, session 35): 1 half the score MMA, 2 no dequant, 3 no PV, 4 no score
+DIAG = 0  # timing-only diagnostics (explore, session 35): 1 half the score MMA, 2 no dequant, 3 no PV,
+# 4 no score MMA, 5 no softmax reductions, 6 no copies after the first tile
 LAZY_RESCALE = True  # the online softmax's lazy rescale (gluon_sm90._softmax_pv's LAZY; explore variants turn it off)
 IDS_ONCE = True  # PREFETCH's three copies from one set of row offsets a thread (explore variants turn it off)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
@@ -267,7 +268,7 @@ if _HAVE_GLUON:
                     kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                if more:  # (a split's last tile copies nothing)
+                if more and DIAG != 6:  # (a split's last tile copies nothing)
                     if IDS_ONCE:
                         _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem,
                                          rope_smem, n_pn, o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
@@ -285,8 +286,13 @@ if _HAVE_GLUON:
             if DIAG == 4:
                 b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
             elif DIAG == 1:
-                b_s = warpgroup_mma(q_smem.slice(0, 256, dim=1), k_smem.slice(0, 256, dim=1).permute((1, 0)),
-                                    gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+                b_s = warpgroup_mma(
+                    q_smem.slice(0, 256, dim=1),
+                    k_smem.slice(0, 256, dim=1).permute((1, 0)),
+                    gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                    use_acc=False,
+                    is_async=True,
+                )
                 b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
                 b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
             else:
@@ -295,7 +301,16 @@ if _HAVE_GLUON:
                 b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
                 b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY, DIAG == 3)
+            if DIAG == 5:  # no softmax reductions: P = exp2(s - 20), no maximum, no sum, no rescale
+                b_p = gl.exp2(gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf")) - 20.0)
+                p_smem.store(b_p.to(gl.bfloat16))
+                fence_async_shared()
+                _barrier()
+                acc = warpgroup_mma(p_smem, k_smem, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            else:
+                acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY,
+                                            DIAG == 3)  # fmt: skip
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
