@@ -618,7 +618,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
-            "pkg_gluon_pf_cvt_eager", "pkg_gluon_pf_cvt_ids3_eager")
+            "pkg_gluon_pf_cvt_eager", "pkg_gluon_pf_cvt_ids3_eager", "pkg_gluon_pf_cvt_rowsfirst")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -662,7 +662,9 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
                         gluon_prefetch="_pf" in variant)  # fmt: skip
-        saved = gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE, gluon_v32_sm90.DIAG
+        saved = (gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE, gluon_v32_sm90.DIAG,
+                 gluon_v32_sm90.HEADS_FIRST)
+        gluon_v32_sm90.HEADS_FIRST = "_rowsfirst" not in variant  # _rowsfirst: grid (rows, head blocks, splits)
         if "_diag" in variant:  # timing only (wrong outputs): _diagN = gluon_v32_sm90.DIAG N
             gluon_v32_sm90.DIAG = int(variant.split("_diag")[1])
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
@@ -674,7 +676,7 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
                                          kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
         finally:
             (gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE,
-             gluon_v32_sm90.DIAG) = saved
+             gluon_v32_sm90.DIAG, gluon_v32_sm90.HEADS_FIRST) = saved
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange

@@ -71,7 +71,6 @@ if _HAVE_GLUON:
     SCALE_ROW: gl.constexpr = gl.constexpr(V4_SCALE_BYTES)  # 7 ue8m0 scales + 1 pad, after the page's data rows
     LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
     LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-    LAZY_LOG2: gl.constexpr = gl.constexpr(8.0)  # _softmax_pv's LAZY: a running maximum moves by more than 2^8 only
     E4M3_PTX: gl.constexpr = gl.constexpr(E4M3_TO_BF16_PTX.value)
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
     PREFETCH_PTX: gl.constexpr = gl.constexpr(PREFETCH_L2_PTX.value)
@@ -239,21 +238,13 @@ if _HAVE_GLUON:
         return gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
 
     @gluon.jit
-    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, P_IN_USE: gl.constexpr,
-                    LAZY: gl.constexpr = False, NO_PV: gl.constexpr = False):  # fmt: skip
+    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, P_IN_USE: gl.constexpr):
         """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
         masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
         (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_i). P_IN_USE: the last PV may still
-        read P (no barrier since), so both warpgroups meet before it is replaced. LAZY: a head keeps its running
-        maximum until the tile's exceeds it by more than LAZY_LOG2 (P <= 2^LAZY_LOG2, exact in bf16's range), and
-        acc is multiplied only on tiles where some head of the program moved (alpha = 1 elsewhere, so skipping the
-        multiply changes nothing)."""
+        read P (no barrier since), so both warpgroups meet before it is replaced."""
         b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        if LAZY:  # (-inf - -inf is NaN: a head with nothing valid yet keeps -inf)
-            grow = m_new - m_i > LAZY_LOG2
-            m_new = gl.where(grow, m_new, m_i)
-            rescale = gl.max(grow.to(gl.int32), 0) > 0  # any head of the program
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
         b_p = gl.exp2(b_s - m_use[:, None])
@@ -264,14 +255,8 @@ if _HAVE_GLUON:
         fence_async_shared()
         _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
-        if LAZY:
-            if rescale:
-                acc = acc * alpha_o[:, None]
-        else:
-            acc = acc * alpha_o[:, None]
-        if not NO_PV:
-            acc = warpgroup_mma(p_smem, k_tile, acc, is_async=True)  # [BLOCK_H, 512]
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return acc, m_new, l_i
 
     @gluon.jit

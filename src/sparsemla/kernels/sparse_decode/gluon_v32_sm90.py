@@ -64,6 +64,7 @@ SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
 DIAG = 0  # timing-only diagnostics (explore, session 35): 1 half the score MMA, 2 no dequant, 3 no PV,
 # 4 no score MMA, 5 no softmax reductions, 6 no copies after the first tile
+HEADS_FIRST = True  # grid (rows x head blocks, 1, splits), a row's head blocks adjacent (explore: _rowsfirst)
 LAZY_RESCALE = True  # the online softmax's lazy rescale (gluon_sm90._softmax_pv's LAZY; explore variants turn it off)
 IDS_ONCE = True  # PREFETCH's three copies from one set of row offsets a thread (explore variants turn it off)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
@@ -76,11 +77,49 @@ def available() -> bool:
 
 
 if _HAVE_GLUON:
-    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split, _softmax_pv
+    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split
 
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
+    LAZY_LOG2: gl.constexpr = gl.constexpr(8.0)  # _softmax_pv's LAZY: a running maximum moves by more than 2^8 only
+
+    @gluon.jit
+    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_tile, LAZY: gl.constexpr, NO_PV: gl.constexpr):
+        """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
+        masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
+        (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_w).
+        ``l_w`` [BLOCK_H, 2]: each warpgroup's running sum over its own BLOCK_N / 2 score columns (no exchange between
+        the warpgroups a tile; the caller adds the two at the end). LAZY: a head keeps its running maximum until the
+        tile's exceeds it by more than LAZY_LOG2 (P <= 2^LAZY_LOG2), and acc is multiplied only on tiles where some
+        head of the program moved (alpha = 1 elsewhere, so skipping the multiply changes nothing). NO_PV: timing-only
+        diagnostic (DIAG 3)."""
+        BH: gl.constexpr = b_s.shape[0]
+        BN: gl.constexpr = b_s.shape[1]
+        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(b_s, 1))
+        if LAZY:  # (-inf - -inf is NaN: a head with nothing valid yet keeps -inf)
+            grow = m_new - m_i > LAZY_LOG2
+            m_new = gl.where(grow, m_new, m_i)
+            rescale = gl.max(grow.to(gl.int32), 0) > 0  # any head of the program
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        b_p = gl.exp2(b_s - m_use[:, None])
+        p_w = gl.sum(gl.reshape(b_p, [BH, 2, BN // 2]), 2)  # [BH, 2] each warpgroup's columns (its own threads)
+        l_w = l_w * gl.convert_layout(alpha, gl.SliceLayout(1, p_w.type.layout))[:, None] + p_w
+        p_smem.store(b_p.to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
+        if LAZY:
+            if rescale:
+                acc = acc * alpha_o[:, None]
+        else:
+            acc = acc * alpha_o[:, None]
+        if not NO_PV:
+            acc = warpgroup_mma(p_smem, k_tile, acc, is_async=True)  # [BLOCK_H, 512]
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        return acc, m_new, l_w
 
     @gluon.jit
     def _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT: gl.constexpr):
@@ -159,9 +198,10 @@ if _HAVE_GLUON:
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
         PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, IDS_ONCE: gl.constexpr, LAZY: gl.constexpr,
-        num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
+        HEADS_FIRST: gl.constexpr, num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
     ):  # fmt: skip
-        """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
+        """Grid (B * S * cdiv(H, 64), 1, num_splits) with HEADS_FIRST (a row's head blocks adjacent), else (B * S,
+        cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
         when empty) for the combine kernel."""
         gl.static_assert(num_warps == 8, "two warpgroups")
@@ -180,8 +220,12 @@ if _HAVE_GLUON:
         kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
         p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-        i_r = gl.program_id(0)
-        i_hb = gl.program_id(1)
+        if HEADS_FIRST:  # a row's head blocks launch next to each other: they gather the same rows (L2 hits)
+            i_r = gl.program_id(0) // gl.cdiv(H, 64)
+            i_hb = gl.program_id(0) % gl.cdiv(H, 64)
+        else:
+            i_r = gl.program_id(0)
+            i_hb = gl.program_id(1)
         i_sp = gl.program_id(2)
         i_b = i_r // S
         i_s = i_r % S
@@ -206,7 +250,8 @@ if _HAVE_GLUON:
         t_hi = gl.minimum(t_lo + per, tiles)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+        # [BLOCK_H, 2] running sums, one column a warpgroup (its 32 score columns; _softmax_pv)
+        l_w = gl.sum(gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout), [BLOCK_H, 2, BLOCK_N // 2]), 2)
         o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
         o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
@@ -309,8 +354,8 @@ if _HAVE_GLUON:
                 acc = warpgroup_mma(p_smem, k_smem, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             else:
-                acc, m_i, l_i = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_smem, False, LAZY,
-                                            DIAG == 3)  # fmt: skip
+                acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, LAZY, DIAG == 3)
+        l_i = gl.convert_layout(gl.sum(l_w, 1), m_i.type.layout)  # [BLOCK_H] both warpgroups' columns
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
         m_hs = o_hs < H
@@ -343,12 +388,14 @@ def sparse_decode_v32_sm90_fwd(
         raise dev.UnsupportedDevice(f"the V3.2 Gluon tile needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     batch, s_q, heads, _ = q.shape
     rows = batch * s_q
-    _sparse_decode_v32_sm90_kernel[(rows, triton.cdiv(heads, BLOCK_H), splits)](
+    head_blocks = triton.cdiv(heads, BLOCK_H)
+    grid = (rows * head_blocks, 1, splits) if HEADS_FIRST else (rows, head_blocks, splits)
+    _sparse_decode_v32_sm90_kernel[grid](
         q, kv, indices, length if length is not None else indices, out, lse, o_part, lse_part,
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE, DIAG=DIAG,
+        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE, HEADS_FIRST=HEADS_FIRST, DIAG=DIAG,
         num_warps=NUM_WARPS,
     )  # fmt: skip
 
