@@ -617,8 +617,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
-            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
-            "pkg_gluon_pf_cvt_eager", "pkg_gluon_pf_cvt_ids3_eager", "pkg_gluon_pf_cvt_rowsfirst")
+            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -662,21 +661,16 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
                         gluon_prefetch="_pf" in variant)  # fmt: skip
-        saved = (gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE, gluon_v32_sm90.DIAG,
-                 gluon_v32_sm90.HEADS_FIRST)
-        gluon_v32_sm90.HEADS_FIRST = "_rowsfirst" not in variant  # _rowsfirst: grid (rows, head blocks, splits)
-        if "_diag" in variant:  # timing only (wrong outputs): _diagN = gluon_v32_sm90.DIAG N
-            gluon_v32_sm90.DIAG = int(variant.split("_diag")[1])
+        # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
+        # 0c7fe3a; results/bench/explore/README.md, session 35)
+        shift = gluon_v32_sm90.page_shift
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
             gluon_v32_sm90.page_shift = lambda page_size: -1
-        gluon_v32_sm90.IDS_ONCE = "_ids3" not in variant  # _ids3: each copy's own slot ids (before session 35)
-        gluon_v32_sm90.LAZY_RESCALE = "_eager" not in variant  # _eager: acc rescaled every tile (before session 35)
         try:
             return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"],
                                          kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
         finally:
-            (gluon_v32_sm90.page_shift, gluon_v32_sm90.IDS_ONCE, gluon_v32_sm90.LAZY_RESCALE,
-             gluon_v32_sm90.DIAG, gluon_v32_sm90.HEADS_FIRST) = saved
+            gluon_v32_sm90.page_shift = shift
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
@@ -729,7 +723,7 @@ def build(out: Path = Path(".gpu-cubins/gluon_v32"), shapes: str = SHAPES,
         for batch, heads in (map(int, s.split("x")) for s in shapes.split(",")):
             kw = _inputs(batch, heads, "cpu", fill=False)
             for variant in variants.split(","):
-                if variant != "flashmla" and heads == 128 or not variant.startswith(("gluon_cl", "diag_")):
+                if variant != "flashmla" and (heads == 128 or not variant.startswith(("gluon_cl", "diag_"))):
                     _launch(variant, kw)
 
     added = prod_cubins.build(workload, out, "native")

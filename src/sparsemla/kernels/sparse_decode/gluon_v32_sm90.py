@@ -62,11 +62,6 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
-DIAG = 0  # timing-only diagnostics (explore, session 35): 1 half the score MMA, 2 no dequant, 3 no PV,
-# 4 no score MMA, 5 no softmax reductions, 6 no copies after the first tile
-HEADS_FIRST = True  # grid (rows x head blocks, 1, splits), a row's head blocks adjacent (explore: _rowsfirst)
-LAZY_RESCALE = True  # the online softmax's lazy rescale (gluon_sm90._softmax_pv's LAZY; explore variants turn it off)
-IDS_ONCE = True  # PREFETCH's three copies from one set of row offsets a thread (explore variants turn it off)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 
 
@@ -82,26 +77,18 @@ if _HAVE_GLUON:
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
-    LAZY_LOG2: gl.constexpr = gl.constexpr(8.0)  # _softmax_pv's LAZY: a running maximum moves by more than 2^8 only
 
     @gluon.jit
-    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_tile, LAZY: gl.constexpr, NO_PV: gl.constexpr):
+    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_tile):
         """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
         masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
         (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_w).
         ``l_w`` [BLOCK_H, 2]: each warpgroup's running sum over its own BLOCK_N / 2 score columns (no exchange between
-        the warpgroups a tile; the caller adds the two at the end). LAZY: a head keeps its running maximum until the
-        tile's exceeds it by more than LAZY_LOG2 (P <= 2^LAZY_LOG2), and acc is multiplied only on tiles where some
-        head of the program moved (alpha = 1 elsewhere, so skipping the multiply changes nothing). NO_PV: timing-only
-        diagnostic (DIAG 3)."""
+        the warpgroups a tile, which a row sum of the whole tile needs; the caller adds the two at the end)."""
         BH: gl.constexpr = b_s.shape[0]
         BN: gl.constexpr = b_s.shape[1]
         b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        if LAZY:  # (-inf - -inf is NaN: a head with nothing valid yet keeps -inf)
-            grow = m_new - m_i > LAZY_LOG2
-            m_new = gl.where(grow, m_new, m_i)
-            rescale = gl.max(grow.to(gl.int32), 0) > 0  # any head of the program
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
         b_p = gl.exp2(b_s - m_use[:, None])
@@ -111,14 +98,8 @@ if _HAVE_GLUON:
         fence_async_shared()
         _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
-        if LAZY:
-            if rescale:
-                acc = acc * alpha_o[:, None]
-        else:
-            acc = acc * alpha_o[:, None]
-        if not NO_PV:
-            acc = warpgroup_mma(p_smem, k_tile, acc, is_async=True)  # [BLOCK_H, 512]
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return acc, m_new, l_w
 
     @gluon.jit
@@ -157,28 +138,13 @@ if _HAVE_GLUON:
         kr_smem.store(gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0))
 
     @gluon.jit
-    def _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, o_pn, o_pd, o_sn,
+    def _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, b_ids, o_pd, o_sn,
                     o_sc, o_rn, o_rd, PAGE_SHIFT: gl.constexpr):  # fmt: skip
-        """cp.async of a tile's raw rows into the staging buffers, one group: ``raw_smem`` [N, 512] uint8 (e4m3
-        NoPE), ``sc_smem`` [N, 4] fp32, ``rope_smem`` [N, 64] bf16. The tile's slot ids come three times, once per
-        copy layout (``o_pn`` / ``o_sn`` / ``o_rn`` [N]; ``o_pd`` / ``o_sc`` / ``o_rd`` the columns); invalid ids
-        copy zeros (cp.async's source size 0)."""
-        m_p, o_tp = _rows(o_pn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-        cp_async.load(raw_smem, kv + o_tp[:, None] + o_pd[None, :], mask=m_p[:, None])
-        m_s, o_ts = _rows(o_sn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-        p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
-        cp_async.load(sc_smem, p_sc + ((o_ts >> 2) + SCALE_OFF_F32)[:, None] + o_sc[None, :], mask=m_s[:, None])
-        m_r, o_tr = _rows(o_rn, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-        p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-        cp_async.load(rope_smem, p_rope + (o_tr >> 1)[:, None] + o_rd[None, :], mask=m_r[:, None])
-        cp_async.commit_group()
-
-    @gluon.jit
-    def _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, b_ids, o_pd,
-                         o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT: gl.constexpr):  # fmt: skip
-        """:func:`_issue_rows` from ONE set of slot ids ``b_ids`` [N]: the three copy layouts give each thread the
-        same rows (``o_sn`` / ``o_rn``: aranges in the scales' / RoPE's row layouts, equal to ``b_ids``' layout), so
-        each row's offset is computed once and only relabelled."""
+        """cp.async of a tile's raw rows (slot ids ``b_ids`` [N]; invalid ids copy zeros, cp.async's source size 0)
+        into the staging buffers, one group: ``raw_smem`` [N, 512] uint8 (e4m3 NoPE; ``o_pd`` its columns),
+        ``sc_smem`` [N, 4] fp32 (``o_sc``), ``rope_smem`` [N, 64] bf16 (``o_rd``). The three copy layouts give a
+        thread the same rows (``o_sn`` / ``o_rn``: aranges in the scales' / RoPE's row layouts, equivalent to
+        ``b_ids``' layout), so each row's offset is computed once and only relabelled."""
         m_p, o_tp = _rows(b_ids, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         cp_async.load(raw_smem, kv + o_tp[:, None] + o_pd[None, :], mask=m_p[:, None])
         m_s = gl.convert_layout(m_p, o_sn.type.layout)
@@ -197,11 +163,9 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, IDS_ONCE: gl.constexpr, LAZY: gl.constexpr,
-        HEADS_FIRST: gl.constexpr, num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
-        """Grid (B * S * cdiv(H, 64), 1, num_splits) with HEADS_FIRST (a row's head blocks adjacent), else (B * S,
-        cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
+        """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
         when empty) for the combine kernel."""
         gl.static_assert(num_warps == 8, "two warpgroups")
@@ -220,12 +184,8 @@ if _HAVE_GLUON:
         kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
         p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
 
-        if HEADS_FIRST:  # a row's head blocks launch next to each other: they gather the same rows (L2 hits)
-            i_r = gl.program_id(0) // gl.cdiv(H, 64)
-            i_hb = gl.program_id(0) % gl.cdiv(H, 64)
-        else:
-            i_r = gl.program_id(0)
-            i_hb = gl.program_id(1)
+        i_r = gl.program_id(0)
+        i_hb = gl.program_id(1)
         i_sp = gl.program_id(2)
         i_b = i_r // S
         i_s = i_r % S
@@ -257,14 +217,10 @@ if _HAVE_GLUON:
         o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
         p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
         if PREFETCH:
-            if IDS_ONCE:  # the same rows a thread in all three copies: a warp copies 4 whole 128-byte lines
-                cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
-                cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # 4 B a copy
-                cp_ro: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
-            else:
-                cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [num_warps, 1], [1, 0])  # 16 B a copy
-                cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [num_warps, 1], [1, 0])  # 4 B a copy
-                cp_ro: gl.constexpr = cr
+            # the same rows a thread in all three copies (one row offset each); a warp copies 4 whole 128-byte lines
+            cp_raw: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
+            cp_sc: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # 4 B a copy (lanes past col 4 masked)
+            cp_ro: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
             st_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # staging: plain rows
             raw_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 512], st_sl)
             sc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, 4], st_sl)
@@ -277,17 +233,10 @@ if _HAVE_GLUON:
             o_rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_ro))
             o_rd = gl.arange(0, 64, layout=gl.SliceLayout(0, cp_ro))
             t0 = t_lo * BLOCK_N
-            if IDS_ONCE:
-                if t_lo < t_hi:
-                    _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
-                                     gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd, o_sn,
-                                     o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
-            elif t_lo < t_hi:  # the first tile's copies (no copy is ever in flight when the program leaves)
+            if t_lo < t_hi:  # the first tile's copies (no copy is ever in flight when the program leaves)
                 _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
-                            gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd,
-                            gl.load(p_idx + t0 + o_sn, mask=t0 + o_sn < n_valid, other=-1), o_sc,
-                            gl.load(p_idx + t0 + o_rn, mask=t0 + o_rn < n_valid, other=-1), o_rd,
-                            PAGE_SHIFT)  # fmt: skip
+                            gl.load(p_idx + t0 + o_pn, mask=t0 + o_pn < n_valid, other=-1), o_pd, o_sn, o_sc, o_rn,
+                            o_rd, PAGE_SHIFT)  # fmt: skip
         else:
             o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ck))
             o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
@@ -298,28 +247,20 @@ if _HAVE_GLUON:
                 t1 = t0 + BLOCK_N  # the next tile (none past this split's end)
                 more = i_t + 1 < t_hi
                 n_pn = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & more, other=-1)
-                if not IDS_ONCE:
-                    n_sn = gl.load(p_idx + t1 + o_sn, mask=(t1 + o_sn < n_valid) & more, other=-1)
-                    n_rn = gl.load(p_idx + t1 + o_rn, mask=(t1 + o_rn < n_valid) & more, other=-1)
                 cp_async.wait_group(0)  # this thread's copies of this tile are in
                 _barrier()  # ... every thread's; and both warpgroups' PV of the last tile is done (k_smem is free)
                 b_sc = sc_smem.load(ck)  # [N, 4] fp32 scales of each thread's rows
-                if DIAG != 2:
-                    for c in gl.static_range(4):
-                        # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
-                        b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
-                        b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                        k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
-                    kr_smem.store(rope_smem.load(cr))
+                for c in gl.static_range(4):
+                    # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
+                    b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
+                    b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
+                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
+                kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                if more and DIAG != 6:  # (a split's last tile copies nothing)
-                    if IDS_ONCE:
-                        _issue_rows_once(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem,
-                                         rope_smem, n_pn, o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
-                    else:
-                        _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem,
-                                    n_pn, o_pd, n_sn, o_sc, n_rn, o_rd, PAGE_SHIFT)  # fmt: skip
+                if more:  # (a split's last tile copies nothing)
+                    _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
+                                o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             else:
                 b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # [N] ids (chunk rows)
                 b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
@@ -328,33 +269,12 @@ if _HAVE_GLUON:
                                    o_d, o_r, INT_DEQUANT, PAGE_SHIFT)  # fmt: skip
                 fence_async_shared()
                 _barrier()
-            if DIAG == 4:
-                b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
-            elif DIAG == 1:
-                b_s = warpgroup_mma(
-                    q_smem.slice(0, 256, dim=1),
-                    k_smem.slice(0, 256, dim=1).permute((1, 0)),
-                    gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                    use_acc=False,
-                    is_async=True,
-                )
-                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
-            else:
-                b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                                    use_acc=False, is_async=True)  # fmt: skip
-                b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-                b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
+                                use_acc=False, is_async=True)  # fmt: skip
+            b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            if DIAG == 5:  # no softmax reductions: P = exp2(s - 20), no maximum, no sum, no rescale
-                b_p = gl.exp2(gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf")) - 20.0)
-                p_smem.store(b_p.to(gl.bfloat16))
-                fence_async_shared()
-                _barrier()
-                acc = warpgroup_mma(p_smem, k_smem, acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            else:
-                acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, LAZY, DIAG == 3)
+            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem)
         l_i = gl.convert_layout(gl.sum(l_w, 1), m_i.type.layout)  # [BLOCK_H] both warpgroups' columns
 
         o_hs = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
@@ -388,15 +308,12 @@ def sparse_decode_v32_sm90_fwd(
         raise dev.UnsupportedDevice(f"the V3.2 Gluon tile needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     batch, s_q, heads, _ = q.shape
     rows = batch * s_q
-    head_blocks = triton.cdiv(heads, BLOCK_H)
-    grid = (rows * head_blocks, 1, splits) if HEADS_FIRST else (rows, head_blocks, splits)
-    _sparse_decode_v32_sm90_kernel[grid](
+    _sparse_decode_v32_sm90_kernel[(rows, triton.cdiv(heads, BLOCK_H), splits)](
         q, kv, indices, length if length is not None else indices, out, lse, o_part, lse_part,
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), IDS_ONCE=IDS_ONCE, LAZY=LAZY_RESCALE, HEADS_FIRST=HEADS_FIRST, DIAG=DIAG,
-        num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
