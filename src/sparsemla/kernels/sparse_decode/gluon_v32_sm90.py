@@ -62,8 +62,6 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
-PAIR = False  # session 35's A/B (explore _pair / _pairpf): two tiles an iteration, _sparse_decode_v32_sm90_pair_kernel
-PAIR_L2PF = True
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 
 
@@ -74,13 +72,7 @@ def available() -> bool:
 
 
 if _HAVE_GLUON:
-    from sparsemla.kernels.sparse_decode.gluon_sm90 import (
-        LN2,
-        _barrier,
-        _e4m3_bits_to_bf16,
-        _page_split,
-        _prefetch_l2,
-    )
+    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split
 
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
@@ -312,97 +304,6 @@ if _HAVE_GLUON:
             gl.store(lse_part + i_part * H + o_hs, lse2, mask=m_hs)
         gl.store(p_o, b_o.to(p_o.dtype.element_ty), mask=(o_ho < H)[:, None] & (o_co < DV)[None, :])
 
-    @gluon.jit
-    def _sparse_decode_v32_sm90_pair_kernel(
-        q, kv, idx, length, out, lse, o_part, lse_part,
-        S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
-        stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
-        DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, L2PF: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):  # fmt: skip
-        """Two 64-token tiles an iteration: S [64 heads, 128 tokens] with each warpgroup scoring one whole tile (q
-        read from shared memory once a tile, not twice), one softmax step and one PV (K = 128) an iteration. The
-        tile pair's rows are gathered synchronously (no staging fits beside q and two dequantized tiles: 221 KB);
-        L2PF prefetches the next pair's rows into L2. P takes the RoPE tile's bytes once both score MMAs are done.
-        Same grid and contract as :func:`_sparse_decode_v32_sm90_kernel`."""
-        gl.static_assert(num_warps == 8, "two warpgroups")
-        BLOCK_H: gl.constexpr = 64
-        BLOCK_T: gl.constexpr = 128
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # q rows, 16-byte runs
-        ck: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])  # [T, 128] NoPE chunks
-        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])  # [T, 64] RoPE
-        pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [num_warps, 1], [1, 0])  # [T, 8] L2 prefetches
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, 64, 16])  # fmt: skip
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                           instr_shape=[16, 256, 16])  # fmt: skip
-        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
-        qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
-        k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, 512], gl.bfloat16)
-        kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, 64], gl.bfloat16)
-        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_T], gl.bfloat16)
-
-        i_r = gl.program_id(0)
-        i_hb = gl.program_id(1)
-        i_sp = gl.program_id(2)
-        i_b = i_r // S
-        i_s = i_r % S
-        o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-        o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
-        b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
-        qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_T, 512], k_sl)
-        kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_T, 64], kr_sl)
-        p_smem = kr_smem._reinterpret(gl.bfloat16, [BLOCK_H, BLOCK_T], p_sl)  # 16 KB either way
-
-        n_valid = TOPK
-        if HAS_LEN:
-            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
-        iters = gl.cdiv(n_valid, BLOCK_T)
-        per = gl.cdiv(iters, num_splits)
-        t_lo = i_sp * per
-        t_hi = gl.minimum(t_lo + per, iters)
-        acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_w = gl.sum(gl.reshape(gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout), [BLOCK_H, 2, BLOCK_T // 2]), 2)
-        o_ns = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_layout))
-        o_n = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, ck))
-        o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
-        o_nr = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, cr))
-        o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
-        o_pn = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, pf))
-        o_pb = gl.arange(0, 8, layout=gl.SliceLayout(0, pf))
-        o_pbb = gl.minimum(o_pb * 128, 655)  # a 656-byte row's 128-byte lines: 0, 128, .., 640 and its last byte
-        m_pb = o_pb < 7
-        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-        for i_t in range(t_lo, t_hi):
-            t0 = i_t * BLOCK_T
-            b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [T] ids (S columns)
-            b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < n_valid, other=-1)  # the same (chunk rows)
-            b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
-            if L2PF:  # the next pair's rows into L2 while this one is gathered and multiplied
-                t1 = t0 + BLOCK_T
-                n_pf = gl.load(p_idx + t1 + o_pn, mask=(t1 + o_pn < n_valid) & (i_t + 1 < t_hi), other=-1)
-                m_f, o_f = _rows(n_pf, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-                _prefetch_l2(kv + o_f[:, None] + o_pbb[None, :], (m_f & (n_pf >= 0))[:, None] & m_pb[None, :])
-            _barrier()  # both warpgroups' PV of the last pair is done (k_smem, and P in kr_smem, are free)
-            _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d,
-                               o_r, False, PAGE_SHIFT)  # fmt: skip
-            fence_async_shared()
-            _barrier()
-            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout),
-                                use_acc=False, is_async=True)  # fmt: skip
-            b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [64, 128]: each warpgroup one tile
-            _barrier()  # both warpgroups' score MMAs have read the RoPE tile before P overwrites it
-            b_ids = gl.where(b_ids < num_slots, b_ids, -1)
-            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem)
-        _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)
-
 
 def sparse_decode_v32_sm90_fwd(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None, out: torch.Tensor,
@@ -417,15 +318,6 @@ def sparse_decode_v32_sm90_fwd(
         raise dev.UnsupportedDevice(f"the V3.2 Gluon tile needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     batch, s_q, heads, _ = q.shape
     rows = batch * s_q
-    if PAIR:
-        _sparse_decode_v32_sm90_pair_kernel[(rows, triton.cdiv(heads, BLOCK_H), splits)](
-            q, kv, indices, length if length is not None else indices, out, lse, o_part, lse_part,
-            s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
-            q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
-            DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shift(page_size),
-            L2PF=PAIR_L2PF, num_warps=NUM_WARPS,
-        )  # fmt: skip
-        return
     _sparse_decode_v32_sm90_kernel[(rows, triton.cdiv(heads, BLOCK_H), splits)](
         q, kv, indices, length if length is not None else indices, out, lse, o_part, lse_part,
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
