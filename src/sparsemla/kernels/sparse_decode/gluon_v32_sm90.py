@@ -10,13 +10,15 @@ both warpgroups compute the whole 64 x 64 score tile (the V4 tile's reason too:
   buffer [64, 64];
 * S [64 heads, 64 tokens] = q_nope K^T + q_rope K_rope^T by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
   warpgroup 32 tokens;
-* online softmax in base 2; P (bf16) through shared memory; O [64, 512] += P K_nope by ``warpgroup_mma`` with
-  ``warps_per_cta = [4, 2]``: each warpgroup 256 output columns.
+* online softmax in base 2, each warpgroup's running sums kept for its own 32 tokens (added once, at the end); P
+  (bf16) through shared memory; O [64, 512] += P K_nope by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
+  warpgroup 256 output columns.
 
 PREFETCH: the next tile's raw rows (512 e4m3 bytes, 4 fp32 scales and 64 bf16 RoPE values a row: 41 KB a tile) are
 copied with cp.async into staging buffers right after this tile's rows were dequantized out of them, so their latency
 hides behind this tile's MMAs; the dequant then reads shared memory (the explore prototype's timing-only diagnostics
-found the synchronous tile bound by each tile's serial latency; results/bench/explore/README.md, session 33).
+found the synchronous tile bound by each tile's serial latency; results/bench/explore/README.md, session 33). The
+three copies give a thread the same rows, so a row's offset is computed once a tile.
 
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton_v32.sparse_decode_v32_fwd`'s main kernel: one program
 per (row, 64-head block, split), ``topk_length``, -1 / out-of-range ids, ``d_v`` <= 512, rows with no valid entry
