@@ -330,7 +330,7 @@ def aot_compare(archs: list[str], shapes: list[tuple[int, int]], nws: list[str])
                 except Exception as exc:  # noqa: BLE001 - a variant Triton cannot compile is a finding
                     print(f"{arch} B={batch} H={heads} {variant}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                name = "_sparse_decode_kernel" if variant in ("base", "lazy", "nolift", "lift", "tsum") else "_ws_decode_kernel"
+                name = "_sparse_decode_kernel" if variant in ("base", "lazy", "nolift", "lift") else "_ws_decode_kernel"
                 k = got[name]
                 res = next(r for r in sink if r.kernel == name)
                 ops = _loop_ops(aot._cubin_tool(k.asm["cubin"], "-sass"))
@@ -353,11 +353,9 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
     pf = re.fullmatch(r"pf(\d+)(?:s(\d+))?", variant)  # pf<N>[s<S>]: l2_prefetch N tiles ahead, every S bytes
-    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2", "hfast", "tsum") or pf:  # the launcher's kernel,
+    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2", "hfast") or pf:  # the launcher's kernel,
         q = kw["q"]  # fields changed
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
-        if variant == "tsum":  # the launcher's config, running sums as a tile (DecodeConfig.tile_sums, session 35)
-            return T.sparse_decode_fwd(**kw, config=replace(cfg, tile_sums=True))[0]
         if variant == "hfast":  # the launcher's config, a row's head blocks adjacent in the grid (heads_fastest)
             return T.sparse_decode_fwd(**kw, config=replace(cfg, heads_fastest=True))[0]
         if variant == "sub2":  # the launcher's heads per program, 64-token tiles as two half tiles (sub_tiles)

@@ -87,9 +87,7 @@ class DecodeConfig:
     one iteration ahead, as the Triton tile's are (the same bits). warp_specialize (with gluon): the Gluon tile with a
     producer warpgroup that gathers the next tile into a second buffer while the two warpgroups multiply this one
     (:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_sm90`; the same bits); None, the default:
-    :func:`warp_specialize_default`. tile_sums (no lazy rescale; off until timed): the softmax's running sums kept as a
-    [block_h, block_n] (half tiles: [block_h, block_n / 2]) tile, added elementwise each tile and reduced over the
-    tokens once at the end, so no tile pays a row-sum reduction across the warps (the same results to rounding)."""
+    :func:`warp_specialize_default`."""
 
     block_h: int
     block_n: int
@@ -115,7 +113,6 @@ class DecodeConfig:
     gluon: bool = False
     ids_ahead: bool = False
     warp_specialize: bool | None = None
-    tile_sums: bool = False
 
     def __post_init__(self) -> None:
         if self.dv_split not in (1, 2):
@@ -131,8 +128,6 @@ class DecodeConfig:
             raise ValueError("ids_ahead is an option of the Gluon tile (gluon=True)")
         if self.warp_specialize and not self.gluon:
             raise ValueError("warp_specialize is an option of the Gluon tile (gluon=True)")
-        if self.tile_sums and (self.lazy_rescale or self.gluon):
-            raise ValueError("tile_sums is an option of the Triton tile without lazy_rescale")
         if self.gluon and (
             (self.block_h, self.block_n, self.num_warps, self.num_stages, self.dv_split, self.sub_tiles)
             != (gluon_sm90.BLOCK_H, gluon_sm90.BLOCK_N, gluon_sm90.NUM_WARPS, 1, 1, 1)
@@ -614,13 +609,12 @@ def _sub_tiles_step(
     acc, m_i, l_i, b_q, b_idx, p_cache, in_main, page_size, page_stride, page_size_x, page_stride_x, qk_scale,
     BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr,
     INT_DEQUANT: tl.constexpr, CHUNKS_FIRST: tl.constexpr, Q_LIFT: tl.constexpr, OPAQUE_TILE: tl.constexpr,
-    PAGE_SHIFT: tl.constexpr, PAGE_SHIFT_X: tl.constexpr, JOINT_REDUCE: tl.constexpr, TILE_SUMS: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, PAGE_SHIFT_X: tl.constexpr, JOINT_REDUCE: tl.constexpr,
 ):  # fmt: skip
     """One tile of ``BLOCK_N`` tokens as two half tiles (even and odd tokens: the order inside a tile does not matter)
     with one online-softmax step: each half's rows are gathered, scored and multiplied by their own P half, so the
     P staging buffer is half as big. JOINT_REDUCE: the row maximum and sum of both halves in one cross-lane
-    reduction each (``DecodeConfig.sub_joint_reduce``). TILE_SUMS: ``l_i`` is [BLOCK_H, BLOCK_N // 2], both halves
-    added elementwise (``DecodeConfig.tile_sums``)."""
+    reduction each (``DecodeConfig.sub_joint_reduce``)."""
     HALF: tl.constexpr = BLOCK_N // 2
     b_ia, b_ib = tl.split(tl.reshape(b_idx, [HALF, 2]))  # [HALF] even / odd tokens of the tile
     m_a, tok_a, rope_a, sc_a = _token_offsets(b_ia, in_main, page_size, page_stride, page_size_x, page_stride_x,
@@ -651,13 +645,11 @@ def _sub_tiles_step(
     alpha = tl.math.exp2(m_i - m_use)
     # each P half is made right before its dot, so its staging buffer is free again when the other one is made
     b_pa = tl.math.exp2(b_sa - m_use[:, None])
-    if not JOINT_REDUCE and not TILE_SUMS:
+    if not JOINT_REDUCE:
         l_i = l_i * alpha + tl.sum(b_pa, 1)
     acc = tl.dot(b_pa.to(b_ka.dtype), b_ka, acc * alpha[:, None], input_precision=DOT_PREC)  # [BLOCK_H, 512]
     b_pb = tl.math.exp2(b_sb - m_use[:, None])
-    if TILE_SUMS:
-        l_i = l_i * alpha[:, None] + (b_pa + b_pb)
-    elif JOINT_REDUCE:
+    if JOINT_REDUCE:
         l_i = l_i * alpha + tl.sum(b_pa + b_pb, 1)
     else:
         l_i += tl.sum(b_pb, 1)
@@ -678,7 +670,7 @@ def _sparse_decode_kernel(
     CHUNKS_FIRST: tl.constexpr, OPAQUE_TILE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
     PAGE_SHIFT: tl.constexpr = -1, PAGE_SHIFT_X: tl.constexpr = -1, SUB_TILES: tl.constexpr = 1,
-    SUB_JOINT_REDUCE: tl.constexpr = False, HEADS_FASTEST: tl.constexpr = False, TILE_SUMS: tl.constexpr = False,
+    SUB_JOINT_REDUCE: tl.constexpr = False, HEADS_FASTEST: tl.constexpr = False,
 ):  # fmt: skip
     """Same contract as ``_sparse_decode_kernel``, with the 512-wide row as ONE tile: q [BLOCK_H, 512], K/V
     [BLOCK_N, 512], acc [BLOCK_H, 512 / DV_SPLIT]. Two dots per tile (K=512 deep QK, N=512 wide PV) instead of 16
@@ -728,10 +720,7 @@ def _sparse_decode_kernel(
 
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    if TILE_SUMS:  # [BLOCK_H, tokens a softmax step adds]: summed over the tokens once, after the loop
-        l_i = tl.zeros([BLOCK_H, BLOCK_N // SUB_TILES], dtype=tl.float32)
-    else:
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     p_idx = idx + i_b.to(tl.int64) * stride_ib + i_s.to(tl.int64) * stride_is
     p_idx_x = idx_x + i_b.to(tl.int64) * stride_xb + i_s.to(tl.int64) * stride_xs
     o_n = tl.arange(0, BLOCK_N)
@@ -761,7 +750,7 @@ def _sparse_decode_kernel(
             acc, m_i, l_i = _sub_tiles_step(
                 acc, m_i, l_i, b_q, b_idx, p_cache, in_main, page_size, page_stride, page_size_x, page_stride_x,
                 qk_scale, BLOCK_N, ALIGNED, DOT_F32, DOT_PREC, INT_DEQUANT, CHUNKS_FIRST, Q_LIFT, OPAQUE_TILE,
-                PAGE_SHIFT, PAGE_SHIFT_X, SUB_JOINT_REDUCE, TILE_SUMS,
+                PAGE_SHIFT, PAGE_SHIFT_X, SUB_JOINT_REDUCE,
             )  # fmt: skip
         else:
             if DV_SPLIT == 1:
@@ -791,10 +780,7 @@ def _sparse_decode_kernel(
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing valid yet stay at zero weight
                 alpha = tl.math.exp2(m_i - m_use)
                 b_p = tl.math.exp2(b_s - m_use[:, None])
-                if TILE_SUMS:
-                    l_i = l_i * alpha[:, None] + b_p
-                else:
-                    l_i = l_i * alpha + tl.sum(b_p, 1)
+                l_i = l_i * alpha + tl.sum(b_p, 1)
                 m_i = m_new
             if DOT_F32:
                 b_pd = b_p
@@ -802,8 +788,6 @@ def _sparse_decode_kernel(
                 b_pd = b_p.to(tl.bfloat16)
             acc = tl.dot(b_pd, b_k, _rescaled(acc, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [H, DV]
 
-    if TILE_SUMS:
-        l_i = tl.sum(l_i, 1)
     lse2 = tl.where(l_i > 0.0, m_i + tl.math.log2(l_i), float("-inf"))
     inv_l = tl.where(l_i > 0.0, 1.0 / l_i, 0.0)
     o_v = i_dv * BLOCK_DV + tl.arange(0, BLOCK_DV)  # this program's output columns
@@ -1026,7 +1010,7 @@ def sparse_decode_fwd(
             PF_STRIDE=cfg.prefetch_stride, PAGE_SHIFT=page_shift(page_size),
             PAGE_SHIFT_X=page_shift(page_size_x if has_extra else page_size),  # no extra tiles: the main cache's shift
             SUB_TILES=cfg.sub_tiles, SUB_JOINT_REDUCE=cfg.sub_joint_reduce, HEADS_FASTEST=heads_fastest,
-            TILE_SUMS=cfg.tile_sums, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if splits > 1:
         block_s, block_hc, block_d = combine_blocks(splits, heads)
