@@ -74,35 +74,11 @@ def available() -> bool:
 
 
 if _HAVE_GLUON:
-    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split
+    from sparsemla.kernels.sparse_decode.gluon_sm90 import LN2, _barrier, _e4m3_bits_to_bf16, _page_split, _softmax_pv
 
     SCALE_OFF_F32: gl.constexpr = gl.constexpr(512 // 4)  # the 4 fp32 scales start at byte 512 of a 656-byte row
     ROPE_OFF: gl.constexpr = gl.constexpr(528)  # the 64 bf16 RoPE values start at byte 528
     TWO_POW_120_F: gl.constexpr = gl.constexpr(2.0**120)
-
-    @gluon.jit
-    def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_tile):
-        """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
-        masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
-        (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_w).
-        ``l_w`` [BLOCK_H, 2]: each warpgroup's running sum over its own BLOCK_N / 2 score columns (no exchange between
-        the warpgroups a tile, which a row sum of the whole tile needs; the caller adds the two at the end)."""
-        BH: gl.constexpr = b_s.shape[0]
-        BN: gl.constexpr = b_s.shape[1]
-        b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(b_s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        b_p = gl.exp2(b_s - m_use[:, None])
-        p_w = gl.sum(gl.reshape(b_p, [BH, 2, BN // 2]), 2)  # [BH, 2] each warpgroup's columns (its own threads)
-        l_w = l_w * gl.convert_layout(alpha, gl.SliceLayout(1, p_w.type.layout))[:, None] + p_w
-        p_smem.store(b_p.to(gl.bfloat16))
-        fence_async_shared()
-        _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))
-        acc = warpgroup_mma(p_smem, k_tile, acc * alpha_o[:, None], is_async=True)  # [BLOCK_H, 512]
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return acc, m_new, l_w
 
     @gluon.jit
     def _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT: gl.constexpr):
@@ -212,7 +188,7 @@ if _HAVE_GLUON:
         t_hi = gl.minimum(t_lo + per, tiles)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        # [BLOCK_H, 2] running sums, one column a warpgroup (its 32 score columns; _softmax_pv)
+        # [BLOCK_H, 2] running sums, one column a warpgroup (its 32 score columns; _softmax_pv's WG_SUMS)
         l_w = gl.sum(gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout), [BLOCK_H, 2, BLOCK_N // 2]), 2)
         o_ns = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         o_nr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
@@ -278,7 +254,7 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem)
+            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True)
         _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)
 
     @gluon.jit
