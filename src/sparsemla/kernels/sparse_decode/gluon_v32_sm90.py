@@ -64,7 +64,6 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
-ROW_PAIRS = False  # session 35's A/B (explore _rowpairs)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 
 
@@ -142,7 +141,7 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr, ROW_PAIRS: gl.constexpr = False,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -196,11 +195,11 @@ if _HAVE_GLUON:
         o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
         p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
         if PREFETCH:
-            # the same rows a thread in all three copies (one row offset each); a warp copies 4 whole 128-byte lines
-            RP: gl.constexpr = 2 if ROW_PAIRS else 1  # a thread's two rows adjacent (explore _rowpairs) or 32 apart
-            cp_raw: gl.constexpr = gl.BlockedLayout([RP, 16], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
-            cp_sc: gl.constexpr = gl.BlockedLayout([RP, 1], [4, 8], [num_warps, 1], [1, 0])  # 4 B (4 lanes masked)
-            cp_ro: gl.constexpr = gl.BlockedLayout([RP, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
+            # the same two adjacent rows a thread in all three copies (one row offset each); a warp copies 4 whole
+            # 128-byte lines an instruction
+            cp_raw: gl.constexpr = gl.BlockedLayout([2, 16], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
+            cp_sc: gl.constexpr = gl.BlockedLayout([2, 1], [4, 8], [num_warps, 1], [1, 0])  # 4 B (4 lanes masked)
+            cp_ro: gl.constexpr = gl.BlockedLayout([2, 8], [4, 8], [num_warps, 1], [1, 0])  # 16 B a copy
             st_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # staging: plain rows
             raw_smem = gl.allocate_shared_memory(gl.uint8, [BLOCK_N, 512], st_sl)
             sc_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, 4], st_sl)
@@ -301,7 +300,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS, ROW_PAIRS=ROW_PAIRS,
+        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
