@@ -663,15 +663,14 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
                         gluon_prefetch="_pf" in variant)  # fmt: skip
         # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
         # 0c7fe3a, _pair / _pairpf at 8752ecb, _rowpairs at f36067e; results/bench/explore/README.md, session 35)
-        shift, bs = gluon_v32_sm90.page_shift, gluon_v32_sm90.BF16_SCALE
-        gluon_v32_sm90.BF16_SCALE = int(variant.split("_bf16s")[1]) if "_bf16s" in variant else 0
+        shift = gluon_v32_sm90.page_shift
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
             gluon_v32_sm90.page_shift = lambda page_size: -1
         try:
             return sparse_decode_v32_fwd(kw["q"], kw["kv_cache"], kw["indices"], kw["sm_scale"],
                                          kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
         finally:
-            gluon_v32_sm90.page_shift, gluon_v32_sm90.BF16_SCALE = shift, bs
+            gluon_v32_sm90.page_shift = shift
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange

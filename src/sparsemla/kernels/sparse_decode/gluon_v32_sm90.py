@@ -64,7 +64,6 @@ NUM_WARPS = 8  # two warpgroups
 # q + the tile (NoPE and RoPE) + P, bf16, plus the reductions' scratch (ahead of time, Triton 3.8: 156,160 B)
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
-BF16_SCALE = 0  # session 35's A/B only (explore _bf16s1 / _bf16s2): _dequant_chunk's BF16_SCALE
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
 
 
@@ -90,15 +89,9 @@ if _HAVE_GLUON:
         return m_n, b_page.to(gl.int64) * stride_kb + b_off.to(gl.int64) * stride_kt
 
     @gluon.jit
-    def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr, BF16_SCALE: gl.constexpr = 0):
+    def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr):
         """[N, 128] e4m3 bytes (uint8) times their [N] fp32 scales -> bf16, rounded once: the integer bit path
-        (INT_DEQUANT, exact) or the e4m3 conversion instructions. BF16_SCALE (explore A/B, session 35; not sglang's
-        numbers): 1 the value in bf16 times the scale rounded to bf16 (FlashMLA's), 2 the integer bits times
-        bf16(scale x 2^120) (overflows from scale 256)."""
-        if BF16_SCALE == 1:
-            return b_u.to(gl.float8e4nv, bitcast=True).to(gl.bfloat16) * b_sc.to(gl.bfloat16)[:, None]
-        if BF16_SCALE == 2:
-            return _e4m3_bits_to_bf16(b_u) * (b_sc * TWO_POW_120_F).to(gl.bfloat16)[:, None]
+        (INT_DEQUANT, exact) or the e4m3 conversion instructions."""
         if INT_DEQUANT:
             two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
             b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
@@ -148,7 +141,7 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr, BF16_SCALE: gl.constexpr = 0,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -240,7 +233,7 @@ if _HAVE_GLUON:
                     # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
                     b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
                     b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT, BF16_SCALE))
+                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
                 kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
@@ -307,7 +300,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS, BF16_SCALE=BF16_SCALE,
+        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
