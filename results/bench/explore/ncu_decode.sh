@@ -5,11 +5,7 @@
 #   run(command="bash results/bench/explore/ncu_decode.sh", carry=[".gpu"])
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-bash benchmarks/gpu-setup.sh 2>&1 | tail -1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}/ncu; mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "[ncu] $ncu $($ncu --version | tail -1)"
+source results/bench/explore/ncu_env.sh
 for path in ${PATHS:-sm89 native}; do
     env=(); [ "$path" = sm89 ] && env=(TRITON_OVERRIDE_ARCH=sm89)
     rep="$out/decode-B${B:-64}-H${H:-64}-$path"
@@ -17,9 +13,6 @@ for path in ${PATHS:-sm89 native}; do
     env "${env[@]}" timeout 200 "$ncu" --clock-control none --target-processes all -k regex:_sparse_decode_kernel \
         --launch-skip 2 --launch-count 1 --set full --import-source yes -f -o "$rep" \
         python3 results/bench/explore/ncu_decode.py --B "${B:-64}" --H "${H:-64}" 2>&1 | grep -v '^==PROF==' | tail -4
-    "$ncu" -i "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2>&1
-    "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-source.csv" 2>&1
-    grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|Shared Memory Configuration Size|L1/TEX Hit Rate|Memory Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Block Limit Shared Mem|Block Limit Registers)"' \
-        "$rep-details.csv" | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | head -20
+    ncu_pages "$rep" 'Duration|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|Shared Memory Configuration Size|L1/TEX Hit Rate|Memory Throughput|Compute \(SM\) Throughput|Executed Ipc Active|Block Limit Shared Mem|Block Limit Registers' 20
     echo "[ncu] $path $(( $(date +%s) - t0 ))s; $(wc -l < "$rep-source.csv") source rows"
 done

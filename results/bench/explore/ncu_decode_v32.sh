@@ -6,11 +6,7 @@
 #   run(command="bash results/bench/explore/ncu_decode_v32.sh", carry=[".gpu-cubins/decode_v32", ".gpu"])
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-bash benchmarks/gpu-setup.sh 2>&1 | tail -1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}/ncu; mkdir -p "$out"
-ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "[ncu] $ncu $($ncu --version | tail -1)"
+source results/bench/explore/ncu_env.sh
 B=${B:-64} H=${H:-128}
 for who in ours flashmla; do
     if [ "$who" = ours ]; then k=regex:_sparse_decode_v32; a=(--cubins .gpu-cubins/decode_v32); else k=regex:flash; a=(--flashmla); fi
@@ -19,10 +15,7 @@ for who in ours flashmla; do
     timeout 200 "$ncu" --clock-control none --target-processes all -k "$k" --launch-skip 2 --launch-count 1 \
         --set full --import-source yes -f -o "$rep" \
         python3 results/bench/explore/ncu_decode_v32.py --B "$B" --H "$H" "${a[@]}" 2>&1 | grep -v '^==PROF==' | tail -4
-    "$ncu" -i "$rep.ncu-rep" --page details --csv > "$rep-details.csv" 2>&1
-    "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-source.csv" 2>&1
-    grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|Executed Ipc Active|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Instructions)"' \
-        "$rep-details.csv" | awk -F'","' '{print "  " $(NF-2) " = " $NF " " $(NF-1)}' | tr -d '"' | head -14
+    ncu_pages "$rep" 'Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued Instruction|Executed Ipc Active|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Executed Instructions' 14
     echo "[ncu] $who $(( $(date +%s) - t0 ))s; $(wc -l < "$rep-source.csv") source rows"
 done
 python3 results/bench/explore/ncu_summary.py "$out"/decode_v32-B$B-H$H-ours "$out"/decode_v32-B$B-H$H-flashmla \

@@ -262,14 +262,15 @@ if _HAVE_GLUON:
         """The program's result from the running state (acc [64, 512] fp32, m_i [64] base-2 maximum, l_w [64, 2]
         the warpgroups' sums): SINGLE out [B, S, H, DV] bf16 and lse [B, H, S] (natural log, +inf when empty), else
         the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf when empty)."""
-        l_i = gl.convert_layout(gl.sum(l_w, 1), m_i.type.layout)  # [64] both warpgroups' columns
-        o_hs = i_hb * 64 + gl.arange(0, 64, layout=m_i.type.layout)
+        BH: gl.constexpr = m_i.shape[0]
+        l_i = gl.convert_layout(gl.sum(l_w, 1), m_i.type.layout)  # [BH] both warpgroups' columns
+        o_hs = i_hb * BH + gl.arange(0, BH, layout=m_i.type.layout)
         m_hs = o_hs < H
         lse2 = gl.where(l_i > 0.0, m_i + gl.log2(l_i), float("-inf"))
         inv_l = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
         o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         b_o = acc * gl.convert_layout(inv_l, o_rows)[:, None]
-        o_ho = i_hb * 64 + gl.arange(0, 64, layout=o_rows)
+        o_ho = i_hb * BH + gl.arange(0, BH, layout=o_rows)
         o_co = gl.arange(0, 512, layout=gl.SliceLayout(0, acc.type.layout))
         if SINGLE:
             p_o = out + (i_r.to(gl.int64) * H + o_ho.to(gl.int64))[:, None] * DV + o_co[None, :]
