@@ -130,7 +130,7 @@ def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
     name += ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
-    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "")
+    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "") + ("-f16" if cfg.gluon_f16 else "")
     name += "" if cfg.int_dequant else "-cvt"
     return name + {None: "", True: "-lift", False: "-nolift"}[cfg.q_lift]
 
@@ -193,6 +193,7 @@ VARIANTS = [
     v32.V32Config(64, 64, 8, 1, True, gluon=True),
     v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, gluon_f16=True),
 ]
 
 
@@ -235,8 +236,11 @@ def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
         check(args, kw_dv, out, lse)
 
 
-GLUON_TILES = [v32.V32Config(64, 64, 8, 1, True, gluon=True), v32.V32Config(64, 64, 8, 1, True, gluon=True,
-                                                                            gluon_prefetch=True)]  # fmt: skip
+GLUON_TILES = [
+    v32.V32Config(64, 64, 8, 1, True, gluon=True),
+    v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, gluon_f16=True),
+]
 
 
 @pytest.mark.parametrize("cfg", GLUON_TILES, ids=_variant_id)
@@ -263,7 +267,7 @@ def test_gluon_prefetch_changes_no_bit(nan_empty, int_dequant, splits):
     """The Gluon tile's gather one tile ahead (cp.async into staging) computes the same bits as the synchronous
     tile: across split ends, empty splits (17), -1 and out-of-range ids, short rows; and the integer dequant equals
     the e4m3 conversion instructions bit for bit."""
-    sync, ahead = (replace(c, int_dequant=int_dequant) for c in GLUON_TILES)
+    sync, ahead = (replace(c, int_dequant=int_dequant) for c in GLUON_TILES[:2])
     _runnable(ahead, "fp8_656")
     args, kw = make_case("fp8_656", 5, 2, 128, invalid=0.05, seed=17 + splits)
     num_slots = args[1].shape[0] * args[1].shape[1]
@@ -274,6 +278,26 @@ def test_gluon_prefetch_changes_no_bit(nan_empty, int_dequant, splits):
     flip = replace(ahead, int_dequant=not int_dequant)
     other = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=flip)
     assert torch.equal(other[0], got[0]) and torch.equal(other[1], got[1])
+    check(args, kw, *got)
+
+
+@pytest.mark.parametrize(
+    "splits,q_gain", [(1, 0.01), (3, 1.0), (17, 4.0)], ids=["1split-q0.01", "3splits-q1", "17splits-q4"]
+)
+def test_gluon_f16_prefetch_changes_no_bit_and_spans_scales(nan_empty, splits, q_gain):
+    """V32Config.gluon_f16: the gather a tile ahead computes the synchronous tile's bits; with NoPE tiles of std
+    0.002 .. 30 (scales from f16's subnormals up; products f16 holds) and q scaled by ``q_gain`` (its power of two
+    moves), the reference's numbers."""
+    ahead = GLUON_TILES[2]
+    _runnable(ahead, "fp8_656")
+    args, kw = make_case("fp8_656", 5, 2, 128, invalid=0.05, seed=23 + splits)
+    gen = torch.Generator().manual_seed(splits)
+    cache = layouts.random_v32_cache(args[1].shape[0], "fp8_656", generator=gen, tile_std=(0.002, 1.0, 30.0, 3.0))
+    args[1] = cache.cuda()
+    args[0] = (args[0].float() * q_gain).to(torch.bfloat16)
+    want = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=replace(ahead, gluon_prefetch=False))
+    got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=ahead)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(args, kw, *got)
 
 

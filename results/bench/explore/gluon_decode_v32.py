@@ -617,7 +617,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
-            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div")
+            "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div", "pkg_gluon_pf_f16")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -660,7 +660,7 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
-                        gluon_prefetch="_pf" in variant)  # fmt: skip
+                        gluon_prefetch="_pf" in variant, gluon_f16="_f16" in variant)  # fmt: skip
         # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
         # 0c7fe3a, _pair / _pairpf at 8752ecb, _rowpairs at f36067e; results/bench/explore/README.md, session 35)
         shift = gluon_v32_sm90.page_shift

@@ -239,13 +239,14 @@ if _HAVE_GLUON:
 
     @gluon.jit
     def _softmax_pv(b_s, b_ids, qk_scale, m_i, l_i, acc, p_smem, k_tile, P_IN_USE: gl.constexpr,
-                    WG_SUMS: gl.constexpr = False):  # fmt: skip
+                    WG_SUMS: gl.constexpr = False, P_F16: gl.constexpr = False):  # fmt: skip
         """One online-softmax step (base 2) on the scores ``b_s`` [BLOCK_H, BLOCK_N] of slot ids ``b_ids`` (-1:
         masked; heads with nothing valid yet stay at zero weight), then acc [BLOCK_H, 512] = acc * alpha + P V with P
         (bf16) through ``p_smem`` and V = ``k_tile`` [BLOCK_N, 512]: (acc, m_i, l_i). P_IN_USE: the last PV may still
         read P (no barrier since), so both warpgroups meet before it is replaced. WG_SUMS: ``l_i`` is [BLOCK_H, 2],
         each warpgroup's running sum over its own BLOCK_N / 2 score columns (no exchange between the warpgroups a
-        tile, which a sum over the whole tile needs; the caller adds the two at the end)."""
+        tile, which a sum over the whole tile needs; the caller adds the two at the end). P_F16: P in f16 (for an f16
+        ``k_tile``), else bf16."""
         b_s = gl.where((b_ids >= 0)[None, :], b_s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(b_s, 1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -260,7 +261,10 @@ if _HAVE_GLUON:
             l_i = l_i * alpha + gl.sum(b_p, 1)
         if P_IN_USE:
             _barrier()
-        p_smem.store(b_p.to(gl.bfloat16))
+        if P_F16:
+            p_smem.store(b_p.to(gl.float16))
+        else:
+            p_smem.store(b_p.to(gl.bfloat16))
         fence_async_shared()
         _barrier()  # both warpgroups' halves of P are in before either PV reads all of it
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))

@@ -89,19 +89,25 @@ if _HAVE_GLUON:
         return m_n, b_page.to(gl.int64) * stride_kb + b_off.to(gl.int64) * stride_kt
 
     @gluon.jit
-    def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr):
+    def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr, F16: gl.constexpr):
         """[N, 128] e4m3 bytes (uint8) times their [N] fp32 scales -> bf16, rounded once: the integer bit path
-        (INT_DEQUANT, exact) or the e4m3 conversion instructions."""
-        if INT_DEQUANT:
-            two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
-            b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
+        (INT_DEQUANT, exact) or the e4m3 conversion instructions. F16: -> f16, the value converted exactly (one
+        instruction a pair) times the scale rounded to f16, the product rounded once in f16 (one packed multiply a
+        pair)."""
+        if F16:
+            b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float16) * b_sc.to(gl.float16)[:, None]
         else:
-            b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
-        return (b_k * b_sc[:, None]).to(gl.bfloat16)
+            if INT_DEQUANT:
+                two_120 = gl.full([1, 1], TWO_POW_120_F, gl.bfloat16, b_u.type.layout)
+                b_k = (_e4m3_bits_to_bf16(b_u) * two_120).to(gl.float32)
+            else:
+                b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            b_k = (b_k * b_sc[:, None]).to(gl.bfloat16)
+        return b_k
 
     @gluon.jit
     def _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d, o_r,
-                           INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr):  # fmt: skip
+                           INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr):  # fmt: skip
         """Rows of slot ids ``b_idx`` / ``b_idr`` [N] (the same ids in the NoPE chunks' and the RoPE's layouts;
         invalid -> zeros) of the uint8 cache ``kv`` into ``k_smem`` [N, 512] bf16 (128 columns at a time) and
         ``kr_smem`` [N, 64] bf16. ``o_d`` [128] / ``o_r`` [64]: the columns."""
@@ -110,7 +116,7 @@ if _HAVE_GLUON:
         for c in gl.static_range(4):
             b_u = gl.load(kv + (o_tok + c * 128)[:, None] + o_d[None, :], mask=m_n[:, None], other=0)  # [N, 128]
             b_sc = gl.load(p_sc + (o_tok >> 2) + SCALE_OFF_F32 + c, mask=m_n, other=0.0)  # [N] fp32
-            k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_sc, INT_DEQUANT))
+            k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_sc, INT_DEQUANT, F16))
         m_r, o_tr = _rows(b_idr, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_rope = (kv + ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
         kr_smem.store(gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0))
@@ -141,7 +147,7 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -156,11 +162,12 @@ if _HAVE_GLUON:
                                                            instr_shape=[16, 32, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, 256, 16])  # fmt: skip
-        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], gl.bfloat16)
+        KT: gl.constexpr = gl.float16 if F16 else gl.bfloat16  # q NoPE, the dequantized tile and P
+        q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 512], KT)
         qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 64], gl.bfloat16)
-        k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], gl.bfloat16)
+        k_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 512], KT)
         kr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], KT)
 
         i_r = gl.program_id(0)
         i_hb = gl.program_id(1)
@@ -173,11 +180,21 @@ if _HAVE_GLUON:
         p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
         b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
         b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], q_sl, b_q)
+        if F16:
+            # q NoPE times 2^e into f16: the block's largest |q| NoPE into [2^14, 2^15) (e from its fp32 exponent,
+            # clamped: all-zero blocks), exact where f16 is normal; q RoPE (bf16, its MMA's operand) times the same
+            # 2^e, exact; so S comes out times 2^e and the softmax takes qk_scale times 2^-e
+            q_amax = gl.max(gl.max(gl.abs(b_q.to(gl.float32)), 1), 0)
+            e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -100), 100)
+            two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)
+            b_q = (b_q.to(gl.float32) * two_e).to(gl.float16)
+            b_qr = (b_qr.to(gl.float32) * two_e).to(gl.bfloat16)
+            qk_scale = qk_scale * (((127 - e_q) << 23).to(gl.float32, bitcast=True))
+        q_smem = gl.allocate_shared_memory(KT, [BLOCK_H, 512], q_sl, b_q)
         qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], k_sl)
+        k_smem = gl.allocate_shared_memory(KT, [BLOCK_N, 512], k_sl)
         kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], kr_sl)
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_sl)
+        p_smem = gl.allocate_shared_memory(KT, [BLOCK_H, BLOCK_N], p_sl)
 
         n_valid = TOPK  # the row's leftmost topk_length entries count
         if HAS_LEN:
@@ -233,7 +250,7 @@ if _HAVE_GLUON:
                     # [N] chunk c's scales (-0.0 elsewhere: x + -0.0 is x exactly, signed zeros included)
                     b_scc = gl.sum(gl.where(o_c4[None, :] == c, b_sc, -0.0), 1)
                     b_u = raw_smem.slice(c * 128, 128, dim=1).load(ck)  # [N, 128] e4m3 bytes
-                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT))
+                    k_smem.slice(c * 128, 128, dim=1).store(_dequant_chunk(b_u, b_scc, INT_DEQUANT, F16))
                 kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
@@ -245,7 +262,7 @@ if _HAVE_GLUON:
                 b_idr = gl.load(p_idx + t0 + o_nr, mask=t0 + o_nr < n_valid, other=-1)  # the same (RoPE rows)
                 _barrier()  # both warpgroups' PV of the last tile is done before the tile is replaced
                 _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem,
-                                   o_d, o_r, INT_DEQUANT, PAGE_SHIFT)  # fmt: skip
+                                   o_d, o_r, INT_DEQUANT, PAGE_SHIFT, F16)  # fmt: skip
                 fence_async_shared()
                 _barrier()
             b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
@@ -253,7 +270,7 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
-            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True)
+            acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True, F16)
         _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)
 
     @gluon.jit
@@ -287,6 +304,7 @@ def sparse_decode_v32_sm90_fwd(
     q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, length: torch.Tensor | None, out: torch.Tensor,
     lse: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor, *, page_size: int, stride_kb: int,
     stride_kt: int, num_slots: int, splits: int, qk_scale: float, d_v: int, int_dequant: bool, prefetch: bool,
+    f16: bool = False,
 ) -> None:  # fmt: skip
     """Launch the tile: q [B, s_q, H, 576] bf16; kv the fp8_656 cache as uint8 (``page_size`` slots a page, byte
     strides ``stride_kb`` a page / ``stride_kt`` a slot, 16-byte aligned); indices [B, s_q, topk] int32 (contiguous
@@ -301,7 +319,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), F16=f16, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

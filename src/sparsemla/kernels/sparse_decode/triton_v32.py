@@ -113,7 +113,11 @@ class V32Config:
     rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
     one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
-    the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json)."""
+    the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json).
+    gluon_f16 (with gluon): q's NoPE (times a power of two that puts its largest value in [2^14, 2^15)), the
+    dequantized tile and P in f16 instead of bf16: e4m3 -> f16 is one conversion a pair and the scale one packed f16
+    multiply, where bf16 needs the fp32 multiply and a rounding (the product is rounded in f16, 3 more mantissa bits;
+    K values must be below f16's 65504 in magnitude). Off until timed."""
 
     block_h: int
     block_n: int
@@ -131,6 +135,7 @@ class V32Config:
     heads_fastest: bool = False
     gluon: bool = False
     gluon_prefetch: bool = False
+    gluon_f16: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
@@ -191,8 +196,8 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
-    if cfg.gluon_prefetch and not cfg.gluon:
-        raise ValueError("gluon_prefetch is an option of the Gluon tile (gluon=True)")
+    if (cfg.gluon_prefetch or cfg.gluon_f16) and not cfg.gluon:
+        raise ValueError("gluon_prefetch and gluon_f16 are options of the Gluon tile (gluon=True)")
     if cfg.gluon:
         shape = (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.nope_chunks)
         extras = cfg.stage_k or cfg.opaque_k or cfg.lazy_rescale or cfg.q_lift or cfg.l2_prefetch or cfg.heads_fastest
@@ -669,7 +674,7 @@ def sparse_decode_v32_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
             splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
-            prefetch=cfg.gluon_prefetch,
+            prefetch=cfg.gluon_prefetch, f16=cfg.gluon_f16,
         )  # fmt: skip
     else:
         grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
