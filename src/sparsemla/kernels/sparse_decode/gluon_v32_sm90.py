@@ -65,6 +65,9 @@ NUM_WARPS = 8  # two warpgroups
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
+# explore A/B (off): the next tile's copies issued behind the score MMAs (ids past the split's end copy zeros: the
+# copies are unconditional there) instead of before them
+LATE_COPY = False
 
 
 def available() -> bool:
@@ -147,7 +150,8 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr, num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr, LATE_COPY: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -181,15 +185,17 @@ if _HAVE_GLUON:
         b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
         b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
         if F16:
-            # q NoPE times 2^e into f16: the block's largest |q| NoPE into [2^14, 2^15) (e from its fp32 exponent,
-            # clamped: all-zero blocks), exact where f16 is normal; q RoPE (bf16, its MMA's operand) times the same
-            # 2^e, exact; so S comes out times 2^e and the softmax takes qk_scale times 2^-e
-            q_amax = gl.max(gl.max(gl.abs(b_q.to(gl.float32)), 1), 0)
+            # each head's q NoPE times 2^e into f16: its largest |value| into [2^14, 2^15) (e from that value's fp32
+            # exponent, clamped: all-zero heads), exact where f16 is normal; its q RoPE (bf16, the RoPE MMA's operand)
+            # times the same 2^e, exact; so the head's scores come out times 2^e and its softmax scale is qk_scale
+            # times 2^-e (a row of qk_row, applied where the scalar was)
+            q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)  # [BLOCK_H]
             e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -100), 100)
-            two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)
+            two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
             b_q = (b_q.to(gl.float32) * two_e).to(gl.float16)
             b_qr = (b_qr.to(gl.float32) * two_e).to(gl.bfloat16)
-            qk_scale = qk_scale * (((127 - e_q) << 23).to(gl.float32, bitcast=True))
+            qk_row = qk_scale * ((127 - e_q) << 23).to(gl.float32, bitcast=True)
+            qk_scale = gl.convert_layout(qk_row, gl.SliceLayout(1, s_layout))[:, None]  # [BLOCK_H, 1]
         q_smem = gl.allocate_shared_memory(KT, [BLOCK_H, 512], q_sl, b_q)
         qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
         k_smem = gl.allocate_shared_memory(KT, [BLOCK_N, 512], k_sl)
@@ -254,7 +260,7 @@ if _HAVE_GLUON:
                 kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                if more:  # (a split's last tile copies nothing)
+                if more and not LATE_COPY:  # (a split's last tile copies nothing)
                     _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
                                 o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             else:
@@ -268,9 +274,14 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                                 use_acc=False, is_async=True)  # fmt: skip
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
+            if PREFETCH and LATE_COPY:  # the next tile's copies issued while the score MMAs run
+                _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn, o_pd,
+                            o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
             acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True, F16)
+        if PREFETCH and LATE_COPY:
+            cp_async.wait_group(0)  # the last tile's (zero-filling) copies land before the program leaves
         _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)
 
     @gluon.jit
@@ -319,7 +330,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), F16=f16, num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), F16=f16, LATE_COPY=LATE_COPY, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
