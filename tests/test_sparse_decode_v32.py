@@ -315,8 +315,9 @@ def test_config_checks():
 def test_gluon_tile_config_checks():
     """V32Config.gluon (sm_90's Gluon tile, off by default): accepted on sm_90 for fp8_656 in its one shape, refused
     with a reason on every other target, under the interpreter, for bf16_576, in another shape or with an option the
-    Triton tile has; gluon_prefetch only with it; its shared memory is the tile's own (one program per SM); the
-    chooser picks it (prefetching, with cvt) on sm_90 for fp8_656 from 16 64-head programs on, never elsewhere."""
+    Triton tile has; gluon_prefetch and gluon_f16 only with it; its shared memory is the tile's own (one program per
+    SM; f16 the same bytes); the chooser picks it (prefetching, with cvt, in f16) on sm_90 for fp8_656 from 16
+    64-head programs on, never elsewhere."""
     from sparsemla.kernels.sparse_decode import gluon_v32_sm90
 
     tile = v32.V32Config(64, 64, 8, 1, True, gluon=True)
@@ -325,6 +326,7 @@ def test_gluon_tile_config_checks():
     if gluon_v32_sm90.available():
         v32.check_v32_config(tile, sm90, "fp8_656")
         v32.check_v32_config(ahead, sm90)
+        v32.check_v32_config(dataclasses.replace(ahead, gluon_f16=True), sm90)
     for target in set(dev.TARGETS) - {"sm_90"}:
         with pytest.raises(ValueError, match="sm_90"):
             v32.check_v32_config(tile, dev.target(target), "fp8_656")
@@ -339,6 +341,9 @@ def test_gluon_tile_config_checks():
             v32.check_v32_config(other, sm90)
     with pytest.raises(ValueError, match="gluon_prefetch"):
         v32.check_v32_config(v32.V32Config(64, 64, 8, 1, gluon_prefetch=True), sm90)
+    with pytest.raises(ValueError, match="gluon_f16"):
+        v32.check_v32_config(v32.V32Config(64, 64, 8, 1, gluon_f16=True), sm90)
+    assert v32.shared_bytes_v32(dataclasses.replace(ahead, gluon_f16=True), "fp8_656", sm90) == 198_144
     assert v32.shared_bytes_v32(tile, "fp8_656", sm90) == gluon_v32_sm90.SHARED_BYTES == 156_160
     assert v32.shared_bytes_v32(ahead, "fp8_656", sm90) == gluon_v32_sm90.PREFETCH_SHARED_BYTES == 198_144
     assert sm90.smem_per_sm // gluon_v32_sm90.PREFETCH_SHARED_BYTES == 1
@@ -357,7 +362,8 @@ def test_gluon_tile_config_checks():
     if not gluon_v32_sm90.available():
         return
     gluon = v32.choose_v32_config(sm90, 128, 64)
-    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
+    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True,
+                                  gluon_f16=True)  # fmt: skip
     v32.check_v32_config(gluon, sm90, "fp8_656")
     assert not v32.choose_v32_config(sm90, 128, 64, aligned=False).gluon, "the tile needs 16-byte aligned rows"
 

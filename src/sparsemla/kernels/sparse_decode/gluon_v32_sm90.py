@@ -4,15 +4,20 @@ Why: plain Triton gives the chained score dot all warps along M, so with 64 head
 both warpgroups compute the whole 64 x 64 score tile (the V4 tile's reason too:
 :mod:`~sparsemla.kernels.sparse_decode.gluon_sm90`). Here the layouts are explicit:
 
-* the tile's 64 rows are gathered and dequantized into ONE NVMMA-swizzled shared buffer [64, 512] bf16 that both dots
-  read: four 128-wide chunks of e4m3 NoPE bytes, each times its fp32 scale in fp32 and rounded once to bf16 (the
-  numbers of the Triton tile and of sglang's ``dequantize_k_cache``), and the 64 bf16 RoPE values into a second
-  buffer [64, 64];
+* the tile's 64 rows are gathered and dequantized into ONE NVMMA-swizzled shared buffer [64, 512] that both dots
+  read: four 128-wide chunks of e4m3 NoPE bytes, each times its fp32 scale, and the 64 bf16 RoPE values into a second
+  buffer [64, 64]. F16 (``V32Config.gluon_f16``, chosen): the tile, q's NoPE and P in f16 -- e4m3 -> f16 is exact
+  and one conversion a pair, the scale is rounded to f16 and the product once in f16 (one packed multiply a pair);
+  each head's q NoPE is scaled by the power of two that puts its largest value in [2^14, 2^15) (exact; its RoPE by
+  the same, its softmax scale by the inverse). Else bf16: the product in fp32, rounded once to bf16 (the numbers of
+  the Triton tile and of sglang's ``dequantize_k_cache``). f16 keeps 3 more mantissa bits (H100, B = 64, H = 128:
+  relative error 2.3e-3 against 6.0e-3, FlashMLA's 11.6e-3) and needs K values below 65,504 in magnitude;
+  ahead of time (Triton 3.8, sm_90, B = 64, H = 128) 753 loop instructions a thread against bf16's 1,001;
 * S [64 heads, 64 tokens] = q_nope K^T + q_rope K_rope^T by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
   warpgroup 32 tokens;
 * online softmax in base 2, each warpgroup's running sums kept for its own 32 tokens (added once, at the end); P
-  (bf16) through shared memory; O [64, 512] += P K_nope by ``warpgroup_mma`` with ``warps_per_cta = [4, 2]``: each
-  warpgroup 256 output columns.
+  (the tile's type) through shared memory; O [64, 512] += P K_nope by ``warpgroup_mma`` with ``warps_per_cta =
+  [4, 2]``: each warpgroup 256 output columns.
 
 PREFETCH: the next tile's raw rows (512 e4m3 bytes, 4 fp32 scales and 64 bf16 RoPE values a row: 41 KB a tile) are
 copied with cp.async into staging buffers right after this tile's rows were dequantized out of them, so their latency
@@ -23,11 +28,11 @@ three copies give a thread the same rows, so a row's offset is computed once a t
 Same contract as :func:`sparsemla.kernels.sparse_decode.triton_v32.sparse_decode_v32_fwd`'s main kernel: one program
 per (row, 64-head block, split), ``topk_length``, -1 / out-of-range ids, ``d_v`` <= 512, rows with no valid entry
 out 0 and lse +inf, split partials merged by the package's combine kernel. sm_90 only; chosen by ``V32Config.gluon``
-(:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config` takes it with PREFETCH and the e4m3
-conversions from 16 64-head programs on). Triton 3.6 and 3.8 both compile it (3.6, the GPU
+(:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config` takes it with PREFETCH, the e4m3
+conversions and F16 from 16 64-head programs on). Triton 3.6 and 3.8 both compile it (3.6, the GPU
 machine's JIT, puts a few more CTA barriers between the dequantized chunks' stores: time it from 3.8 cubins).
 
-Shared memory: q [64, 512 + 64] + the tile [64, 512 + 64] + P [64, 64], bf16 = 155,648 B plus the reductions'
+Shared memory: q [64, 512 + 64] + the tile [64, 512 + 64] + P [64, 64], 2 bytes each = 155,648 B plus the reductions'
 scratch (ahead of time, Triton 3.8: 156,160 B); PREFETCH adds 41,984 B of staging (198,144 B). One program per SM.
 """
 
@@ -65,9 +70,6 @@ NUM_WARPS = 8  # two warpgroups
 SHARED_BYTES = (BLOCK_H + BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 512
 # + the staging of PREFETCH: NoPE bytes [64, 512] uint8, scales [64, 4] fp32, RoPE [64, 64] bf16 (198,144 B)
 PREFETCH_SHARED_BYTES = SHARED_BYTES + BLOCK_N * (512 + 4 * 4 + 64 * 2)
-# explore A/B (off): the next tile's copies issued behind the score MMAs (ids past the split's end copy zeros: the
-# copies are unconditional there) instead of before them
-LATE_COPY = False
 
 
 def available() -> bool:
@@ -150,8 +152,7 @@ if _HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, INT_DEQUANT: gl.constexpr,
-        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr, LATE_COPY: gl.constexpr,
-        num_warps: gl.constexpr,
+        PREFETCH: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """Grid (B * S, cdiv(H, 64), num_splits). SINGLE: out [B, S, H, DV] bf16 and lse [B, H, S] (natural log,
         +inf when empty); else the split's normalised partial o_part [rows, splits, H, DV] and base-2 lse_part (-inf
@@ -260,7 +261,7 @@ if _HAVE_GLUON:
                 kr_smem.store(rope_smem.load(cr))
                 fence_async_shared()  # this thread's tile stores, visible to the MMAs (async proxy) ...
                 _barrier()  # ... for every thread; and the staging is read before the next copies overwrite it
-                if more and not LATE_COPY:  # (a split's last tile copies nothing)
+                if more:  # (a split's last tile copies nothing)
                     _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn,
                                 o_pd, o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             else:
@@ -274,14 +275,9 @@ if _HAVE_GLUON:
             b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
                                 use_acc=False, is_async=True)  # fmt: skip
             b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-            if PREFETCH and LATE_COPY:  # the next tile's copies issued while the score MMAs run
-                _issue_rows(kv, num_slots, page_size, stride_kb, stride_kt, raw_smem, sc_smem, rope_smem, n_pn, o_pd,
-                            o_sn, o_sc, o_rn, o_rd, PAGE_SHIFT)  # fmt: skip
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
             acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True, F16)
-        if PREFETCH and LATE_COPY:
-            cp_async.wait_group(0)  # the last tile's (zero-filling) copies land before the program leaves
         _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)
 
     @gluon.jit
@@ -330,7 +326,7 @@ def sparse_decode_v32_sm90_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PREFETCH=prefetch,
-        PAGE_SHIFT=page_shift(page_size), F16=f16, LATE_COPY=LATE_COPY, num_warps=NUM_WARPS,
+        PAGE_SHIFT=page_shift(page_size), F16=f16, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 
