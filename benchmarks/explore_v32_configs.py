@@ -28,7 +28,7 @@ from benchmarks.decode_v32 import Shape, make_inputs
 app = typer.Typer(add_completion=False, help=__doc__)
 
 # (block_h, block_n, num_warps, num_stages, nope_chunks, stage_k, int_dequant[, opaque_k[, lazy_rescale[, q_lift
-# [, l2_prefetch[, prefetch_stride[, heads_fastest]]]]]]); a
+# [, l2_prefetch[, prefetch_stride[, heads_fastest[, f16]]]]]]]); a
 # Triton compile is ~5 s per config, format and split/unsplit. The references: the chosen 32x32-w8-s1 and the 2026-12-02
 # winners (64x32-w8-s2: 278 us at fp8 B=64 H=128, 32x32-w4-s2: 487 us, 16x32-w4-s2: 227 us at B=128 H=16). The variants
 # that pass the ahead-of-time gate (Triton 3.8): nope_chunks=4 64-head tiles (0 B spilled on sm_90 at 1-3 stages, 64
@@ -93,6 +93,13 @@ CONFIGS = (
     (64, 64, 8, 3, 4, False, True, False, False, None, 0, 128, True),
     (64, 64, 8, 2, 4, False, True, False, False, None, 0, 128, True),
     (32, 32, 4, 2, 4, False, True, True, False, None, 0, 128, True),
+    # the chosen Triton tiles in f16 (V32Config.f16), the integer bits and the conversion instructions
+    (32, 32, 4, 2, 4, False, True, True, False, None, 0, 128, False, True),
+    (32, 32, 4, 2, 4, False, False, True, False, None, 0, 128, False, True),
+    (16, 32, 4, 3, 4, False, True, True, False, None, 0, 128, False, True),
+    (16, 32, 4, 3, 4, False, False, True, False, None, 0, 128, False, True),
+    (64, 64, 8, 3, 4, False, True, False, False, None, 0, 128, False, True),
+    (64, 64, 8, 3, 4, False, False, False, False, None, 0, 128, False, True),
 )
 SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 
@@ -100,14 +107,14 @@ SHAPES = "64:128:fp8_656,128:16:fp8_656,64:128:bf16_576"  # B:H:kv_format
 def config_name(cfg) -> str:  # noqa: ANN001 - a V32Config
     """``64x32-w8-s2`` (the 2026-12-02 file's names), then ``-c4`` for nope_chunks, ``-stage_k``, ``-cvt``,
     ``-opaque``, ``-lazy``, ``-nolift`` / ``-lift`` (q_lift forced), ``-pf<tiles ahead>[s<stride>]``, ``-hf``
-    (heads_fastest)."""
+    (heads_fastest), ``-f16``."""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
     name += (f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else "") + ("-stage_k" if cfg.stage_k else "")
     name += ("" if cfg.int_dequant else "-cvt") + ("-opaque" if cfg.opaque_k else "")
     name += ("-lazy" if cfg.lazy_rescale else "") + {None: "", False: "-nolift", True: "-lift"}[cfg.q_lift]
     if cfg.l2_prefetch:
         name += f"-pf{cfg.l2_prefetch}" + (f"s{cfg.prefetch_stride}" if cfg.prefetch_stride != 128 else "")
-    return name + ("-hf" if cfg.heads_fastest else "")
+    return name + ("-hf" if cfg.heads_fastest else "") + ("-f16" if cfg.f16 else "")
 
 
 def _configs(v32, wanted: list[str], fmt: str, info, exact: bool = False) -> list:  # noqa: ANN001 - module, DeviceInfo
@@ -115,10 +122,13 @@ def _configs(v32, wanted: list[str], fmt: str, info, exact: bool = False) -> lis
     memory with ``fmt`` rows."""
     out = []
     for bh, bn, warps, stages, chunks, stage_k, int_dequant, *extra in CONFIGS:
-        opaque, lazy, lift, ahead, stride, hf = (*extra, *(False, False, None, 0, 128, False)[len(extra) :])  # defaults
+        defaults = (False, False, None, 0, 128, False, False)
+        opaque, lazy, lift, ahead, stride, hf, f16 = (*extra, *defaults[len(extra) :])
         cfg = v32.V32Config(bh, bn, warps, stages, True, int_dequant, nope_chunks=chunks, stage_k=stage_k,
                             opaque_k=opaque, lazy_rescale=lazy, q_lift=lift, l2_prefetch=ahead,
-                            prefetch_stride=stride, heads_fastest=hf)  # fmt: skip
+                            prefetch_stride=stride, heads_fastest=hf, f16=f16)  # fmt: skip
+        if f16 and fmt != "fp8_656":
+            continue  # (f16 dequantizes the fp8 cache)
         if (
             config_name(cfg) in wanted if exact else any(part in config_name(cfg) for part in wanted)
         ) and v32.shared_bytes_v32(cfg, fmt, info) <= info.smem_per_block:

@@ -22,6 +22,14 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+F16_TILES = [
+    v32.V32Config(32, 32, 4, 2, True, nope_chunks=4, opaque_k=True, f16=True),
+    v32.V32Config(32, 32, 4, 2, True, False, nope_chunks=4, opaque_k=True, f16=True),
+    v32.V32Config(16, 32, 4, 3, True, nope_chunks=4, opaque_k=True, f16=True),
+    v32.V32Config(16, 32, 4, 3, True, False, nope_chunks=4, opaque_k=True, f16=True),
+    v32.V32Config(64, 64, 8, 3, True, nope_chunks=4, f16=True),
+    v32.V32Config(64, 64, 8, 3, True, False, nope_chunks=4, f16=True),
+]
 # relative Frobenius error of out: bf16 P in the PV dot, bf16 (partials and) output; fp8_656 also rounds the
 # dequantized e4m3 * scale to bf16 once (the reference keeps it in fp32)
 OUT_RTOL = {"bf16_576": 1e-2, "fp8_656": 1.5e-2}
@@ -130,7 +138,7 @@ def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
     name += ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
-    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "") + ("-f16" if cfg.gluon_f16 else "")
+    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "") + ("-f16" if cfg.f16 else "")
     name += "" if cfg.int_dequant else "-cvt"
     return name + {None: "", True: "-lift", False: "-nolift"}[cfg.q_lift]
 
@@ -193,7 +201,10 @@ VARIANTS = [
     v32.V32Config(64, 64, 8, 1, True, gluon=True),
     v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True),
-    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, gluon_f16=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
+    # the Triton tiles in f16 (V32Config.f16, fp8_656): the chosen mma.sync tiles and sm_90's 64-head tile, with the
+    # integer bits and with the conversion instructions
+    *F16_TILES,
 ]
 
 
@@ -239,7 +250,7 @@ def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
 GLUON_TILES = [
     v32.V32Config(64, 64, 8, 1, True, gluon=True),
     v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
-    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, gluon_f16=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
 ]
 
 
@@ -284,8 +295,8 @@ def test_gluon_prefetch_changes_no_bit(nan_empty, int_dequant, splits):
 @pytest.mark.parametrize(
     "splits,q_gain", [(1, 0.01), (3, 1.0), (17, 4.0)], ids=["1split-q0.01", "3splits-q1", "17splits-q4"]
 )
-def test_gluon_f16_prefetch_changes_no_bit_and_spans_scales(nan_empty, splits, q_gain):
-    """V32Config.gluon_f16: the gather a tile ahead computes the synchronous tile's bits; with NoPE tiles of std
+def test_f16_prefetch_changes_no_bit_and_spans_scales(nan_empty, splits, q_gain):
+    """V32Config.f16: the gather a tile ahead computes the synchronous tile's bits; with NoPE tiles of std
     0.002 .. 30 (scales from f16's subnormals up; products f16 holds) and q scaled by ``q_gain`` (its power of two
     moves), the reference's numbers."""
     ahead = GLUON_TILES[2]
@@ -299,6 +310,28 @@ def test_gluon_f16_prefetch_changes_no_bit_and_spans_scales(nan_empty, splits, q
     got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=ahead)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(args, kw, *got)
+
+
+@pytest.mark.parametrize("cfg", F16_TILES[::2], ids=_variant_id)
+@pytest.mark.parametrize("q_gain", [0.01, 4.0], ids=["q0.01", "q4"])
+def test_f16_tiles_integer_bits_equal_conversions_and_span_scales(nan_empty, cfg, q_gain):
+    """V32Config.f16 in the Triton tiles: the integer bits (e4m3 * 2^-8 times the scale * 2^8) give the conversion
+    instructions' bits where scales are f16-normal; NoPE tiles of std 0.002 .. 30 and q scaled by ``q_gain``: the
+    reference's numbers."""
+    _runnable(cfg, "fp8_656")
+    args, kw = make_case("fp8_656", 3, 2, 100, invalid=0.05, seed=41)
+    gen = torch.Generator().manual_seed(5)
+    cache = layouts.random_v32_cache(args[1].shape[0], "fp8_656", generator=gen, tile_std=(0.002, 1.0, 30.0, 3.0))
+    args[1] = cache.cuda()
+    args[0] = (args[0].float() * q_gain).to(torch.bfloat16)
+    got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=cfg)
+    check(args, kw, *got)
+    cvt = replace(cfg, int_dequant=False)
+    if dev.device_info().has_fp8:  # (sm_80/86 have no conversion instructions)
+        normal = layouts.random_v32_cache(args[1].shape[0], "fp8_656", generator=gen).cuda()  # scales >= 2^-14
+        ints = v32.sparse_decode_v32_fwd(args[0], normal, *args[2:], **kw, num_splits=3, config=cfg)
+        cvts = v32.sparse_decode_v32_fwd(args[0], normal, *args[2:], **kw, num_splits=3, config=cvt)
+        assert torch.equal(ints[0], cvts[0]) and torch.equal(ints[1], cvts[1])
 
 
 @pytest.mark.parametrize("cfg", GLUON_TILES, ids=_variant_id)

@@ -661,7 +661,7 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
-                        gluon_prefetch="_pf" in variant, gluon_f16="_f16" in variant)  # fmt: skip
+                        gluon_prefetch="_pf" in variant, f16="_f16" in variant)  # fmt: skip
         # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
         # 0c7fe3a, _pair / _pairpf at 8752ecb, _rowpairs at f36067e; session 36's _late at 46c55df;
         # results/bench/explore/README.md)

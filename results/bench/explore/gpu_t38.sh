@@ -256,6 +256,28 @@ v32)
     timeout 570 python3 -m benchmarks.decode_v32 --cubins .gpu-cubins/decode_v32 --paths native,sm89 \
         --git-sha "$SHA" --out-dir "$OUT/decode_v32" | tail -40
     ;;
+f16)  # session 36: the V3.2 Triton tiles in f16 (V32Config.f16) against the chosen ones, 3.8 cubins only
+    # (build: benchmarks.explore_v32_configs --build-cubins .gpu-cubins/f16 --path sm89|native, the names below), then
+    # the V3.2 GPU tests in both paths
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    v32cfg() {  # PATH(native|sm89) NAMES SHAPES OUTDIR
+        local arch=()
+        [ "$1" = sm89 ] && arch=(env TRITON_OVERRIDE_ARCH=sm89)
+        timeout "${F16_LIMIT_S:-100}" "${arch[@]}" python3 -m benchmarks.explore_v32_configs --cubins .gpu-cubins/f16 \
+            --only-t38 --exact --only "$2" --splits auto --shapes "$3" --git-sha "$SHA" --out-dir "$OUT/$4" | tail -12
+    }
+    v32cfg sm89 32x32-w4-s2-c4-opaque,32x32-w4-s2-c4-opaque-f16,32x32-w4-s2-c4-cvt-opaque-f16 \
+        1:128:fp8_656,8:128:fp8_656,64:128:fp8_656,128:128:fp8_656 f16_sm89_h128
+    v32cfg sm89 16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-f16,16x32-w4-s3-c4-cvt-opaque-f16 \
+        1:16:fp8_656,64:16:fp8_656,128:16:fp8_656 f16_sm89_h16
+    v32cfg native 64x64-w8-s3-c4,64x64-w8-s3-c4-f16,64x64-w8-s3-c4-cvt-f16 1:128:fp8_656,4:128:fp8_656 f16_native_h128
+    v32cfg native 16x32-w4-s3-c4-opaque,16x32-w4-s3-c4-opaque-f16,16x32-w4-s3-c4-cvt-opaque-f16 \
+        1:16:fp8_656,64:16:fp8_656 f16_native_h16
+    PATH_LIMIT_S=${F16_TESTS_LIMIT_S:-150} OUT="$OUT/gpu-tests" bash benchmarks/gpu-tests.sh both \
+        tests/test_sparse_decode_v32_gpu.py | grep -E 'passed|failed|error|rc='
+    ;;
 paths | paths-decode | paths-indexer)  # `paths` both in one call; with H = 8 and the occupancy-matched provider the
     # decode grid may need a call of its own (paths-decode, then paths-indexer)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"

@@ -57,6 +57,36 @@ def e4m3_bits_to_bf16(x):
     )
 
 
+# e4m3_bits_to_f16's PTX: the same spread, the 7 exponent/mantissa bits moved up by 7 to f16's bits 7..13 (its
+# exponent field's top bit stays 0) and the replicated sign to bit 15; the shift carries lane 0's sign copies into
+# lane 1's bits 0..6, which the mask clears with the rest.
+E4M3_TO_F16_PTX = tl.constexpr("""{
+        .reg .b32 t0, t1;
+        prmt.b32 t0, $2, 0, 0x9180;
+        prmt.b32 t1, $2, 0, 0xB3A2;
+        shl.b32 t0, t0, 7;
+        shl.b32 t1, t1, 7;
+        and.b32 $0, t0, 0xBF80BF80;
+        and.b32 $1, t1, 0xBF80BF80;
+        }""")
+TWO_POW_8 = tl.constexpr(256.0)  # e4m3_bits_to_f16's factor: its result times this is the e4m3 value
+
+
+@triton.jit
+def e4m3_bits_to_f16(x):
+    """uint8 e4m3 bytes -> f16 equal to the e4m3 value times 2^-8, exactly (f16's exponent bias is 15 against e4m3's
+    7, and its subnormals reach 2^-24, below e4m3's 2^-9 times 2^-8). Integer ops only, every target from sm_80:
+    :data:`E4M3_TO_F16_PTX`, four bytes per asm block."""
+    return tl.inline_asm_elementwise(
+        asm=E4M3_TO_F16_PTX,
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=tl.float16,
+        is_pure=True,
+        pack=4,
+    )
+
+
 @triton.jit
 def e4m3_bits_to_bf16_value(x):
     """uint8 e4m3 bytes -> their bf16 value (exact: every e4m3 value is a bf16 value)."""
@@ -75,4 +105,12 @@ def opaque_bf16(x):
     ends the walk at this bf16 value. wgmma reads its operands from shared memory and does not need it."""
     return tl.inline_asm_elementwise(
         asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.bfloat16, is_pure=False, pack=2
+    )
+
+
+@triton.jit
+def opaque_f16(x):
+    """:func:`opaque_bf16` for an f16 ``x`` (the f16 tiles' operand layout)."""
+    return tl.inline_asm_elementwise(
+        asm="mov.b32 $0, $1;", constraints="=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=2
     )

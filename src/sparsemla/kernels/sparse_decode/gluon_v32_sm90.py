@@ -6,7 +6,7 @@ both warpgroups compute the whole 64 x 64 score tile (the V4 tile's reason too:
 
 * the tile's 64 rows are gathered and dequantized into ONE NVMMA-swizzled shared buffer [64, 512] that both dots
   read: four 128-wide chunks of e4m3 NoPE bytes, each times its fp32 scale, and the 64 bf16 RoPE values into a second
-  buffer [64, 64]. F16 (``V32Config.gluon_f16``, chosen): the tile, q's NoPE and P in f16 -- e4m3 -> f16 is exact
+  buffer [64, 64]. F16 (``V32Config.f16``, chosen): the tile, q's NoPE and P in f16 -- e4m3 -> f16 is exact
   and one conversion a pair, the scale is rounded to f16 and the product once in f16 (one packed multiply a pair);
   each head's q NoPE is scaled by the power of two that puts its largest value in [2^14, 2^15) (exact; its RoPE by
   the same, its softmax scale by the inverse). Else bf16: the product in fp32, rounded once to bf16 (the numbers of

@@ -28,11 +28,14 @@ import triton.language as tl
 
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.dequant import (
+    TWO_POW_8,
     TWO_POW_120,
     TWO_POW_120_LESS_LIFT,
     TWO_POW_LIFT,
     e4m3_bits_to_bf16,
+    e4m3_bits_to_f16,
     opaque_bf16,
+    opaque_f16,
 )
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.paging import page_shift, page_split
@@ -114,12 +117,15 @@ class V32Config:
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
     one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
     the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json).
-    gluon_f16 (with gluon): q's NoPE (each head times the power of two that puts its largest value in [2^14, 2^15)),
-    the dequantized tile and P in f16 instead of bf16: e4m3 -> f16 is one conversion a pair and the scale one packed
-    f16 multiply, where bf16 needs the fp32 multiply and a rounding; the product is rounded in f16 (3 more mantissa
-    bits), so K values must be below f16's 65,504 in magnitude. :func:`choose_v32_config` takes it with gluon
+    f16 (fp8_656; either tile): q's NoPE (each head times the power of two that puts its largest value in
+    [2^14, 2^15): exact, undone in that head's softmax scale; its RoPE times the same, in bf16), the dequantized tile
+    and P in f16 instead of bf16. e4m3 -> f16 is exact: one conversion a pair (int_dequant: the integer bits, the
+    value times 2^-8, :func:`~sparsemla.kernels.dequant.e4m3_bits_to_f16`, and the scale taken times 2^8); the scale
+    is rounded to f16 and the product once in f16, one packed multiply a pair, where bf16 needs the fp32 multiply and
+    a rounding. f16 keeps 3 more mantissa bits, so K values must be below its 65,504 in magnitude; scales under 2^-14
+    (2^-22 with int_dequant) lose bits as f16 subnormals. :func:`choose_v32_config` takes it with gluon
     (results/bench/explore/gluon_decode_v32_f16*.json: 1-2 % faster at B >= 32, error against the fp32 reference
-    2.3e-3 instead of 6.0e-3)."""
+    2.3e-3 instead of 6.0e-3). Not with q_lift (f16 needs no lift)."""
 
     block_h: int
     block_n: int
@@ -137,13 +143,13 @@ class V32Config:
     heads_fastest: bool = False
     gluon: bool = False
     gluon_prefetch: bool = False
-    gluon_f16: bool = False
+    f16: bool = False
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
     """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant, where
     asked, else by the V4 decode's rule (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
-    if kv_format != "fp8_656" or not cfg.int_dequant:
+    if kv_format != "fp8_656" or not cfg.int_dequant or cfg.f16:
         return False
     return q_lift_default(cfg, info, tiles_per_program) if cfg.q_lift is None else cfg.q_lift
 
@@ -198,8 +204,12 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
-    if (cfg.gluon_prefetch or cfg.gluon_f16) and not cfg.gluon:
-        raise ValueError("gluon_prefetch and gluon_f16 are options of the Gluon tile (gluon=True)")
+    if cfg.gluon_prefetch and not cfg.gluon:
+        raise ValueError("gluon_prefetch is an option of the Gluon tile (gluon=True)")
+    if cfg.f16 and cfg.q_lift:
+        raise ValueError("f16 takes no q_lift (the f16 tile's scale multiply is one already)")
+    if cfg.f16 and kv_format not in (None, "fp8_656"):
+        raise ValueError(f"f16 dequantizes the fp8_656 cache; {kv_format} is bf16 already")
     if cfg.gluon:
         shape = (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.nope_chunks)
         extras = cfg.stage_k or cfg.opaque_k or cfg.lazy_rescale or cfg.q_lift or cfg.l2_prefetch or cfg.heads_fastest
@@ -239,7 +249,7 @@ def choose_v32_config(
 
     * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with its gather one
       tile ahead, the e4m3 conversion instructions and the f16 tile (``gluon``, ``gluon_prefetch``,
-      ``int_dequant=False``, ``gluon_f16``; 198,144 B, one program per SM). It took 22-27 % off the Triton tile at
+      ``int_dequant=False``, ``f16``; 198,144 B, one program per SM). It took 22-27 % off the Triton tile at
       H = 128 and B = 32..128 and 17-27 % at H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the
       Triton tile's deeper pipeline won.
     * sm_90 otherwise: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
@@ -267,7 +277,7 @@ def choose_v32_config(
         and gluon_v32_sm90.available()
     ):
         return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True,
-                         gluon_f16=True)  # fmt: skip
+                         f16=True)  # fmt: skip
     if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
@@ -304,10 +314,12 @@ def _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N: tl.constexpr,
 def _load_v32_nope(
     kv, o_tok, m_n, C0: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr, INT_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, STAGE_K: tl.constexpr,
-    OPAQUE_K: tl.constexpr = False, LIFT: tl.constexpr = False,
+    OPAQUE_K: tl.constexpr = False, LIFT: tl.constexpr = False, F16: tl.constexpr = False,
 ):  # fmt: skip
     """NoPE columns [C0, C0 + W) of the tile's rows, [BLOCK_N, W] bf16 (fp32 under DOT_F32); masked rows are 0.
-    LIFT (fp8 with INT_DEQUANT): times 2^-LIFT_LOG2 (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`).
+    LIFT (fp8 with INT_DEQUANT): times 2^-LIFT_LOG2 (:data:`~sparsemla.kernels.dequant.LIFT_LOG2`). F16 (fp8): f16,
+    e4m3 -> f16 exact times the scale rounded to f16, the product rounded once in f16 (DOT_F32: those numbers in
+    fp32).
 
     KV_FP8: ``kv`` is the uint8 cache, ``o_tok`` [BLOCK_N] the rows' byte offsets; NoPE = e4m3 * scale[tile] computed
     in fp32 and rounded once (C0 and W multiples of 128: whole scale tiles). Else ``kv`` is the bf16 cache and
@@ -323,7 +335,18 @@ def _load_v32_nope(
         if DOT_F32:
             p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
             b_k8 = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0)  # [BLOCK_N, NT, 128] fp8
-            b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
+            if F16:  # the f16 tile's numbers (the product rounded in f16), in fp32
+                b_k = (b_k8.to(tl.float32).to(tl.float16) * b_sc.to(tl.float16)[:, :, None]).to(tl.float32)
+            else:
+                b_k = b_k8.to(tl.float32) * b_sc[:, :, None]
+        elif F16:
+            if INT_DEQUANT:  # e4m3 * 2^-8 from the bits, times the scale * 2^8 (exact): one rounding, in f16
+                b_k8 = tl.load(kv + o_k, mask=m_n[:, None, None], other=0)  # [BLOCK_N, NT, 128] uint8 (e4m3 bits)
+                b_k = e4m3_bits_to_f16(b_k8) * (b_sc * TWO_POW_8).to(tl.float16)[:, :, None]
+            else:
+                p_k8 = kv.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
+                b_kh = tl.load(p_k8 + o_k, mask=m_n[:, None, None], other=0.0).to(tl.float16)  # [BLOCK_N, NT, 128]
+                b_k = b_kh * b_sc.to(tl.float16)[:, :, None]
         else:
             tl.static_assert(INT_DEQUANT or not LIFT, "LIFT folds the integer path's 2^-120")
             if INT_DEQUANT:  # raw bytes: no fp8 type at all, so sm_80/86 compile this path
@@ -339,7 +362,10 @@ def _load_v32_nope(
             b_k = (b_kb.to(tl.float32) * b_sc[:, :, None]).to(tl.bfloat16)
         b_k = tl.reshape(b_k, [BLOCK_N, W])
         if OPAQUE_K:
-            b_k = opaque_bf16(b_k)
+            if F16:
+                b_k = opaque_f16(b_k)
+            else:
+                b_k = opaque_bf16(b_k)
         if STAGE_K:
             b_k = tl.where(m_n[:, None], b_k, 0.0)
     else:
@@ -402,6 +428,15 @@ def _load_q_chunk(p_q, o_d, m_h, stride_qd, C0: tl.constexpr, DOT_F32: tl.conste
 
 
 @triton.jit
+def _q_f16(b_q, two_e, DOT_F32: tl.constexpr):
+    """q chunk [BLOCK_H, W] times ``two_e`` [BLOCK_H, 1] (powers of two) in f16 (DOT_F32: those values in fp32)."""
+    b_q = (b_q.to(tl.float32) * two_e).to(tl.float16)
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+    return b_q
+
+
+@triton.jit
 def _store_o_chunk(p_o, acc, inv_l, m_h, o_d, C0: tl.constexpr, DV: tl.constexpr):
     """out columns C0 + o_d (those below DV) of the program's heads: acc [BLOCK_H, W] / l; ``p_o`` [BLOCK_H, W]
     points at columns o_d."""
@@ -419,7 +454,7 @@ def _sparse_decode_v32_kernel(
     OPAQUE_K: tl.constexpr,
     ALIGNED: tl.constexpr, DOT_F32: tl.constexpr, DOT_PREC: tl.constexpr, LAZY_RESCALE: tl.constexpr = False,
     Q_LIFT: tl.constexpr = False, PREFETCH: tl.constexpr = 0, PF_STRIDE: tl.constexpr = 128,
-    PAGE_SHIFT: tl.constexpr = -1, HEADS_FASTEST: tl.constexpr = False,
+    PAGE_SHIFT: tl.constexpr = -1, HEADS_FASTEST: tl.constexpr = False, F16: tl.constexpr = False,
 ):  # fmt: skip
     """``out[r, h] = softmax_j(qk_scale * q[r, h] . k[j]) @ v[j, :DV]`` over the valid slots j of row r = b * S + s.
 
@@ -433,7 +468,10 @@ def _sparse_decode_v32_kernel(
     acc_c += P K_c. Same arithmetic, same row loads; only how much of the tile one instruction sequence holds.
 
     PREFETCH > 0: iteration i_t prefetches the rows of tile i_t + PREFETCH into L2 (their ids loaded one iteration
-    before; this split's tiles only)."""
+    before; this split's tiles only).
+
+    F16 (``V32Config.f16``): q's NoPE chunks, the dequantized K and P in f16; each head's q times 2^e (its largest
+    NoPE value into [2^14, 2^15); the RoPE times the same in bf16), its scores' scale times 2^-e."""
     W: tl.constexpr = 512 // NOPE_CHUNKS
     i_r, i_hb = grid_row_and_program(HEADS_FASTEST)
     i_sp = tl.program_id(2)
@@ -454,6 +492,27 @@ def _sparse_decode_v32_kernel(
     b_qr = tl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64] RoPE
     if DOT_F32:
         b_qr = b_qr.to(tl.float32)
+    qk_h = qk_scale  # the scores' scale (F16: [BLOCK_H, 1], each head's)
+    if F16:
+        q_amax = tl.max(tl.abs(b_q0.to(tl.float32)), 1)  # [BLOCK_H] the head's largest |q| NoPE
+        if NOPE_CHUNKS >= 2:
+            q_amax = tl.maximum(q_amax, tl.max(tl.abs(b_q1.to(tl.float32)), 1))
+        if NOPE_CHUNKS == 4:
+            q_amax = tl.maximum(q_amax, tl.maximum(tl.max(tl.abs(b_q2.to(tl.float32)), 1),
+                                                   tl.max(tl.abs(b_q3.to(tl.float32)), 1)))  # fmt: skip
+        # 2^e with e from that value's fp32 exponent (clamped: all-zero heads): |q| * 2^e in [2^14, 2^15)
+        e_q = tl.minimum(tl.maximum(141 - ((q_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), -100), 100)
+        two_e = ((e_q + 127) << 23).to(tl.float32, bitcast=True)[:, None]  # [BLOCK_H, 1]
+        qk_h = qk_scale * ((127 - e_q) << 23).to(tl.float32, bitcast=True)[:, None]
+        b_q0 = _q_f16(b_q0, two_e, DOT_F32)
+        if NOPE_CHUNKS >= 2:
+            b_q1 = _q_f16(b_q1, two_e, DOT_F32)
+        if NOPE_CHUNKS == 4:
+            b_q2 = _q_f16(b_q2, two_e, DOT_F32)
+            b_q3 = _q_f16(b_q3, two_e, DOT_F32)
+        b_qr = b_qr.to(tl.float32) * two_e  # exact
+        if not DOT_F32:
+            b_qr = b_qr.to(tl.bfloat16)
 
     n_valid, t_lo, t_hi = _v32_split_range(length, i_b, i_sp, num_splits, TOPK, BLOCK_N, HAS_LEN)
     acc0 = tl.zeros([BLOCK_H, W], dtype=tl.float32)
@@ -483,28 +542,30 @@ def _sparse_decode_v32_kernel(
         if ALIGNED:  # rows start 16-byte aligned: 16 bytes (fp8) or 8 bf16 values
             o_tok = tl.multiple_of(o_tok, 16 if KV_FP8 else 8)
         # [BLOCK_N, W] NoPE chunks (also V), [BLOCK_N, 64] RoPE
-        b_k0 = _load_v32_nope(kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT)
+        b_k0 = _load_v32_nope(
+            kv, o_tok, m_n, 0, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT, F16
+        )
         if NOPE_CHUNKS == 1:  # the whole row before the first dot: the chosen configs compile to the same kernel
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
         if NOPE_CHUNKS >= 2:
             b_k1 = _load_v32_nope(
-                kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+                kv, o_tok, m_n, W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT, F16
             )
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS == 4:
             b_k2 = _load_v32_nope(
-                kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+                kv, o_tok, m_n, 2 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT, F16
             )
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PREC)
             b_k3 = _load_v32_nope(
-                kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT
+                kv, o_tok, m_n, 3 * W, W, BLOCK_N, KV_FP8, INT_DEQUANT, DOT_F32, STAGE_K, OPAQUE_K, Q_LIFT, F16
             )
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PREC)
         if NOPE_CHUNKS > 1:  # chunk by chunk: each chunk's load is followed by its dot, the RoPE last
             b_kr = _load_v32_rope(kv, o_tok, m_n, KV_FP8, DOT_F32)
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PREC)  # [BLOCK_H, BLOCK_N]
-        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_s = tl.where(m_n[None, :], b_s * qk_h, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         if LAZY_RESCALE:
             b_p, m_i, l_i, alpha, moved = _lazy_softmax(b_s, m_new, m_i, l_i)
@@ -521,8 +582,12 @@ def _sparse_decode_v32_kernel(
             b_p = tl.math.exp2(b_s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(b_p, 1)
             m_i = m_new
-        if DOT_F32:
+        if F16 and DOT_F32:
+            b_pd = b_p.to(tl.float16).to(tl.float32)
+        elif DOT_F32:
             b_pd = b_p
+        elif F16:
+            b_pd = b_p.to(tl.float16)
         else:
             b_pd = b_p.to(tl.bfloat16)
         acc0 = tl.dot(b_pd, b_k0, _rescaled(acc0, alpha, LAZY_RESCALE), input_precision=DOT_PREC)  # [BLOCK_H, W]
@@ -678,7 +743,7 @@ def sparse_decode_v32_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
             splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
-            prefetch=cfg.gluon_prefetch, f16=cfg.gluon_f16,
+            prefetch=cfg.gluon_prefetch, f16=cfg.f16,
         )  # fmt: skip
     else:
         grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
@@ -696,7 +761,7 @@ def sparse_decode_v32_fwd(
             SINGLE=splits == 1,
             PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
             PF_STRIDE=cfg.prefetch_stride,
-            PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest,
+            PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest, F16=cfg.f16,
             ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
