@@ -10,7 +10,15 @@ import re
 import pytest
 import torch
 
-from sparsemla.kernels.dequant import E4M3_TO_BF16_PTX, LIFT_LOG2, TWO_POW_120, TWO_POW_120_LESS_LIFT, TWO_POW_LIFT
+from sparsemla.kernels.dequant import (
+    E4M3_TO_BF16_PTX,
+    E4M3_TO_F16_PTX,
+    LIFT_LOG2,
+    TWO_POW_8,
+    TWO_POW_120,
+    TWO_POW_120_LESS_LIFT,
+    TWO_POW_LIFT,
+)
 
 MASK32 = 0xFFFFFFFF
 
@@ -86,6 +94,28 @@ def test_every_byte_converts_exactly(position):
         out = regs["$0"] if position < 2 else regs["$1"]
         got = (out >> (16 * (position % 2))) & 0xFFFF
         assert got == bits, f"byte 0x{byte:02x} at {position}: 0x{got:04x}, want 0x{bits:04x}"
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
+def test_every_byte_converts_exactly_to_f16(position):
+    """E4M3_TO_F16_PTX (V32Config.f16's integer path): the e4m3 value times 2^-8 in f16, exactly (subnormals and +-0
+    included), whatever the other bytes of the word hold (lane 0's shifted sign copies must not reach lane 1)."""
+    text = E4M3_TO_F16_PTX.value
+    assert set(re.findall(r"\$(\d)", text)) == {"0", "1", "2"}
+    nan_free = [b for b in range(256) if b & 0x7F != 0x7F]
+    values = torch.tensor(nan_free, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_8.value)
+    want = values.to(torch.float16).view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).tolist()
+    assert torch.equal(values.to(torch.float16).float(), values), "e4m3 / 2^8 is exact in f16"
+    gen = torch.Generator().manual_seed(10 + position)
+    for byte, bits in zip(nan_free, want, strict=True):
+        for _ in range(3):  # other bytes random, sign bits included
+            others = torch.randint(0, 256, (4,), generator=gen).tolist()
+            others[position] = byte
+            word = sum(b << (8 * i) for i, b in enumerate(others))
+            regs = run_ptx(text, {"$2": word})
+            out = regs["$0"] if position < 2 else regs["$1"]
+            got = (out >> (16 * (position % 2))) & 0xFFFF
+            assert got == bits, f"byte 0x{byte:02x} at {position}: 0x{got:04x}, want 0x{bits:04x}"
 
 
 def _e4m3_values() -> torch.Tensor:

@@ -324,6 +324,24 @@ def test_f16_tiles_match_reference(nan_empty, cfg, heads, splits, q_gain):
     assert not torch.equal(out, want[0]), "f16 must round K and P differently from bf16 (or it did not run)"
 
 
+def test_f16_default_rule():
+    """V32Config.f16 None: f16 for the Gluon tile and for the Triton tiles other than the 64-head wgmma / tcgen05
+    ones from F16_MIN_TILES tiles a program; never for bf16_576 or under the interpreter; an explicit value wins."""
+    sm89, sm90, sm100 = dev.target("sm_89"), dev.target("sm_90"), dev.target("sm_100")
+    mma = v32.choose_v32_config(sm89, 128, 64, "fp8_656")
+    many, few = v32.F16_MIN_TILES, v32.F16_MIN_TILES - 1
+    assert v32.v32_f16(mma, sm89, "fp8_656", many) and not v32.v32_f16(mma, sm89, "fp8_656", few)
+    assert not v32.v32_f16(mma, sm89, "bf16_576", many)
+    assert not v32.v32_f16(mma, dev.INTERPRETER, "fp8_656", many)
+    assert not v32.v32_f16(dataclasses.replace(mma, f16=False), sm89, "fp8_656", many)
+    assert v32.v32_f16(dataclasses.replace(mma, f16=True), sm89, "fp8_656", 1)
+    wide = v32.V32Config(64, 64, 8, 3, True, nope_chunks=4)
+    assert not v32.v32_f16(wide, sm90, "fp8_656", many) and not v32.v32_f16(wide, sm100, "fp8_656", many)
+    assert v32.v32_f16(wide, sm89, "fp8_656", many), "64-head tiles are mma.sync on sm_89"
+    # f16 and the lift exclude each other: the lift is off wherever f16 is on
+    assert not v32.v32_q_lift(mma, sm89, "fp8_656", many) and v32.v32_q_lift(mma, sm89, "fp8_656", few)
+
+
 def test_config_checks():
     """nope_chunks must be whole 128-wide scale tiles; 64-head tiles with a split accumulator are refused on sm_100
     (Triton 3.8 compiles them to a trap there) but fine elsewhere; <= 32-head tiles are mma.sync everywhere."""
@@ -392,8 +410,8 @@ def test_gluon_tile_config_checks():
     if not gluon_v32_sm90.available():
         return
     gluon = v32.choose_v32_config(sm90, 128, 64)
-    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True,
-                                  f16=True)  # fmt: skip
+    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
+    assert v32.v32_f16(gluon, sm90, "fp8_656", 1), "the Gluon tile runs in f16 by default"
     v32.check_v32_config(gluon, sm90, "fp8_656")
     assert not v32.choose_v32_config(sm90, 128, 64, aligned=False).gluon, "the tile needs 16-byte aligned rows"
 

@@ -123,9 +123,9 @@ class V32Config:
     value times 2^-8, :func:`~sparsemla.kernels.dequant.e4m3_bits_to_f16`, and the scale taken times 2^8); the scale
     is rounded to f16 and the product once in f16, one packed multiply a pair, where bf16 needs the fp32 multiply and
     a rounding. f16 keeps 3 more mantissa bits, so K values must be below its 65,504 in magnitude; scales under 2^-14
-    (2^-22 with int_dequant) lose bits as f16 subnormals. :func:`choose_v32_config` takes it with gluon
-    (results/bench/explore/gluon_decode_v32_f16*.json: 1-2 % faster at B >= 32, error against the fp32 reference
-    2.3e-3 instead of 6.0e-3). Not with q_lift (f16 needs no lift)."""
+    (2^-22 with int_dequant) lose bits as f16 subnormals. None (the default): :func:`v32_f16`'s rule -- the Gluon
+    tile, and the Triton mma.sync tiles from :data:`F16_MIN_TILES` tiles a program. Not with q_lift (f16 needs no
+    lift)."""
 
     block_h: int
     block_n: int
@@ -143,13 +143,42 @@ class V32Config:
     heads_fastest: bool = False
     gluon: bool = False
     gluon_prefetch: bool = False
-    f16: bool = False
+    f16: bool | None = None
+
+
+# V32Config.f16 by default (v32_f16): the Gluon tile (H100, 3.8 cubins, results/bench/explore/
+# gluon_decode_v32_f16-native-h100-74ae5a4.json, _f16late-*-46c55df: B = 64 / 128 at H = 128 137.5 -> 134.9 and
+# 263.9 -> 260.7 us, H = 64 B = 128 135.7 -> 134.7; B = 8 36.4 -> 36.8; error against the fp32 reference 6.0e-3 ->
+# 2.3e-3) and the Triton mma.sync tiles from F16_MIN_TILES tiles a program (v32_configs-*-h100-b2cdd06 in
+# results/bench/explore/f16_*: the sm_89 path's 32 x 32 tile at H = 128 B = 8 / 64 / 128, 16 / 64 / 64 tiles a
+# program, 52.6 -> 50.0, 311.2 -> 282.4, 609.4 -> 553.2 us; its 16 x 32 tile at H = 16 B = 64 / 128 73.3 -> 72.6,
+# 131.9 -> 129.1; at 1 - 2 tiles a program the per-head q scaling costs more than it saves: B = 1 H = 128 18.1 ->
+# 19.5, H = 16 12.6 -> 14.0). Not on Triton's 64-head wgmma tile (sm_90 B = 1 / 4, 1 - 2 tiles: 18.5 -> 20.9, 27.8
+# -> 30.2; larger launches there take the Gluon tile). 4 - 8 tiles a program were not timed.
+F16_MIN_TILES = 16
+
+
+def v32_f16(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
+    """Whether ``cfg`` runs in f16 (``V32Config.f16``) on ``info``: fp8_656 only; its own ``f16`` where set; else the
+    Gluon tile, and the Triton tiles other than the 64-head wgmma / tcgen05 ones from :data:`F16_MIN_TILES` tiles a
+    program (never under the interpreter by default)."""
+    if kv_format != "fp8_656":
+        return False
+    if cfg.f16 is not None:
+        return cfg.f16
+    if cfg.gluon:
+        return True
+    if info is dev.INTERPRETER:
+        return False
+    wide = cfg.block_h >= 64 and info.capability[0] in (9, 10)
+    return not wide and tiles_per_program >= F16_MIN_TILES
 
 
 def v32_q_lift(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
-    """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant, where
-    asked, else by the V4 decode's rule (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
-    if kv_format != "fp8_656" or not cfg.int_dequant or cfg.f16:
+    """Whether ``cfg`` lifts the integer dequant (``V32Config.q_lift``) on ``info``: fp8_656 with int_dequant and not
+    in f16 (:func:`v32_f16`), where asked, else by the V4 decode's rule
+    (:func:`~sparsemla.kernels.sparse_decode.triton.q_lift_default`)."""
+    if kv_format != "fp8_656" or not cfg.int_dequant or v32_f16(cfg, info, kv_format, tiles_per_program):
         return False
     return q_lift_default(cfg, info, tiles_per_program) if cfg.q_lift is None else cfg.q_lift
 
@@ -248,8 +277,8 @@ def choose_v32_config(
     (results/bench/explore/gluon_decode_v32_pkg*.json):
 
     * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with its gather one
-      tile ahead, the e4m3 conversion instructions and the f16 tile (``gluon``, ``gluon_prefetch``,
-      ``int_dequant=False``, ``f16``; 198,144 B, one program per SM). It took 22-27 % off the Triton tile at
+      tile ahead and the e4m3 conversion instructions (``gluon``, ``gluon_prefetch``, ``int_dequant=False``; in f16
+      by :func:`v32_f16`; 198,144 B, one program per SM). It took 22-27 % off the Triton tile at
       H = 128 and B = 32..128 and 17-27 % at H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the
       Triton tile's deeper pipeline won.
     * sm_90 otherwise: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
@@ -276,8 +305,7 @@ def choose_v32_config(
         and rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_MIN_PROGRAMS
         and gluon_v32_sm90.available()
     ):
-        return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True,
-                         f16=True)  # fmt: skip
+        return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True)
     if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
@@ -738,12 +766,14 @@ def sparse_decode_v32_fwd(
         lse_part = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
     else:
         o_part, lse_part = out, lse  # unused
+    tiles_per_program = triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)
+    f16 = v32_f16(cfg, info, kv_format, tiles_per_program)
     if cfg.gluon:
         gluon_v32_sm90.sparse_decode_v32_sm90_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
             splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v, int_dequant=cfg.int_dequant,
-            prefetch=cfg.gluon_prefetch, f16=cfg.f16,
+            prefetch=cfg.gluon_prefetch, f16=f16,
         )  # fmt: skip
     else:
         grid, heads_fastest = decode_grid(rows, head_blocks, splits, cfg.heads_fastest)
@@ -756,12 +786,11 @@ def sparse_decode_v32_fwd(
             KV_FP8=kv_format == "fp8_656",
             INT_DEQUANT=cfg.int_dequant and not interpret, STAGE_K=cfg.stage_k, HAS_LEN=topk_length is not None,
             OPAQUE_K=cfg.opaque_k and not interpret, LAZY_RESCALE=cfg.lazy_rescale,
-            Q_LIFT=v32_q_lift(cfg, info, kv_format, triton.cdiv(triton.cdiv(topk, cfg.block_n), splits))
-            and not interpret,
+            Q_LIFT=v32_q_lift(cfg, info, kv_format, tiles_per_program) and not interpret,
             SINGLE=splits == 1,
             PREFETCH=prefetch_ahead(cfg.l2_prefetch, cfg.num_stages, interpret),
             PF_STRIDE=cfg.prefetch_stride,
-            PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest, F16=cfg.f16,
+            PAGE_SHIFT=page_shift(kv_cache.shape[1]), HEADS_FASTEST=heads_fastest, F16=f16,
             ALIGNED=aligned, DOT_F32=interpret, DOT_PREC="ieee" if interpret else "tf32",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
