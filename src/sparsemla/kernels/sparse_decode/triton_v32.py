@@ -149,12 +149,12 @@ class V32Config:
 # V32Config.f16 by default (v32_f16): the Gluon tile (H100, 3.8 cubins, results/bench/explore/
 # gluon_decode_v32_f16-native-h100-74ae5a4.json, _f16late-*-46c55df: B = 64 / 128 at H = 128 137.5 -> 134.9 and
 # 263.9 -> 260.7 us, H = 64 B = 128 135.7 -> 134.7; B = 8 36.4 -> 36.8; error against the fp32 reference 6.0e-3 ->
-# 2.3e-3) and the Triton mma.sync tiles from F16_MIN_TILES tiles a program (v32_configs-*-h100-b2cdd06 in
-# results/bench/explore/f16_*: the sm_89 path's 32 x 32 tile at H = 128 B = 8 / 64 / 128, 16 / 64 / 64 tiles a
-# program, 52.6 -> 50.0, 311.2 -> 282.4, 609.4 -> 553.2 us; its 16 x 32 tile at H = 16 B = 64 / 128 73.3 -> 72.6,
-# 131.9 -> 129.1; at 1 - 2 tiles a program the per-head q scaling costs more than it saves: B = 1 H = 128 18.1 ->
-# 19.5, H = 16 12.6 -> 14.0). Not on Triton's 64-head wgmma tile (sm_90 B = 1 / 4, 1 - 2 tiles: 18.5 -> 20.9, 27.8
-# -> 30.2; larger launches there take the Gluon tile). 4 - 8 tiles a program were not timed.
+# 2.3e-3) and the Triton mma.sync tiles from F16_MIN_TILES tiles a program (results/bench/explore/
+# v32_configs_f16_*-h100-b2cdd06.json: the sm_89 path's 32 x 32 tile at H = 128 B = 8 / 64 / 128, 16 / 64 / 64
+# tiles a program, 52.6 -> 50.0, 311.2 -> 282.4, 609.4 -> 553.2 us; its 16 x 32 tile at H = 16 B = 64 / 128 73.3 ->
+# 72.6, 131.9 -> 129.1; at 1 - 2 tiles a program the per-head q scaling costs more than it saves: B = 1 H = 128
+# 18.1 -> 19.5, H = 16 12.6 -> 14.0). Not on Triton's 64-head wgmma tile (sm_90 B = 1 / 4, 1 - 2 tiles: 18.5 ->
+# 20.9, 27.8 -> 30.2; larger launches there take the Gluon tile). 4 - 8 tiles a program were not timed.
 F16_MIN_TILES = 16
 
 
