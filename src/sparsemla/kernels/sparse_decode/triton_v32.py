@@ -291,7 +291,7 @@ def choose_v32_config(
       blocks, 4 warps, 4 chunks: fp8_656 32x32 with 2 stages and ``opaque_k`` (98,816 B: fits 101,376); bf16_576 32x32
       with 3 stages where that fits (sm_80, sm_100), else 1 stage.
 
-    Every one compiles ahead of time for its targets with <= 56 B spilled per thread (sm_100/120 fp8 with s_q 2;
+    Every one compiles ahead of time for its targets with <= 72 B spilled per thread (sm_100/120 fp8 in f16, s_q 2;
     Triton 3.8; docs/portability.md).
     Interpreter: small tiles (fp32 dots)."""
     if info is dev.INTERPRETER:
