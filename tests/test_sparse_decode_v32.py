@@ -326,7 +326,8 @@ def test_f16_tiles_match_reference(nan_empty, cfg, heads, splits, q_gain):
 
 def test_f16_default_rule():
     """V32Config.f16 None: f16 for the Gluon tile and for the Triton tiles other than the 64-head wgmma / tcgen05
-    ones from F16_MIN_TILES tiles a program; never for bf16_576 or under the interpreter; an explicit value wins."""
+    ones from F16_MIN_TILES tiles a program; never for bf16_576, under the interpreter or with an explicit lift; an
+    explicit value wins."""
     sm89, sm90, sm100 = dev.target("sm_89"), dev.target("sm_90"), dev.target("sm_100")
     mma = v32.choose_v32_config(sm89, 128, 64, "fp8_656")
     many, few = v32.F16_MIN_TILES, v32.F16_MIN_TILES - 1
@@ -335,6 +336,8 @@ def test_f16_default_rule():
     assert not v32.v32_f16(mma, dev.INTERPRETER, "fp8_656", many)
     assert not v32.v32_f16(dataclasses.replace(mma, f16=False), sm89, "fp8_656", many)
     assert v32.v32_f16(dataclasses.replace(mma, f16=True), sm89, "fp8_656", 1)
+    lifted = dataclasses.replace(mma, q_lift=True)  # an explicit lift keeps the integer bf16 path
+    assert not v32.v32_f16(lifted, sm89, "fp8_656", many) and v32.v32_q_lift(lifted, sm89, "fp8_656", many)
     wide = v32.V32Config(64, 64, 8, 3, True, nope_chunks=4)
     assert not v32.v32_f16(wide, sm90, "fp8_656", many) and not v32.v32_f16(wide, sm100, "fp8_656", many)
     assert v32.v32_f16(wide, sm89, "fp8_656", many), "64-head tiles are mma.sync on sm_89"

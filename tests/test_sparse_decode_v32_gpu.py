@@ -175,7 +175,7 @@ def test_every_targets_config_matches_reference(nan_empty, cfg, kv_format, split
 # V32Config fields beyond the chosen configurations (nope_chunks, stage_k, opaque_k): the tiles
 # benchmarks/explore_v32_configs.py sweeps. A tile the device refuses (check_v32_config) or cannot hold (shared memory)
 # is skipped.
-VARIANTS = [
+BF16_VARIANTS = [  # the bf16 tiles (f16=False pinned: the default rule takes f16 from 16 tiles a program)
     v32.V32Config(64, 32, 8, 1, True, nope_chunks=4),
     v32.V32Config(64, 32, 8, 2, True, nope_chunks=4),
     v32.V32Config(64, 32, 8, 3, True, nope_chunks=4),
@@ -201,6 +201,9 @@ VARIANTS = [
     v32.V32Config(64, 64, 8, 1, True, gluon=True),
     v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True),
+]
+VARIANTS = [
+    *(replace(c, f16=False) for c in BF16_VARIANTS),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
     # the Triton tiles in f16 (V32Config.f16, fp8_656): the chosen mma.sync tiles and sm_90's 64-head tile, with the
     # integer bits and with the conversion instructions
@@ -247,9 +250,9 @@ def test_config_variants_corner_cases(nan_empty, cfg, kv_format):
         check(args, kw_dv, out, lse)
 
 
-GLUON_TILES = [
-    v32.V32Config(64, 64, 8, 1, True, gluon=True),
-    v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True),
+GLUON_TILES = [  # bf16 (f16=False pinned: the Gluon tile's default is f16), then f16
+    v32.V32Config(64, 64, 8, 1, True, gluon=True, f16=False),
+    v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True, f16=False),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
 ]
 
@@ -401,7 +404,7 @@ def test_integer_dequant_is_bit_identical_to_the_fp8_type(chunks, stage_k):
     pick = torch.randint(0, nan_free.numel(), kv[..., :512].shape, device="cuda")
     kv[..., :512] = nan_free[pick]
     args[0] = args[0] * 0.01
-    base = v32.V32Config(32, 32, 8, 1, nope_chunks=chunks, stage_k=stage_k)
+    base = v32.V32Config(32, 32, 8, 1, nope_chunks=chunks, stage_k=stage_k, f16=False)  # (f16: its own test)
     a = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=base)
     b = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=3, config=replace(base, int_dequant=False))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -96,9 +96,9 @@ if _HAVE_GLUON:
     @gluon.jit
     def _dequant_chunk(b_u, b_sc, INT_DEQUANT: gl.constexpr, F16: gl.constexpr):
         """[N, 128] e4m3 bytes (uint8) times their [N] fp32 scales -> bf16, rounded once: the integer bit path
-        (INT_DEQUANT, exact) or the e4m3 conversion instructions. F16: -> f16, the value converted exactly (one
-        instruction a pair) times the scale rounded to f16, the product rounded once in f16 (one packed multiply a
-        pair)."""
+        (INT_DEQUANT, exact) or the e4m3 conversion instructions. F16: -> f16, the value converted exactly by the
+        conversion instructions (one a pair; INT_DEQUANT does not apply) times the scale rounded to f16, the product
+        rounded once in f16 (one packed multiply a pair)."""
         if F16:
             b_k = b_u.to(gl.float8e4nv, bitcast=True).to(gl.float16) * b_sc.to(gl.float16)[:, None]
         else:
@@ -114,8 +114,8 @@ if _HAVE_GLUON:
     def _gather_store_tile(kv, b_idx, b_idr, num_slots, page_size, stride_kb, stride_kt, k_smem, kr_smem, o_d, o_r,
                            INT_DEQUANT: gl.constexpr, PAGE_SHIFT: gl.constexpr, F16: gl.constexpr):  # fmt: skip
         """Rows of slot ids ``b_idx`` / ``b_idr`` [N] (the same ids in the NoPE chunks' and the RoPE's layouts;
-        invalid -> zeros) of the uint8 cache ``kv`` into ``k_smem`` [N, 512] bf16 (128 columns at a time) and
-        ``kr_smem`` [N, 64] bf16. ``o_d`` [128] / ``o_r`` [64]: the columns."""
+        invalid -> zeros) of the uint8 cache ``kv`` into ``k_smem`` [N, 512] (bf16, F16: f16; 128 columns at a time)
+        and ``kr_smem`` [N, 64] bf16. ``o_d`` [128] / ``o_r`` [64]: the columns."""
         m_n, o_tok = _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
         p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
         for c in gl.static_range(4):
@@ -191,7 +191,7 @@ if _HAVE_GLUON:
             # times the same 2^e, exact; so the head's scores come out times 2^e and its softmax scale is qk_scale
             # times 2^-e (a row of qk_row, applied where the scalar was)
             q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)  # [BLOCK_H]
-            e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -100), 100)
+            e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
             two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
             b_q = (b_q.to(gl.float32) * two_e).to(gl.float16)
             b_qr = (b_qr.to(gl.float32) * two_e).to(gl.bfloat16)

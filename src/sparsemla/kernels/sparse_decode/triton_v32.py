@@ -9,7 +9,10 @@ sync, deterministic). The KV layout is a constexpr (``KV_FP8``); byte layouts in
 * ``fp8_656``: a row is 512 e4m3 NoPE bytes, 4 fp32 scales (one per 128 values) and 64 bf16 RoPE values. The e4m3
   bytes are read as uint8 and turned into bf16 with integer instructions (:func:`~sparsemla.kernels.dequant.
   e4m3_bits_to_bf16`, exact), multiplied by the tile's fp32 scale in fp32 and rounded once to bf16 -- the same
-  numbers sglang's ``dequantize_k_cache`` produces. No e4m3 type is used, so sm_80/86 compile it.
+  numbers sglang's ``dequantize_k_cache`` produces. No e4m3 type is used, so sm_80/86 compile it. In f16
+  (``V32Config.f16``, :func:`v32_f16`: by default from 16 tiles a program) the tile, q's NoPE and P are f16 instead:
+  e4m3 -> f16 exactly (:func:`~sparsemla.kernels.dequant.e4m3_bits_to_f16`), times the scale rounded to f16, the
+  product rounded once in f16.
 * ``bf16_576``: a row is 576 bf16 values.
 
 Per tile of ``BLOCK_N`` tokens: ``S = Q_nope K_nope^T + Q_rope K_rope^T`` ([BLOCK_H, 512] x [512, BLOCK_N] plus a
@@ -123,9 +126,10 @@ class V32Config:
     value times 2^-8, :func:`~sparsemla.kernels.dequant.e4m3_bits_to_f16`, and the scale taken times 2^8); the scale
     is rounded to f16 and the product once in f16, one packed multiply a pair, where bf16 needs the fp32 multiply and
     a rounding. f16 keeps 3 more mantissa bits, so K values must be below its 65,504 in magnitude; scales under 2^-14
-    (2^-22 with int_dequant) lose bits as f16 subnormals. None (the default): :func:`v32_f16`'s rule -- the Gluon
-    tile, and the Triton mma.sync tiles from :data:`F16_MIN_TILES` tiles a program. Not with q_lift (f16 needs no
-    lift)."""
+    (2^-22 with int_dequant) lose bits as f16 subnormals. The Gluon tile (sm_90, which has the e4m3 type) always
+    converts with the instructions in f16, whatever int_dequant says. None (the default): :func:`v32_f16`'s rule --
+    the Gluon tile, and the Triton mma.sync tiles from :data:`F16_MIN_TILES` tiles a program, unless q_lift is set.
+    Not with q_lift=True (f16 needs no lift)."""
 
     block_h: int
     block_n: int
@@ -161,11 +165,13 @@ F16_MIN_TILES = 16
 def v32_f16(cfg: V32Config, info: dev.DeviceInfo, kv_format: str, tiles_per_program: int) -> bool:
     """Whether ``cfg`` runs in f16 (``V32Config.f16``) on ``info``: fp8_656 only; its own ``f16`` where set; else the
     Gluon tile, and the Triton tiles other than the 64-head wgmma / tcgen05 ones from :data:`F16_MIN_TILES` tiles a
-    program (never under the interpreter by default)."""
+    program (never under the interpreter, nor with an explicit ``q_lift=True``, by default)."""
     if kv_format != "fp8_656":
         return False
     if cfg.f16 is not None:
         return cfg.f16
+    if cfg.q_lift:  # an explicit lift is the integer bf16 path's
+        return False
     if cfg.gluon:
         return True
     if info is dev.INTERPRETER:
@@ -529,7 +535,7 @@ def _sparse_decode_v32_kernel(
             q_amax = tl.maximum(q_amax, tl.maximum(tl.max(tl.abs(b_q2.to(tl.float32)), 1),
                                                    tl.max(tl.abs(b_q3.to(tl.float32)), 1)))  # fmt: skip
         # 2^e with e from that value's fp32 exponent (clamped: all-zero heads): |q| * 2^e in [2^14, 2^15)
-        e_q = tl.minimum(tl.maximum(141 - ((q_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), -100), 100)
+        e_q = tl.minimum(tl.maximum(141 - ((q_amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
         two_e = ((e_q + 127) << 23).to(tl.float32, bitcast=True)[:, None]  # [BLOCK_H, 1]
         qk_h = qk_scale * ((127 - e_q) << 23).to(tl.float32, bitcast=True)[:, None]
         b_q0 = _q_f16(b_q0, two_e, DOT_F32)
