@@ -573,9 +573,11 @@ from sparsemla.kernels.sparse_decode.gluon_sm90 import _softmax_pv as _pkg_softm
 
 @gluon.jit
 def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt, num_slots,
-                 num_splits, stride_ib, stride_is, PAGE_SHIFT: gl.constexpr, PW: gl.constexpr):  # fmt: skip
+                 num_splits, stride_ib, stride_is, PAGE_SHIFT: gl.constexpr, PW: gl.constexpr,
+                 DIAG: gl.constexpr = 0):  # fmt: skip
     """The producer warpgroup: this split's tile j into buffer j % 2 (f16 NoPE, bf16 RoPE) once ``empty`` released
-    it, then ``full[j % 2]``; the tile's loads are issued before the wait."""
+    it, then ``full[j % 2]``; the tile's loads are issued before the wait. DIAG 1 (timing only, wrong outputs): no
+    loads and no stores, only the barriers (what the consumers take alone)."""
     ck: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # [64, 128] e4m3 bytes, 16 B a run
     cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # [64, 64] bf16 RoPE, 16 B a run
     i_r = gl.program_id(0)
@@ -595,33 +597,37 @@ def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stri
     for i_t in range(t_lo, t_hi):
         j = i_t - t_lo
         buf = j % 2
-        t0 = i_t * 64
-        b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [64] slot ids
-        m_n, o_tok = V._rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-        p_row = kv + o_tok[:, None] + o_d[None, :]
-        u0 = gl.load(p_row, mask=m_n[:, None], other=0)  # [64, 128] e4m3 bytes of each chunk
-        u1 = gl.load(p_row + 128, mask=m_n[:, None], other=0)
-        u2 = gl.load(p_row + 256, mask=m_n[:, None], other=0)
-        u3 = gl.load(p_row + 384, mask=m_n[:, None], other=0)
-        o_s = (o_tok >> 2) + V.SCALE_OFF_F32
-        s0 = gl.load(p_sc + o_s, mask=m_n, other=0.0)  # [64] fp32 scales
-        s1 = gl.load(p_sc + o_s + 1, mask=m_n, other=0.0)
-        s2 = gl.load(p_sc + o_s + 2, mask=m_n, other=0.0)
-        s3 = gl.load(p_sc + o_s + 3, mask=m_n, other=0.0)
-        m_r = gl.convert_layout(m_n, gl.SliceLayout(1, cr))
-        o_tr = gl.convert_layout(o_tok, gl.SliceLayout(1, cr))
-        b_r = gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [64, 64]
-        # fresh barriers count as released: tiles 0 and 1 go without waiting
-        mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
-        k_smem = k_bufs.index(buf)
-        k_smem.slice(0, 128, dim=1).store(V._dequant_chunk(u0, s0, False, True))
-        k_smem.slice(128, 128, dim=1).store(V._dequant_chunk(u1, s1, False, True))
-        k_smem.slice(256, 128, dim=1).store(V._dequant_chunk(u2, s2, False, True))
-        k_smem.slice(384, 128, dim=1).store(V._dequant_chunk(u3, s3, False, True))
-        kr_bufs.index(buf).store(b_r)
-        fence_async_shared()  # the generic stores before the consumers' wgmma (async proxy) reads them
-        _barrier()  # every producer warp stored its part
-        mbarrier.arrive(full.index(buf), count=1)
+        if DIAG == 1:
+            mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
+            mbarrier.arrive(full.index(buf), count=1)
+        else:
+            t0 = i_t * 64
+            b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [64] slot ids
+            m_n, o_tok = V._rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
+            p_row = kv + o_tok[:, None] + o_d[None, :]
+            u0 = gl.load(p_row, mask=m_n[:, None], other=0)  # [64, 128] e4m3 bytes of each chunk
+            u1 = gl.load(p_row + 128, mask=m_n[:, None], other=0)
+            u2 = gl.load(p_row + 256, mask=m_n[:, None], other=0)
+            u3 = gl.load(p_row + 384, mask=m_n[:, None], other=0)
+            o_s = (o_tok >> 2) + V.SCALE_OFF_F32
+            s0 = gl.load(p_sc + o_s, mask=m_n, other=0.0)  # [64] fp32 scales
+            s1 = gl.load(p_sc + o_s + 1, mask=m_n, other=0.0)
+            s2 = gl.load(p_sc + o_s + 2, mask=m_n, other=0.0)
+            s3 = gl.load(p_sc + o_s + 3, mask=m_n, other=0.0)
+            m_r = gl.convert_layout(m_n, gl.SliceLayout(1, cr))
+            o_tr = gl.convert_layout(o_tok, gl.SliceLayout(1, cr))
+            b_r = gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [64, 64]
+            # fresh barriers count as released: tiles 0 and 1 go without waiting
+            mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
+            k_smem = k_bufs.index(buf)
+            k_smem.slice(0, 128, dim=1).store(V._dequant_chunk(u0, s0, False, True))
+            k_smem.slice(128, 128, dim=1).store(V._dequant_chunk(u1, s1, False, True))
+            k_smem.slice(256, 128, dim=1).store(V._dequant_chunk(u2, s2, False, True))
+            k_smem.slice(384, 128, dim=1).store(V._dequant_chunk(u3, s3, False, True))
+            kr_bufs.index(buf).store(b_r)
+            fence_async_shared()  # the generic stores before the consumers' wgmma (async proxy) reads them
+            _barrier()  # every producer warp stored its part
+            mbarrier.arrive(full.index(buf), count=1)
 
 
 @gluon.jit
@@ -689,6 +695,7 @@ def _gluon_v32_ws2_kernel(
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
     SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    DIAG: gl.constexpr = 0,
 ):  # fmt: skip
     """Session 36's warp-specialized f16 tile (see above): grid (rows, head blocks, splits), 8 consumer warps + 4."""
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
@@ -712,7 +719,7 @@ def _gluon_v32_ws2_kernel(
                             lse_part, S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs, stride_qh,
                             stride_ib, stride_is, SINGLE, num_warps)),
             (_ws2_produce, (k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt,
-                            num_slots, num_splits, stride_ib, stride_is, PAGE_SHIFT, PRODUCER_WARPS)),
+                            num_slots, num_splits, stride_ib, stride_is, PAGE_SHIFT, PRODUCER_WARPS, DIAG)),
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
@@ -758,7 +765,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
         _gluon_v32_ws2_kernel[(rows, head_blocks, splits)](
             *args, SINGLE=splits == 1, PAGE_SHIFT=page_shift(kv_cache.shape[1]), PRODUCER_REGS=ws2[0], num_warps=8,
-            maxnreg=ws2[1],
+            maxnreg=ws2[1], DIAG=ws2[2] if len(ws2) > 2 else 0,
         )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
@@ -782,7 +789,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
             "pkg_gluon_pf_f16", "ws2_120_168", "ws2_136_168", "ws2_152_168")
-DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
+WS2_DIAG = ("ws2_152_168_diag1",)  # timing only (the producer idle: wrong outputs), built and timed when asked
+DIAG_VARIANTS = ("diag_nobar", "diag_noexch", *WS2_DIAG)  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -842,8 +850,8 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
                                 cluster={"gluon_clc": "convert", "gluon_clp": "prefetch"}.get(variant[:9], "buf"))
     if variant.startswith("ws2_"):  # session 36: ws2_<producer registers>_<maxnreg>
-        _, regs, maxnreg = variant.split("_")
-        return gluon_decode_v32(**kw, ws2=(int(regs), int(maxnreg)))
+        _, regs, maxnreg, *diag = variant.split("_")  # ws2_R_M_diag1: timing only (the producer idle)
+        return gluon_decode_v32(**kw, ws2=(int(regs), int(maxnreg), int(diag[0][4:]) if diag else 0))
     if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
         return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
