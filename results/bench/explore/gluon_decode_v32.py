@@ -568,16 +568,18 @@ def _gluon_v32_ws_kernel(
 # dequantizes (one conversion and one packed multiply a pair) into buffer j % 2; the two consumer warpgroups scale q
 # per head into f16 themselves and run the package tile's loop body on the buffer. 229,376 B of shared memory.
 from sparsemla.kernels.sparse_decode import gluon_v32_sm90 as V  # noqa: E402
+from sparsemla.kernels.sparse_decode.gluon_sm90 import _prefetch_l2  # noqa: E402
 from sparsemla.kernels.sparse_decode.gluon_sm90 import _softmax_pv as _pkg_softmax_pv  # noqa: E402
 
 
 @gluon.jit
 def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt, num_slots,
                  num_splits, stride_ib, stride_is, PAGE_SHIFT: gl.constexpr, PW: gl.constexpr,
-                 DIAG: gl.constexpr = 0):  # fmt: skip
+                 DIAG: gl.constexpr = 0, PF: gl.constexpr = 0):  # fmt: skip
     """The producer warpgroup: this split's tile j into buffer j % 2 (f16 NoPE, bf16 RoPE) once ``empty`` released
     it, then ``full[j % 2]``; the tile's loads are issued before the wait. DIAG 1 (timing only, wrong outputs): no
-    loads and no stores, only the barriers (what the consumers take alone)."""
+    loads and no stores, only the barriers (what the consumers take alone). PF: right after a tile's loads are
+    issued, the next tile's rows are prefetched into L2 (7 addresses a 656-byte row), so its loads hit L2."""
     ck: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # [64, 128] e4m3 bytes, 16 B a run
     cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # [64, 64] bf16 RoPE, 16 B a run
     i_r = gl.program_id(0)
@@ -594,6 +596,10 @@ def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stri
     p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
     p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
     p_rope = (kv + V.ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])  # [64, 8] prefetch addresses
+    o_np = gl.arange(0, 64, layout=gl.SliceLayout(1, pf))
+    o_pb = gl.arange(0, 8, layout=gl.SliceLayout(0, pf))
+    o_b = gl.minimum(o_pb * 128, 655)  # a row's lines: every 128 bytes and its last byte
     for i_t in range(t_lo, t_hi):
         j = i_t - t_lo
         buf = j % 2
@@ -617,6 +623,11 @@ def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stri
             m_r = gl.convert_layout(m_n, gl.SliceLayout(1, cr))
             o_tr = gl.convert_layout(o_tok, gl.SliceLayout(1, cr))
             b_r = gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [64, 64]
+            if PF:
+                t1 = t0 + 64
+                b_nx = gl.load(p_idx + t1 + o_np, mask=(t1 + o_np < TOPK) & (i_t + 1 < t_hi), other=-1)
+                m_x, o_x = V._rows(b_nx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
+                _prefetch_l2(kv + o_x[:, None] + o_b[None, :], m_x[:, None] & (o_pb < 7)[None, :])
             # fresh barriers count as released: tiles 0 and 1 go without waiting
             mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
             k_smem = k_bufs.index(buf)
@@ -695,7 +706,7 @@ def _gluon_v32_ws2_kernel(
     S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
     stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
     SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    DIAG: gl.constexpr = 0,
+    DIAG: gl.constexpr = 0, PF: gl.constexpr = 0,
 ):  # fmt: skip
     """Session 36's warp-specialized f16 tile (see above): grid (rows, head blocks, splits), 8 consumer warps + 4."""
     gl.static_assert(num_warps == 8, "two consumer warpgroups")
@@ -719,7 +730,7 @@ def _gluon_v32_ws2_kernel(
                             lse_part, S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs, stride_qh,
                             stride_ib, stride_is, SINGLE, num_warps)),
             (_ws2_produce, (k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt,
-                            num_slots, num_splits, stride_ib, stride_is, PAGE_SHIFT, PRODUCER_WARPS, DIAG)),
+                            num_slots, num_splits, stride_ib, stride_is, PAGE_SHIFT, PRODUCER_WARPS, DIAG, PF)),
         ],
         [PRODUCER_WARPS],
         [PRODUCER_REGS],
@@ -765,7 +776,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 
         _gluon_v32_ws2_kernel[(rows, head_blocks, splits)](
             *args, SINGLE=splits == 1, PAGE_SHIFT=page_shift(kv_cache.shape[1]), PRODUCER_REGS=ws2[0], num_warps=8,
-            maxnreg=ws2[1], DIAG=ws2[2] if len(ws2) > 2 else 0,
+            maxnreg=ws2[1], DIAG=ws2[2], PF=ws2[3],
         )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
@@ -789,6 +800,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
             "pkg_gluon_pf_f16", "ws2_120_168", "ws2_136_168", "ws2_152_168")
+VARIANTS += ("ws2_152_168_pf", "ws2_120_168_pf")
 WS2_DIAG = ("ws2_152_168_diag1",)  # timing only (the producer idle: wrong outputs), built and timed when asked
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch", *WS2_DIAG)  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
@@ -850,8 +862,9 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
                                 cluster={"gluon_clc": "convert", "gluon_clp": "prefetch"}.get(variant[:9], "buf"))
     if variant.startswith("ws2_"):  # session 36: ws2_<producer registers>_<maxnreg>
-        _, regs, maxnreg, *diag = variant.split("_")  # ws2_R_M_diag1: timing only (the producer idle)
-        return gluon_decode_v32(**kw, ws2=(int(regs), int(maxnreg), int(diag[0][4:]) if diag else 0))
+        _, regs, maxnreg, *opts = variant.split("_")  # ws2_R_M[_diag1][_pf]: diag1 timing only (the producer idle)
+        diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
+        return gluon_decode_v32(**kw, ws2=(int(regs), int(maxnreg), diag, int("pf" in opts)))
     if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
         return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
