@@ -413,8 +413,17 @@ def test_gluon_tile_config_checks():
     if not gluon_v32_sm90.available():
         return
     gluon = v32.choose_v32_config(sm90, 128, 64)
-    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
+    assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_ws=True)
     assert v32.v32_f16(gluon, sm90, "fp8_656", 1), "the Gluon tile runs in f16 by default"
+    few = v32.choose_v32_config(sm90, 128, v32.GLUON_WS_MIN_PROGRAMS // 2 - 1)  # below 64 programs: the prefetching
+    assert few == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
+    assert v32.choose_v32_config(sm90, 64, v32.GLUON_WS_MIN_PROGRAMS).gluon_ws
+    assert v32.shared_bytes_v32(gluon, "fp8_656", sm90) == 229_924 and sm90.smem_per_sm // 229_924 == 1
+    for bad, what in ((dataclasses.replace(gluon, gluon=False), "gluon_ws"),
+                      (dataclasses.replace(gluon, gluon_prefetch=True), "gluon_prefetch"),
+                      (dataclasses.replace(gluon, f16=False), "f16=False")):  # fmt: skip
+        with pytest.raises(ValueError, match=what):
+            v32.check_v32_config(bad, sm90, "fp8_656")
     v32.check_v32_config(gluon, sm90, "fp8_656")
     assert not v32.choose_v32_config(sm90, 128, 64, aligned=False).gluon, "the tile needs 16-byte aligned rows"
 

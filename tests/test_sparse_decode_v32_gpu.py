@@ -138,7 +138,8 @@ def _variant_id(cfg: v32.V32Config) -> str:
     chunks = f"-c{cfg.nope_chunks}" if cfg.nope_chunks > 1 else ""
     name = f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{chunks}{'-stage_k' if cfg.stage_k else ''}"
     name += ("-opaque" if cfg.opaque_k else "") + ("-lazy" if cfg.lazy_rescale else "")
-    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "") + ("-f16" if cfg.f16 else "")
+    name += ("-gluon" if cfg.gluon else "") + ("-pf" if cfg.gluon_prefetch else "") + ("-ws" if cfg.gluon_ws else "")
+    name += "-f16" if cfg.f16 else ""
     name += "" if cfg.int_dequant else "-cvt"
     return name + {None: "", True: "-lift", False: "-nolift"}[cfg.q_lift]
 
@@ -205,6 +206,7 @@ BF16_VARIANTS = [  # the bf16 tiles (f16=False pinned: the default rule takes f1
 VARIANTS = [
     *(replace(c, f16=False) for c in BF16_VARIANTS),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_ws=True),
     # the Triton tiles in f16 (V32Config.f16, fp8_656): the chosen mma.sync tiles and sm_90's 64-head tile, with the
     # integer bits and with the conversion instructions
     *F16_TILES,
@@ -254,6 +256,7 @@ GLUON_TILES = [  # bf16 (f16=False pinned: the Gluon tile's default is f16), the
     v32.V32Config(64, 64, 8, 1, True, gluon=True, f16=False),
     v32.V32Config(64, 64, 8, 1, True, gluon=True, gluon_prefetch=True, f16=False),
     v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True, f16=True),
+    v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_ws=True),  # warp-specialized, f16
 ]
 
 
@@ -313,6 +316,26 @@ def test_f16_prefetch_changes_no_bit_and_spans_scales(nan_empty, splits, q_gain)
     got = v32.sparse_decode_v32_fwd(*args, **kw, num_splits=splits, config=ahead)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     check(args, kw, *got)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 17])
+@pytest.mark.parametrize("heads", [128, 33])
+def test_gluon_ws_tile_computes_the_f16_tile_bits(nan_empty, splits, heads):
+    """V32Config.gluon_ws: the warp-specialized tile (a producer warpgroup gathers and dequantizes the next tile)
+    computes the prefetching f16 tile's bits: across split ends, empty splits (17), -1 and out-of-range ids, short
+    rows (topk_length), a masked head block, all -1 rows, d_v 200."""
+    ws, ahead = GLUON_TILES[3], GLUON_TILES[2]
+    _runnable(ws, "fp8_656")
+    args, kw = make_case("fp8_656", 5, 2, heads, invalid=0.05, seed=61 + splits)
+    num_slots = args[1].shape[0] * args[1].shape[1]
+    args[2][1, 0, ::7] = num_slots + 3  # past the cache: invalid
+    args[2][2] = -1
+    for d_v in (512, 200):
+        kw_dv = dict(kw, d_v=d_v)
+        want = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=splits, config=ahead)
+        got = v32.sparse_decode_v32_fwd(*args, **kw_dv, num_splits=splits, config=ws)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        check(args, kw_dv, *got)
 
 
 @pytest.mark.parametrize("cfg", F16_TILES[::2], ids=_variant_id)

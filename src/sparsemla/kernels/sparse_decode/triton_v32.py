@@ -43,7 +43,7 @@ from sparsemla.kernels.dequant import (
 from sparsemla.kernels.layouts import V32_DIM, V32_FP8_BYTES, V32_NOPE_DIM, v32_row_width
 from sparsemla.kernels.paging import page_shift, page_split
 from sparsemla.kernels.prefetch import check_prefetch, prefetch_ahead, prefetch_rows_l2
-from sparsemla.kernels.sparse_decode import gluon_v32_sm90
+from sparsemla.kernels.sparse_decode import gluon_v32_sm90, gluon_ws_v32_sm90
 from sparsemla.kernels.sparse_decode.triton import (
     _lazy_softmax,
     _rescaled,
@@ -129,7 +129,12 @@ class V32Config:
     (2^-22 with int_dequant) lose bits as f16 subnormals. The Gluon tile (sm_90, which has the e4m3 type) always
     converts with the instructions in f16, whatever int_dequant says. None (the default): :func:`v32_f16`'s rule --
     the Gluon tile, and the Triton mma.sync tiles from :data:`F16_MIN_TILES` tiles a program, unless q_lift is set.
-    Not with q_lift=True (f16 needs no lift)."""
+    Not with q_lift=True (f16 needs no lift).
+
+    gluon_ws (with gluon, in f16, without gluon_prefetch): the Gluon tile warp-specialized
+    (:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_v32_sm90`): a producer warpgroup gathers and dequantizes the
+    next tile into the second of two buffers while the two consumer warpgroups multiply this one; the same bits.
+    :func:`choose_v32_config` takes it from :data:`GLUON_WS_MIN_PROGRAMS` 64-head programs."""
 
     block_h: int
     block_n: int
@@ -148,6 +153,7 @@ class V32Config:
     gluon: bool = False
     gluon_prefetch: bool = False
     f16: bool | None = None
+    gluon_ws: bool = False
 
 
 # V32Config.f16 by default (v32_f16): the Gluon tile (H100, 3.8 cubins, results/bench/explore/
@@ -205,6 +211,8 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
     Never below ``metadata.shared`` for the tiles measured ahead of time, chosen ones included, and equal for most
     (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less. The Gluon tile
     (``gluon``): its own figure (:data:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.SHARED_BYTES`)."""
+    if cfg.gluon_ws:
+        return gluon_ws_v32_sm90.SHARED_BYTES
     if cfg.gluon:
         return gluon_v32_sm90.PREFETCH_SHARED_BYTES if cfg.gluon_prefetch else gluon_v32_sm90.SHARED_BYTES
     fp8 = kv_format == "fp8_656"
@@ -239,8 +247,10 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
     if cfg.nope_chunks not in (1, 2, 4):
         raise ValueError(f"nope_chunks must be 1, 2 or 4 (whole 128-wide fp8 scale tiles), got {cfg.nope_chunks}")
     check_prefetch(cfg.l2_prefetch, cfg.prefetch_stride)
-    if cfg.gluon_prefetch and not cfg.gluon:
-        raise ValueError("gluon_prefetch is an option of the Gluon tile (gluon=True)")
+    if (cfg.gluon_prefetch or cfg.gluon_ws) and not cfg.gluon:
+        raise ValueError("gluon_prefetch and gluon_ws are options of the Gluon tile (gluon=True)")
+    if cfg.gluon_ws and (cfg.gluon_prefetch or cfg.f16 is False):
+        raise ValueError("gluon_ws is the f16 tile with its own pipeline: not with gluon_prefetch or f16=False")
     if cfg.f16 and cfg.q_lift:
         raise ValueError("f16 takes no q_lift (the f16 tile's scale multiply is one already)")
     if cfg.f16 and kv_format not in (None, "fp8_656"):
@@ -272,6 +282,12 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
 # 64-head programs (rows x head blocks) from which sm_90 takes the Gluon tile: at 8 (B = 8, H = 64) the Triton
 # tile's 3-stage pipeline won (29.3 vs 32.4 us), at 16 (B = 8, H = 128) the Gluon tile (39.2 vs 41.3 us; H100)
 GLUON_MIN_PROGRAMS = 16
+# ... and its warp-specialized form (V32Config.gluon_ws): H100, 3.8 cubins, graph replay, against the prefetching f16
+# tile (results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json): H = 128 B = 32 / 64 / 128 (64 / 128
+# / 256 programs) 80.4 -> 77.7, 134.9 -> 127.9, 260.3 -> 248.8 us, H = 64 B = 128 135.4 -> 131.2; without the L2
+# prefetch of the next tile's rows it tied or lost (_ws2-native-h100-1be8f45.json), and at 16 programs (H = 128
+# B = 8) it lost that way (36.9 -> 38.1); 16 - 63 programs were not timed with the prefetch
+GLUON_WS_MIN_PROGRAMS = 64
 
 
 def choose_v32_config(
@@ -284,7 +300,8 @@ def choose_v32_config(
 
     * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with its gather one
       tile ahead and the e4m3 conversion instructions (``gluon``, ``gluon_prefetch``, ``int_dequant=False``; in f16
-      by :func:`v32_f16`; 198,144 B, one program per SM). It took 22-27 % off the Triton tile at
+      by :func:`v32_f16`; 198,144 B, one program per SM); from :data:`GLUON_WS_MIN_PROGRAMS` programs its
+      warp-specialized form (``gluon_ws``; 229,924 B), 3-5 % faster there. It took 22-27 % off the Triton tile at
       H = 128 and B = 32..128 and 17-27 % at H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the
       Triton tile's deeper pipeline won.
     * sm_90 otherwise: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
@@ -311,6 +328,8 @@ def choose_v32_config(
         and rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_MIN_PROGRAMS
         and gluon_v32_sm90.available()
     ):
+        if rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_WS_MIN_PROGRAMS:
+            return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_ws=True)
         return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True)
     if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
@@ -774,7 +793,13 @@ def sparse_decode_v32_fwd(
         o_part, lse_part = out, lse  # unused
     tiles_per_program = triton.cdiv(triton.cdiv(topk, cfg.block_n), splits)
     f16 = v32_f16(cfg, info, kv_format, tiles_per_program)
-    if cfg.gluon:
+    if cfg.gluon_ws:
+        gluon_ws_v32_sm90.sparse_decode_v32_sm90_ws_fwd(
+            q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
+            stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
+            splits=splits, qk_scale=float(sm_scale) * LOG2E, d_v=d_v,
+        )  # fmt: skip
+    elif cfg.gluon:
         gluon_v32_sm90.sparse_decode_v32_sm90_fwd(
             q, kv, indices, topk_length, out, lse, o_part, lse_part, page_size=kv_cache.shape[1],
             stride_kb=kv_cache.stride(0), stride_kt=kv_cache.stride(1), num_slots=kv_cache.shape[0] * kv_cache.shape[1],
