@@ -65,10 +65,11 @@ if sync_tile._HAVE_GLUON:
 
     @gluon.jit
     def _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN: gl.constexpr):
-        """(n_valid, t_lo, t_hi): the row's leftmost ``topk_length`` entries count; this split's 64-token tiles."""
+        """(n_valid, t_lo, t_hi), int32: the row's leftmost ``topk_length`` entries count (int32 or int64 lengths;
+        the tile counter indexes the buffers, which takes int32); this split's 64-token tiles."""
         n_valid = TOPK
         if HAS_LEN:
-            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
+            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK).to(gl.int32)
         tiles = gl.cdiv(n_valid, 64)
         per = gl.cdiv(tiles, num_splits)
         t_lo = i_sp * per
