@@ -385,8 +385,10 @@ def bench_shape(
         extra: dict[str, Any] = {}
         if name == "sparsemla":
             cfg = choose_v32_config(dev.launch_info(sets[0]["q"].device), shape.H, shape.B * shape.s_q, shape.kv_format)
-            extra = {"config": f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}",
-                     "shared_bytes": SHARED.get("_sparse_decode_v32_kernel")}  # fmt: skip
+            tile = "-gluon" + ("-ws" if cfg.gluon_ws else "-pf" if cfg.gluon_prefetch else "") if cfg.gluon else ""
+            kernel = "_sparse_decode_v32" + ("_sm90_ws" if cfg.gluon_ws else "_sm90" if cfg.gluon else "") + "_kernel"
+            extra = {"config": f"{cfg.block_h}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}{tile}",
+                     "shared_bytes": SHARED.get(kernel)}  # fmt: skip
         eager = [c[0] for c in calls]
         if name != "sparsemla_t38":  # an eager replay is ctypes calls from Python: host time production never pays
             us = round(_time(eager), 3)
