@@ -36,8 +36,8 @@ BLOCK_N = sync_tile.BLOCK_N
 NUM_WARPS = sync_tile.NUM_WARPS  # the consumers: two warpgroups
 PRODUCER_WARPS = 4  # one warpgroup
 # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers. The producer's 152 (it holds a tile's raw rows:
-# 32 B spilled ahead of time, Triton 3.8; 120: 72 B and 1-3 % slower, results/bench/explore/
-# gluon_decode_v32_ws2pf-native-h100-afbc653.json)
+# 56 B spilled ahead of time, Triton 3.8, docs/portability.md; 120 in the explore prototype: 72 B and 1-3 % slower,
+# results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json)
 MAXNREG = 168
 PRODUCER_REGS = 152
 # q + q RoPE + two tiles with their RoPE + P, 2 bytes each, the reductions' scratch and the mbarriers (ahead of time,
