@@ -75,40 +75,16 @@ def test_the_model_knows_prmt():
     assert _prmt(0x0000007F, 0x000000AB, 0x0004) == 0x7F7F7FAB
 
 
-@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
-def test_every_byte_converts_exactly(position):
-    """The e4m3 value times 2^-120 in bf16 (exact: subnormals and +-0 included), the other bytes of the word random;
-    NaN bytes (0x7F, 0xFF) convert like their bit pattern (the caches hold none)."""
-    text = E4M3_TO_BF16_PTX.value
-    assert set(re.findall(r"\$(\d)", text)) == {"0", "1", "2"}
-    nan_free = [b for b in range(256) if b & 0x7F != 0x7F]
-    want = _bf16_bits(
-        torch.tensor(nan_free, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_120.value)
-    )
-    gen = torch.Generator().manual_seed(position)
-    for byte, bits in zip(nan_free, want, strict=True):
-        others = torch.randint(0, 256, (4,), generator=gen).tolist()
-        others[position] = byte
-        word = sum(b << (8 * i) for i, b in enumerate(others))
-        regs = run_ptx(text, {"$2": word})
-        out = regs["$0"] if position < 2 else regs["$1"]
-        got = (out >> (16 * (position % 2))) & 0xFFFF
-        assert got == bits, f"byte 0x{byte:02x} at {position}: 0x{got:04x}, want 0x{bits:04x}"
+NAN_FREE = [b for b in range(256) if b & 0x7F != 0x7F]  # every e4m3 byte but the NaNs (0x7F, 0xFF)
 
 
-@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
-def test_every_byte_converts_exactly_to_f16(position):
-    """E4M3_TO_F16_PTX (V32Config.f16's integer path): the e4m3 value times 2^-8 in f16, exactly (subnormals and +-0
-    included), whatever the other bytes of the word hold (lane 0's shifted sign copies must not reach lane 1)."""
-    text = E4M3_TO_F16_PTX.value
+def _check_every_byte(text: str, want: list[int], position: int, seed: int, rounds: int) -> None:
+    """Run the conversion's PTX ``text`` on words holding each NaN-free byte at ``position`` (the other bytes random,
+    ``rounds`` words a byte) and compare the byte's 16-bit lane with ``want`` (bits per NAN_FREE byte)."""
     assert set(re.findall(r"\$(\d)", text)) == {"0", "1", "2"}
-    nan_free = [b for b in range(256) if b & 0x7F != 0x7F]
-    values = torch.tensor(nan_free, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_8.value)
-    want = values.to(torch.float16).view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).tolist()
-    assert torch.equal(values.to(torch.float16).float(), values), "e4m3 / 2^8 is exact in f16"
-    gen = torch.Generator().manual_seed(10 + position)
-    for byte, bits in zip(nan_free, want, strict=True):
-        for _ in range(3):  # other bytes random, sign bits included
+    gen = torch.Generator().manual_seed(seed)
+    for byte, bits in zip(NAN_FREE, want, strict=True):
+        for _ in range(rounds):
             others = torch.randint(0, 256, (4,), generator=gen).tolist()
             others[position] = byte
             word = sum(b << (8 * i) for i, b in enumerate(others))
@@ -116,6 +92,24 @@ def test_every_byte_converts_exactly_to_f16(position):
             out = regs["$0"] if position < 2 else regs["$1"]
             got = (out >> (16 * (position % 2))) & 0xFFFF
             assert got == bits, f"byte 0x{byte:02x} at {position}: 0x{got:04x}, want 0x{bits:04x}"
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
+def test_every_byte_converts_exactly(position):
+    """The e4m3 value times 2^-120 in bf16 (exact: subnormals and +-0 included), the other bytes of the word random;
+    NaN bytes (0x7F, 0xFF) convert like their bit pattern (the caches hold none)."""
+    values = torch.tensor(NAN_FREE, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_120.value)
+    _check_every_byte(E4M3_TO_BF16_PTX.value, _bf16_bits(values), position, seed=position, rounds=1)
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=lambda p: f"byte{p}")
+def test_every_byte_converts_exactly_to_f16(position):
+    """E4M3_TO_F16_PTX (V32Config.f16's integer path): the e4m3 value times 2^-8 in f16, exactly (subnormals and +-0
+    included), whatever the other bytes of the word hold (lane 0's shifted sign copies must not reach lane 1)."""
+    values = torch.tensor(NAN_FREE, dtype=torch.uint8).view(torch.float8_e4m3fn).float() / float(TWO_POW_8.value)
+    assert torch.equal(values.to(torch.float16).float(), values), "e4m3 / 2^8 is exact in f16"
+    want = values.to(torch.float16).view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).tolist()
+    _check_every_byte(E4M3_TO_F16_PTX.value, want, position, seed=10 + position, rounds=3)
 
 
 def _e4m3_values() -> torch.Tensor:

@@ -563,182 +563,12 @@ def _gluon_v32_ws_kernel(
     )  # fmt: skip
 
 
-# Session 36: the warp-specialized tile again, now in f16 (the package's gluon_v32_sm90 helpers and F16 numbers): a
-# producer warpgroup issues all of a tile's loads (4 NoPE chunks, scales, RoPE) before it waits for the buffer, then
-# dequantizes (one conversion and one packed multiply a pair) into buffer j % 2; the two consumer warpgroups scale q
-# per head into f16 themselves and run the package tile's loop body on the buffer. 229,376 B of shared memory.
-from sparsemla.kernels.sparse_decode import gluon_v32_sm90 as V  # noqa: E402
-from sparsemla.kernels.sparse_decode.gluon_sm90 import _prefetch_l2  # noqa: E402
-from sparsemla.kernels.sparse_decode.gluon_sm90 import _softmax_pv as _pkg_softmax_pv  # noqa: E402
-
-
-@gluon.jit
-def _ws2_produce(k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt, num_slots,
-                 num_splits, stride_ib, stride_is, PAGE_SHIFT: gl.constexpr, PW: gl.constexpr,
-                 DIAG: gl.constexpr = 0, PF: gl.constexpr = 0):  # fmt: skip
-    """The producer warpgroup: this split's tile j into buffer j % 2 (f16 NoPE, bf16 RoPE) once ``empty`` released
-    it, then ``full[j % 2]``; the tile's loads are issued before the wait. DIAG 1 (timing only, wrong outputs): no
-    loads and no stores, only the barriers (what the consumers take alone). PF: right after a tile's loads are
-    issued, the next tile's rows are prefetched into L2 (7 addresses a 656-byte row), so its loads hit L2."""
-    ck: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # [64, 128] e4m3 bytes, 16 B a run
-    cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # [64, 64] bf16 RoPE, 16 B a run
-    i_r = gl.program_id(0)
-    i_sp = gl.program_id(2)
-    i_b = i_r // S
-    i_s = i_r % S
-    tiles = gl.cdiv(TOPK, 64)
-    per = gl.cdiv(tiles, num_splits)
-    t_lo = i_sp * per
-    t_hi = gl.minimum(t_lo + per, tiles)
-    o_n = gl.arange(0, 64, layout=gl.SliceLayout(1, ck))
-    o_d = gl.arange(0, 128, layout=gl.SliceLayout(0, ck))
-    o_r = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
-    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-    p_sc = kv.to(gl.pointer_type(gl.float32), bitcast=True)
-    p_rope = (kv + V.ROPE_OFF).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-    pf: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [PW, 1], [1, 0])  # [64, 8] prefetch addresses
-    o_np = gl.arange(0, 64, layout=gl.SliceLayout(1, pf))
-    o_pb = gl.arange(0, 8, layout=gl.SliceLayout(0, pf))
-    o_b = gl.minimum(o_pb * 128, 655)  # a row's lines: every 128 bytes and its last byte
-    for i_t in range(t_lo, t_hi):
-        j = i_t - t_lo
-        buf = j % 2
-        if DIAG == 1:
-            mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
-            mbarrier.arrive(full.index(buf), count=1)
-        else:
-            t0 = i_t * 64
-            b_idx = gl.load(p_idx + t0 + o_n, mask=t0 + o_n < TOPK, other=-1)  # [64] slot ids
-            m_n, o_tok = V._rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-            p_row = kv + o_tok[:, None] + o_d[None, :]
-            u0 = gl.load(p_row, mask=m_n[:, None], other=0)  # [64, 128] e4m3 bytes of each chunk
-            u1 = gl.load(p_row + 128, mask=m_n[:, None], other=0)
-            u2 = gl.load(p_row + 256, mask=m_n[:, None], other=0)
-            u3 = gl.load(p_row + 384, mask=m_n[:, None], other=0)
-            o_s = (o_tok >> 2) + V.SCALE_OFF_F32
-            s0 = gl.load(p_sc + o_s, mask=m_n, other=0.0)  # [64] fp32 scales
-            s1 = gl.load(p_sc + o_s + 1, mask=m_n, other=0.0)
-            s2 = gl.load(p_sc + o_s + 2, mask=m_n, other=0.0)
-            s3 = gl.load(p_sc + o_s + 3, mask=m_n, other=0.0)
-            m_r = gl.convert_layout(m_n, gl.SliceLayout(1, cr))
-            o_tr = gl.convert_layout(o_tok, gl.SliceLayout(1, cr))
-            b_r = gl.load(p_rope + (o_tr >> 1)[:, None] + o_r[None, :], mask=m_r[:, None], other=0.0)  # [64, 64]
-            if PF:
-                t1 = t0 + 64
-                b_nx = gl.load(p_idx + t1 + o_np, mask=(t1 + o_np < TOPK) & (i_t + 1 < t_hi), other=-1)
-                m_x, o_x = V._rows(b_nx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-                _prefetch_l2(kv + o_x[:, None] + o_b[None, :], m_x[:, None] & (o_pb < 7)[None, :])
-            # fresh barriers count as released: tiles 0 and 1 go without waiting
-            mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
-            k_smem = k_bufs.index(buf)
-            k_smem.slice(0, 128, dim=1).store(V._dequant_chunk(u0, s0, False, True))
-            k_smem.slice(128, 128, dim=1).store(V._dequant_chunk(u1, s1, False, True))
-            k_smem.slice(256, 128, dim=1).store(V._dequant_chunk(u2, s2, False, True))
-            k_smem.slice(384, 128, dim=1).store(V._dequant_chunk(u3, s3, False, True))
-            kr_bufs.index(buf).store(b_r)
-            fence_async_shared()  # the generic stores before the consumers' wgmma (async proxy) reads them
-            _barrier()  # every producer warp stored its part
-            mbarrier.arrive(full.index(buf), count=1)
-
-
-@gluon.jit
-def _ws2_consume(q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, q, idx, out, lse, o_part, lse_part,
-                 S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
-                 SINGLE: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The two consumer warpgroups: q per head into f16 (the package's F16 numbers), then the package tile's loop
-    body on buffer j % 2 once ``full`` says it is in, ``empty`` once both warpgroups' dots on it are done."""
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, 32, 16])  # fmt: skip
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                       instr_shape=[16, 256, 16])  # fmt: skip
-    i_r = gl.program_id(0)
-    i_hb = gl.program_id(1)
-    i_sp = gl.program_id(2)
-    i_b = i_r // S
-    i_s = i_r % S
-    o_hl = i_hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
-    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-    o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-    p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-    b_q = gl.load(p_q + o_c[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [64, 512] NoPE
-    b_qr = gl.load(p_q + (512 + o_e)[None, :], mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
-    q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
-    e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
-    two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
-    q_smem.store((b_q.to(gl.float32) * two_e).to(gl.float16))
-    qr_smem.store((b_qr.to(gl.float32) * two_e).to(gl.bfloat16))
-    qk_row = qk_scale * ((127 - e_q) << 23).to(gl.float32, bitcast=True)
-    qk_h = gl.convert_layout(qk_row, gl.SliceLayout(1, s_layout))[:, None]
-    fence_async_shared()
-    _barrier()
-    tiles = gl.cdiv(TOPK, 64)
-    per = gl.cdiv(tiles, num_splits)
-    t_lo = i_sp * per
-    t_hi = gl.minimum(t_lo + per, tiles)
-    acc = gl.zeros([64, 512], gl.float32, o_layout)
-    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_w = gl.sum(gl.reshape(gl.zeros([64, 64], gl.float32, s_layout), [64, 2, 32]), 2)
-    o_ns = gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-    p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-    for i_t in range(t_lo, t_hi):
-        j = i_t - t_lo
-        buf = j % 2
-        t0 = i_t * 64
-        b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < TOPK, other=-1)  # [64] the S columns' ids
-        k_tile = k_bufs.index(buf)
-        mbarrier.wait(full.index(buf), (j // 2) & 1)
-        b_s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),
-                            use_acc=False, is_async=True)  # fmt: skip
-        b_s = warpgroup_mma(qr_smem, kr_bufs.index(buf).permute((1, 0)), b_s, is_async=True)
-        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
-        b_ids = gl.where(b_ids < num_slots, b_ids, -1)
-        # no barrier since the last tile's PV (each warpgroup waited for its own): P_IN_USE
-        acc, m_i, l_w = _pkg_softmax_pv(b_s, b_ids, qk_h, m_i, l_w, acc, p_smem, k_tile, True, True, True)
-        _barrier()  # both warpgroups' dots on this buffer are done
-        mbarrier.arrive(empty.index(buf), count=1)
-    V._epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, 512, SINGLE)
-
-
-@gluon.jit
-def _gluon_v32_ws2_kernel(
-    q, kv, idx, out, lse, o_part, lse_part,
-    S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
-    stride_qb, stride_qs, stride_qh, stride_ib, stride_is,
-    SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
-    DIAG: gl.constexpr = 0, PF: gl.constexpr = 0,
-):  # fmt: skip
-    """Session 36's warp-specialized f16 tile (see above): grid (rows, head blocks, splits), 8 consumer warps + 4."""
-    gl.static_assert(num_warps == 8, "two consumer warpgroups")
-    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.float16)
-    qr_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    p_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
-    q_smem = gl.allocate_shared_memory(gl.float16, [64, 512], q_sl)
-    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], qr_sl)
-    k_bufs = gl.allocate_shared_memory(gl.float16, [2, 64, 512], q_sl)
-    kr_bufs = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], qr_sl)
-    p_smem = gl.allocate_shared_memory(gl.float16, [64, 64], p_sl)
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
-    gl.warp_specialize(
-        [
-            (_ws2_consume, (q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, q, idx, out, lse, o_part,
-                            lse_part, S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs, stride_qh,
-                            stride_ib, stride_is, SINGLE, num_warps)),
-            (_ws2_produce, (k_bufs, kr_bufs, full, empty, kv, idx, S, TOPK, page_size, stride_kb, stride_kt,
-                            num_slots, num_splits, stride_ib, stride_is, PAGE_SHIFT, PRODUCER_WARPS, DIAG, PF)),
-        ],
-        [PRODUCER_WARPS],
-        [PRODUCER_REGS],
-    )  # fmt: skip
+# Session 36's warp-specialized f16 prototype (ws2_<producer registers>_<maxnreg>[_pf][_diag1]: the producer idle
+# for timing) stands at afbc653; it became the package's gluon_ws_v32_sm90 (variant pkg_gluon_ws).
 
 
 def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int_dequant=True,  # noqa: ANN001
-                     num_splits="auto", ws_regs=None, cluster=None, diag=0, ws2=None):  # noqa: ANN001
+                     num_splits="auto", ws_regs=None, cluster=None, diag=0):  # noqa: ANN001
     """(out [B, S, H, 512] bf16, lse [B, H, S] fp32) of fp8_656 decode over full index rows (-1 / out-of-range
     entries masked), the package's split rule and combine kernel."""
     from sparsemla.kernels import device as dev
@@ -771,13 +601,6 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
             *args, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, EXCHANGE_BUF=cluster in ("buf", "prefetch"),
             PREFETCH=cluster == "prefetch", num_warps=8, num_ctas=2, DIAG=diag,
         )  # fmt: skip
-    elif ws2:  # session 36's warp-specialized f16 tile: (producer registers, maxnreg)
-        from sparsemla.kernels.paging import page_shift
-
-        _gluon_v32_ws2_kernel[(rows, head_blocks, splits)](
-            *args, SINGLE=splits == 1, PAGE_SHIFT=page_shift(kv_cache.shape[1]), PRODUCER_REGS=ws2[0], num_warps=8,
-            maxnreg=ws2[1], DIAG=ws2[2], PF=ws2[3],
-        )  # fmt: skip
     elif ws_regs:  # warp-specialized: ws_regs registers a producer thread
         _gluon_v32_ws_kernel[(rows, head_blocks, splits)](
             *args, BLOCK_H=64, BLOCK_N=64, SINGLE=splits == 1, INT_DEQUANT=int_dequant, PRODUCER_REGS=ws_regs,
@@ -799,10 +622,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
-            "pkg_gluon_pf_f16", "ws2_120_168", "ws2_136_168", "ws2_152_168")
-VARIANTS += ("ws2_152_168_pf", "ws2_120_168_pf")
-WS2_DIAG = ("ws2_152_168_diag1",)  # timing only (the producer idle: wrong outputs), built and timed when asked
-DIAG_VARIANTS = ("diag_nobar", "diag_noexch", *WS2_DIAG)  # built, timed only when asked (--variants): their outputs are wrong
+            "pkg_gluon_pf_f16", "pkg_gluon_ws")
+DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
 
@@ -844,7 +665,8 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         from sparsemla.kernels.sparse_decode.triton_v32 import V32Config, sparse_decode_v32_fwd
 
         cfg = V32Config(64, 64, 8, 1, True, int_dequant="_cvt" not in variant, gluon=True,
-                        gluon_prefetch="_pf" in variant, f16="_f16" in variant)  # fmt: skip
+                        gluon_prefetch="_pf" in variant, f16="_f16" in variant or "_ws" in variant,
+                        gluon_ws="_ws" in variant)  # fmt: skip
         # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
         # 0c7fe3a, _pair / _pairpf at 8752ecb, _rowpairs at f36067e; session 36's _late at 46c55df;
         # results/bench/explore/README.md)
@@ -861,10 +683,6 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
         return gluon_decode_v32(**kw, int_dequant=variant.endswith("_int"),
                                 cluster={"gluon_clc": "convert", "gluon_clp": "prefetch"}.get(variant[:9], "buf"))
-    if variant.startswith("ws2_"):  # session 36: ws2_<producer registers>_<maxnreg>
-        _, regs, maxnreg, *opts = variant.split("_")  # ws2_R_M[_diag1][_pf]: diag1 timing only (the producer idle)
-        diag = next((int(o[4:]) for o in opts if o.startswith("diag")), 0)
-        return gluon_decode_v32(**kw, ws2=(int(regs), int(maxnreg), diag, int("pf" in opts)))
     if variant.startswith("gluon_ws"):  # warp-specialized, the e4m3 conversions (the faster dequant here)
         return gluon_decode_v32(**kw, int_dequant=False, ws_regs=int(variant[len("gluon_ws"):]))
     if variant.startswith("gluon"):
