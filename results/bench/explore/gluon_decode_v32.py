@@ -622,7 +622,7 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
-            "pkg_gluon_pf_f16", "pkg_gluon_ws")
+            "pkg_gluon_pf_f16", "pkg_gluon_ws", "pkg_gluon_ws_r136", "pkg_gluon_ws_r168")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -670,7 +670,12 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         # (session 35's A/B variants _ids3 / _eager / _rowsfirst / _diag1-6 patched module switches that stand at
         # 0c7fe3a, _pair / _pairpf at 8752ecb, _rowpairs at f36067e; session 36's _late at 46c55df;
         # results/bench/explore/README.md)
-        shift = gluon_v32_sm90.page_shift
+        from sparsemla.kernels.sparse_decode import gluon_ws_v32_sm90 as ws
+
+        shift, regs = gluon_v32_sm90.page_shift, (ws.PRODUCER_REGS, ws.MAXNREG)
+        for opt in variant.split("_"):  # pkg_gluon_ws_r<producer registers>_m<maxnreg> (session 36, prepared)
+            if opt[:1] in "rm" and opt[1:].isdigit():
+                setattr(ws, "PRODUCER_REGS" if opt[0] == "r" else "MAXNREG", int(opt[1:]))
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
             gluon_v32_sm90.page_shift = lambda page_size: -1
         try:
@@ -678,6 +683,7 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
                                          kv_format=kw["kv_format"], d_v=512, config=cfg)  # fmt: skip
         finally:
             gluon_v32_sm90.page_shift = shift
+            ws.PRODUCER_REGS, ws.MAXNREG = regs
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange
