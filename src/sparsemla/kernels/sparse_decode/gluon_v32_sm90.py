@@ -29,7 +29,8 @@ Same contract as :func:`sparsemla.kernels.sparse_decode.triton_v32.sparse_decode
 per (row, 64-head block, split), ``topk_length``, -1 / out-of-range ids, ``d_v`` <= 512, rows with no valid entry
 out 0 and lse +inf, split partials merged by the package's combine kernel. sm_90 only; chosen by ``V32Config.gluon``
 (:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config` takes it with PREFETCH, the e4m3
-conversions and F16 from 16 64-head programs on). Triton 3.6 and 3.8 both compile it (3.6, the GPU
+conversions and F16 from 16 to 63 64-head programs; from 64 on its warp-specialized form,
+:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_v32_sm90`). Triton 3.6 and 3.8 both compile it (3.6, the GPU
 machine's JIT, puts a few more CTA barriers between the dequantized chunks' stores: time it from 3.8 cubins).
 
 Shared memory: q [64, 512 + 64] + the tile [64, 512 + 64] + P [64, 64], 2 bytes each = 155,648 B plus the reductions'

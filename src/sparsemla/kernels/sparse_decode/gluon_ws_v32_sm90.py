@@ -36,8 +36,8 @@ BLOCK_N = sync_tile.BLOCK_N
 NUM_WARPS = sync_tile.NUM_WARPS  # the consumers: two warpgroups
 PRODUCER_WARPS = 4  # one warpgroup
 # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers. The producer's 152 (it holds a tile's raw rows:
-# 56 B spilled ahead of time, Triton 3.8, docs/portability.md; 120 in the explore prototype: 72 B and 1-3 % slower,
-# results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json)
+# 32-56 B spilled ahead of time by shape, Triton 3.8, docs/portability.md; 120 in the explore prototype: 72 B and
+# 1-3 % slower, results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json)
 MAXNREG = 168
 PRODUCER_REGS = 152
 # q + q RoPE + two tiles with their RoPE + P, 2 bytes each, the reductions' scratch and the mbarriers (ahead of time,
@@ -185,7 +185,8 @@ if sync_tile._HAVE_GLUON:
             b_s = warpgroup_mma(qr_smem, kr_bufs.index(buf).permute((1, 0)), b_s, is_async=True)
             b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [64, 64]: each warpgroup 32 tokens
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too
-            # no barrier since the last tile's PV (each warpgroup waited for its own): P_IN_USE
+            # P_IN_USE as the V4 tile passes it (the barrier before ``empty``'s arrive below already orders both
+            # warpgroups' last PV before this P store, so it is redundant; kept as measured)
             acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_h, m_i, l_w, acc, p_smem, k_tile, True, True, True)
             _barrier()  # both warpgroups' dots on this buffer are done
             mbarrier.arrive(empty.index(buf), count=1)
@@ -236,8 +237,9 @@ def sparse_decode_v32_sm90_ws_fwd(
     stride_kt: int, num_slots: int, splits: int, qk_scale: float, d_v: int,
 ) -> None:  # fmt: skip
     """Launch the warp-specialized f16 tile: the arguments, shapes and dtypes of
-    :func:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.sparse_decode_v32_sm90_fwd` (q [B, s_q, H, 576] bf16, the
-    fp8_656 cache as uint8, indices [B, s_q, topk] int32), the synchronous f16 tile's results bit for bit."""
+    :func:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.sparse_decode_v32_sm90_fwd` less its options (always f16
+    with the e4m3 conversion instructions; q [B, s_q, H, 576] bf16, the fp8_656 cache as uint8, indices
+    [B, s_q, topk] int32): the synchronous f16 tile's results bit for bit."""
     if not sync_tile.available():
         raise dev.UnsupportedDevice(f"the V3.2 Gluon tile needs Triton >= 3.6's Gluon; this is {triton.__version__}")
     batch, s_q, heads, _ = q.shape

@@ -119,7 +119,8 @@ class V32Config:
     rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
     one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
-    the launch has 16 or more 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json).
+    the launch has 16 to 63 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json), and from
+    :data:`GLUON_WS_MIN_PROGRAMS` on gluon with gluon_ws (below).
     f16 (fp8_656; either tile): q's NoPE (each head times the power of two that puts its largest value in
     [2^14, 2^15): exact, undone in that head's softmax scale; its RoPE times the same, in bf16), the dequantized tile
     and P in f16 instead of bf16. e4m3 -> f16 is exact: one conversion a pair (int_dequant: the integer bits, the
@@ -209,8 +210,10 @@ def shared_bytes_v32(cfg: V32Config, kv_format: str, info: dev.DeviceInfo | None
       more than one stage keeps every stage's raw rows plus a 2-KB operand copy, and its barriers take < 1 KB.
 
     Never below ``metadata.shared`` for the tiles measured ahead of time, chosen ones included, and equal for most
-    (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less. The Gluon tile
-    (``gluon``): its own figure (:data:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.SHARED_BYTES`)."""
+    (tests/test_sparse_decode_v32.py); it over-counts 16/32-head bf16_576 tiles, which stage less. The Gluon tiles
+    (``gluon``): their own figures (:data:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90.SHARED_BYTES` and
+    ``PREFETCH_SHARED_BYTES``; ``gluon_ws``: :data:`~sparsemla.kernels.sparse_decode.gluon_ws_v32_sm90.SHARED_BYTES`,
+    229,924 B)."""
     if cfg.gluon_ws:
         return gluon_ws_v32_sm90.SHARED_BYTES
     if cfg.gluon:
