@@ -148,6 +148,51 @@ if _HAVE_GLUON:
         cp_async.commit_group()
 
     @gluon.jit
+    def _load_q(q, i_b, i_s, i_hb, H, stride_qb, stride_qs, stride_qh, stride_qd, ld: gl.constexpr):
+        """q's [64, 512] NoPE and [64, 64] RoPE (bf16, ``ld``'s layout) of the program's 64 heads; heads past H 0."""
+        o_hl = i_hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
+        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
+        o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
+        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 512] NoPE
+        b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
+        return b_q, b_qr
+
+    @gluon.jit
+    def _q_f16(b_q, b_qr, qk_scale, s_layout: gl.constexpr):
+        """The f16 tile's q: each head's NoPE times 2^e into f16 (its largest |value| into [2^14, 2^15); e from that
+        value's fp32 exponent, clamped: all-zero heads), exact where f16 is normal; its RoPE (bf16, the RoPE MMA's
+        operand) times the same 2^e, exact. So the head's scores come out times 2^e and its softmax scale is
+        ``qk_scale`` times 2^-e: returns (NoPE f16, RoPE bf16, the scales [64, 1] in ``s_layout``'s rows)."""
+        q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)  # [64]
+        e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
+        two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
+        qk_row = qk_scale * ((127 - e_q) << 23).to(gl.float32, bitcast=True)
+        qk_h = gl.convert_layout(qk_row, gl.SliceLayout(1, s_layout))[:, None]
+        return (b_q.to(gl.float32) * two_e).to(gl.float16), (b_qr.to(gl.float32) * two_e).to(gl.bfloat16), qk_h
+
+    @gluon.jit
+    def _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN: gl.constexpr):
+        """(n_valid, t_lo, t_hi), int32: the row's leftmost ``topk_length`` entries count (int32 or int64 lengths;
+        the warp-specialized tile's tile counter indexes its buffers, which takes int32); this split's 64-token
+        tiles."""
+        n_valid = TOPK
+        if HAS_LEN:
+            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK).to(gl.int32)
+        tiles = gl.cdiv(n_valid, 64)
+        per = gl.cdiv(tiles, num_splits)
+        t_lo = i_sp * per
+        return n_valid, t_lo, gl.minimum(t_lo + per, tiles)
+
+    @gluon.jit
+    def _scores(q_smem, qr_smem, k_tile, kr_tile, s_layout: gl.constexpr):
+        """S [64 heads, 64 tokens] = q_nope K^T + q_rope K_rope^T (``s_layout``: each warpgroup 32 tokens)."""
+        b_s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout), use_acc=False,
+                            is_async=True)  # fmt: skip
+        b_s = warpgroup_mma(qr_smem, kr_tile.permute((1, 0)), b_s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
+
+    @gluon.jit
     def _sparse_decode_v32_sm90_kernel(
         q, kv, idx, length, out, lse, o_part, lse_part,
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
@@ -180,37 +225,16 @@ if _HAVE_GLUON:
         i_sp = gl.program_id(2)
         i_b = i_r // S
         i_s = i_r % S
-        o_hl = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-        o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [BLOCK_H, 512] NoPE
-        b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64] RoPE
-        if F16:
-            # each head's q NoPE times 2^e into f16: its largest |value| into [2^14, 2^15) (e from that value's fp32
-            # exponent, clamped: all-zero heads), exact where f16 is normal; its q RoPE (bf16, the RoPE MMA's operand)
-            # times the same 2^e, exact; so the head's scores come out times 2^e and its softmax scale is qk_scale
-            # times 2^-e (a row of qk_row, applied where the scalar was)
-            q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)  # [BLOCK_H]
-            e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
-            two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
-            b_q = (b_q.to(gl.float32) * two_e).to(gl.float16)
-            b_qr = (b_qr.to(gl.float32) * two_e).to(gl.bfloat16)
-            qk_row = qk_scale * ((127 - e_q) << 23).to(gl.float32, bitcast=True)
-            qk_scale = gl.convert_layout(qk_row, gl.SliceLayout(1, s_layout))[:, None]  # [BLOCK_H, 1]
+        b_q, b_qr = _load_q(q, i_b, i_s, i_hb, H, stride_qb, stride_qs, stride_qh, stride_qd, ld)
+        if F16:  # (the per-head scale replaces the scalar where it was applied)
+            b_q, b_qr, qk_scale = _q_f16(b_q, b_qr, qk_scale, s_layout)
         q_smem = gl.allocate_shared_memory(KT, [BLOCK_H, 512], q_sl, b_q)
         qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], qr_sl, b_qr)
         k_smem = gl.allocate_shared_memory(KT, [BLOCK_N, 512], k_sl)
         kr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 64], kr_sl)
         p_smem = gl.allocate_shared_memory(KT, [BLOCK_H, BLOCK_N], p_sl)
 
-        n_valid = TOPK  # the row's leftmost topk_length entries count
-        if HAS_LEN:
-            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK)
-        tiles = gl.cdiv(n_valid, BLOCK_N)
-        per = gl.cdiv(tiles, num_splits)
-        t_lo = i_sp * per
-        t_hi = gl.minimum(t_lo + per, tiles)
+        n_valid, t_lo, t_hi = _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         # [BLOCK_H, 2] running sums, one column a warpgroup (its 32 score columns; _softmax_pv's WG_SUMS)
@@ -273,10 +297,7 @@ if _HAVE_GLUON:
                                    o_d, o_r, INT_DEQUANT, PAGE_SHIFT, F16)  # fmt: skip
                 fence_async_shared()
                 _barrier()
-            b_s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout),
-                                use_acc=False, is_async=True)  # fmt: skip
-            b_s = warpgroup_mma(qr_smem, kr_smem.permute((1, 0)), b_s, is_async=True)
-            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [BLOCK_H, BLOCK_N]: each warpgroup 32 tokens
+            b_s = _scores(q_smem, qr_smem, k_smem, kr_smem, s_layout)  # [BLOCK_H, BLOCK_N]
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too (the V4 step masks < 0)
             acc, m_i, l_w = _softmax_pv(b_s, b_ids, qk_scale, m_i, l_w, acc, p_smem, k_smem, False, True, F16)
         _epilogue(acc, m_i, l_w, out, lse, o_part, lse_part, i_r, i_b, i_s, i_hb, i_sp, S, H, num_splits, DV, SINGLE)

@@ -50,8 +50,6 @@ if sync_tile._HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
-        warpgroup_mma,
-        warpgroup_mma_wait,
     )
 
     from sparsemla.kernels.sparse_decode.gluon_sm90 import _barrier, _prefetch_l2, _softmax_pv
@@ -60,20 +58,12 @@ if sync_tile._HAVE_GLUON:
         SCALE_OFF_F32,
         _dequant_chunk,
         _epilogue,
+        _load_q,
+        _q_f16,
         _rows,
+        _scores,
+        _split_tiles,
     )
-
-    @gluon.jit
-    def _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN: gl.constexpr):
-        """(n_valid, t_lo, t_hi), int32: the row's leftmost ``topk_length`` entries count (int32 or int64 lengths;
-        the tile counter indexes the buffers, which takes int32); this split's 64-token tiles."""
-        n_valid = TOPK
-        if HAS_LEN:
-            n_valid = gl.minimum(gl.maximum(gl.load(length + i_b), 0), TOPK).to(gl.int32)
-        tiles = gl.cdiv(n_valid, 64)
-        per = gl.cdiv(tiles, num_splits)
-        t_lo = i_sp * per
-        return n_valid, t_lo, gl.minimum(t_lo + per, tiles)
 
     @gluon.jit
     def _ws_produce(k_bufs, kr_bufs, full, empty, kv, idx, length, S, TOPK, page_size, stride_kb, stride_kt,
@@ -152,19 +142,10 @@ if sync_tile._HAVE_GLUON:
         i_sp = gl.program_id(2)
         i_b = i_r // S
         i_s = i_r % S
-        o_hl = i_hb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
-        o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, ld))
-        o_e = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
-        p_q = q + i_b.to(gl.int64) * stride_qb + i_s.to(gl.int64) * stride_qs + o_hl.to(gl.int64)[:, None] * stride_qh
-        b_q = gl.load(p_q + o_c[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 512] NoPE
-        b_qr = gl.load(p_q + (512 + o_e)[None, :] * stride_qd, mask=(o_hl < H)[:, None], other=0.0)  # [64, 64]
-        q_amax = gl.max(gl.abs(b_q.to(gl.float32)), 1)  # [64] each head's largest |q| NoPE
-        e_q = gl.minimum(gl.maximum(141 - ((q_amax.to(gl.int32, bitcast=True) >> 23) & 0xFF), -126), 126)
-        two_e = ((e_q + 127) << 23).to(gl.float32, bitcast=True)[:, None]
-        q_smem.store((b_q.to(gl.float32) * two_e).to(gl.float16))
-        qr_smem.store((b_qr.to(gl.float32) * two_e).to(gl.bfloat16))
-        qk_row = qk_scale * ((127 - e_q) << 23).to(gl.float32, bitcast=True)
-        qk_h = gl.convert_layout(qk_row, gl.SliceLayout(1, s_layout))[:, None]  # [64, 1] each head's scale
+        b_q, b_qr = _load_q(q, i_b, i_s, i_hb, H, stride_qb, stride_qs, stride_qh, stride_qd, ld)
+        b_q, b_qr, qk_h = _q_f16(b_q, b_qr, qk_scale, s_layout)  # [64, 1] each head's scale
+        q_smem.store(b_q)
+        qr_smem.store(b_qr)
         fence_async_shared()  # q's stores before the wgmma (async proxy) reads them
         _barrier()
         n_valid, t_lo, t_hi = _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN)
@@ -180,10 +161,7 @@ if sync_tile._HAVE_GLUON:
             b_ids = gl.load(p_idx + t0 + o_ns, mask=t0 + o_ns < n_valid, other=-1)  # [64] the S columns' ids
             k_tile = k_bufs.index(buf)
             mbarrier.wait(full.index(buf), (j // 2) & 1)
-            b_s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), gl.zeros([64, 64], gl.float32, s_layout),
-                                use_acc=False, is_async=True)  # fmt: skip
-            b_s = warpgroup_mma(qr_smem, kr_bufs.index(buf).permute((1, 0)), b_s, is_async=True)
-            b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))  # [64, 64]: each warpgroup 32 tokens
+            b_s = _scores(q_smem, qr_smem, k_tile, kr_bufs.index(buf), s_layout)  # [64, 64]
             b_ids = gl.where(b_ids < num_slots, b_ids, -1)  # past the cache: invalid too
             # P_IN_USE as the V4 tile passes it (the barrier before ``empty``'s arrive below already orders both
             # warpgroups' last PV before this P store, so it is redundant; kept as measured)
