@@ -622,8 +622,8 @@ def gluon_decode_v32(q, kv_cache, indices, sm_scale, *, kv_format="fp8_656", int
 # (gluon_ws104 / 120 / 136, the warp-specialized tile, lost at every shape at f271023 and are no longer timed)
 VARIANTS = ("base", "gluon_int", "gluon", "gluon_clc", "gluon_cl", "gluon_cl_int", "gluon_clp", "gluon_clp_int",
             "pkg_gluon", "pkg_gluon_cvt", "pkg_gluon_pf", "pkg_gluon_pf_cvt", "pkg_gluon_pf_cvt_div",
-            "pkg_gluon_pf_f16", "pkg_gluon_ws", "pkg_gluon_ws_r136", "pkg_gluon_ws_r168",
-            "pkg_gluon_ws_pipe", "pkg_gluon_ws_pipe_r136")
+            "pkg_gluon_pf_f16", "pkg_gluon_ws", "pkg_gluon_ws_r120", "pkg_gluon_ws_r128",
+            "pkg_gluon_ws_r136", "pkg_gluon_ws_r144", "pkg_gluon_ws_r168")
 DIAG_VARIANTS = ("diag_nobar", "diag_noexch")  # built, timed only when asked (--variants): their outputs are wrong
 SHAPES = "8x128,32x128,64x128,128x128"
 
@@ -673,8 +673,8 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         # results/bench/explore/README.md)
         from sparsemla.kernels.sparse_decode import gluon_ws_v32_sm90 as ws
 
-        shift, regs, pipe = gluon_v32_sm90.page_shift, (ws.PRODUCER_REGS, ws.MAXNREG), ws.PIPE
-        ws.PIPE = "_pipe" in variant  # the producer software-pipelined by chunk (session 37)
+        # (session 37's _pipe: the producer software-pipelined by chunk, slower; it stands at b13d0f4)
+        shift, regs = gluon_v32_sm90.page_shift, (ws.PRODUCER_REGS, ws.MAXNREG)
         for opt in variant.split("_"):  # pkg_gluon_ws_r<producer registers>_m<maxnreg> (session 36, prepared)
             if opt[:1] in "rm" and opt[1:].isdigit():
                 setattr(ws, "PRODUCER_REGS" if opt[0] == "r" else "MAXNREG", int(opt[1:]))
@@ -686,7 +686,6 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
         finally:
             gluon_v32_sm90.page_shift = shift
             ws.PRODUCER_REGS, ws.MAXNREG = regs
-            ws.PIPE = pipe
     if variant in ("diag_nobar", "diag_noexch"):  # timing only (wrong outputs): gluon_cl without its barrier / exchange
         return gluon_decode_v32(**kw, int_dequant=False, cluster="buf", diag=1 if variant == "diag_nobar" else 2)
     if variant.startswith("gluon_cl"):  # the 2-CTA cluster form (H = 128): clc = the layout conversion's exchange

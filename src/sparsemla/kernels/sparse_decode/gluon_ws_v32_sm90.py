@@ -35,12 +35,12 @@ BLOCK_H = sync_tile.BLOCK_H
 BLOCK_N = sync_tile.BLOCK_N
 NUM_WARPS = sync_tile.NUM_WARPS  # the consumers: two warpgroups
 PRODUCER_WARPS = 4  # one warpgroup
-# 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers. The producer's 152 (it holds a tile's raw rows:
-# 32-56 B spilled ahead of time by shape, Triton 3.8, docs/portability.md; 120 in the explore prototype: 72 B and
-# 1-3 % slower, results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json)
+# 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers. The producer's 136 (it holds a tile's raw rows)
+# leave the consumers 184 (152: 176, 5-6 % slower at B = 64 / 128, H = 128; 168: 19 % slower; H100,
+# results/bench/explore/gluon_decode_v32_pipe_regs-native-h100-4020754.json); ahead of time (Triton 3.8, B = 128) the
+# kernel spills 24 B, docs/portability.md by shape
 MAXNREG = 168
-PRODUCER_REGS = 152
-PIPE = False  # explore A/B (session 37): the producer software-pipelined by chunk (_ws_produce_pipe)
+PRODUCER_REGS = 136
 # q + q RoPE + two tiles with their RoPE + P, 2 bytes each, the reductions' scratch and the mbarriers (ahead of time,
 # Triton 3.8: 229,924 B)
 SHARED_BYTES = (BLOCK_H + 2 * BLOCK_N) * 576 * 2 + BLOCK_H * BLOCK_N * 2 + 548
@@ -125,144 +125,6 @@ if sync_tile._HAVE_GLUON:
             _barrier()  # every producer warp stored its part
             mbarrier.arrive(full.index(buf), count=1)
 
-    # one 32-bit word of 4 e4m3 bytes -> two f16x2 words (bytes 0-1, 2-3), each times the f16x2 scale: the bits of
-    # _dequant_chunk's F16 form (cvt.rn.f16x2.e4m3x2 is exact, then one rounding in the packed multiply)
-    E4M3X4_F16_PTX: gl.constexpr = gl.constexpr(
-        "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $2; cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h;"
-        " mul.rn.f16x2 $0, a, $3; mul.rn.f16x2 $1, b, $3; }"
-    )
-    F32_F16X2_PTX: gl.constexpr = gl.constexpr("{ .reg .b16 h; cvt.rn.f16.f32 h, $1; mov.b32 $0, {h, h}; }")
-
-    @gluon.jit
-    def _ws_tile_rows(p_idx, i_t, live, n_valid, o_n, num_slots, page_size, stride_kb, stride_kt,
-                      PAGE_SHIFT: gl.constexpr):  # fmt: skip
-        """(valid [64], word offsets [64] int64) of tile ``i_t``'s rows; none where not ``live``."""
-        t0 = i_t * 64
-        b_idx = gl.load(p_idx + t0 + o_n, mask=(t0 + o_n < n_valid) & live, other=-1)  # [64] slot ids
-        m_n, o_tok = _rows(b_idx, num_slots, page_size, stride_kb, stride_kt, PAGE_SHIFT)
-        return m_n, o_tok >> 2  # rows start on 4-byte boundaries (656-byte rows, as the scales' fp32 loads take)
-
-    @gluon.jit
-    def _ws_chunk(p_w, m_n, o_row, o_w, C: gl.constexpr):
-        """Chunk C's e4m3 bytes as [64, 32] int32 words (4 bytes each: a loop-carried uint8 tensor would take a
-        register a byte) and their [64] fp32 scales."""
-        b_w = gl.load(p_w + o_row[:, None] + (C * 32 + o_w)[None, :], mask=m_n[:, None], other=0)  # [64, 32] int32
-        p_sc = p_w.to(gl.pointer_type(gl.float32), bitcast=True)
-        b_s = gl.load(p_sc + o_row + SCALE_OFF_F32 + C, mask=m_n, other=0.0)  # [64] fp32
-        return b_w, b_s
-
-    @gluon.jit
-    def _ws_rope(p_w, m_n, o_row, o_w):
-        """The tile's RoPE as [64, 32] int32 words (bf16 pairs, the chunks' layout)."""
-        return gl.load(p_w + (o_row + ROPE_OFF // 4)[:, None] + o_w[None, :], mask=m_n[:, None], other=0)
-
-    @gluon.jit
-    def _ws_store_chunk(k_words, b_w, b_s, C: gl.constexpr):
-        """Dequantize chunk C's words ``b_w`` [64, 32] with scales ``b_s`` [64] into words 64 C .. 64 C + 63 of the
-        tile's f16 rows (``k_words``: the f16 buffer as [64, 256] int32, the same bytes)."""
-        s2 = gl.inline_asm_elementwise(F32_F16X2_PTX, "=r,f", [b_s], dtype=gl.int32, is_pure=True, pack=1)
-        lo, hi = gl.inline_asm_elementwise(E4M3X4_F16_PTX, "=r,=r,r,r", [b_w, s2[:, None]],
-                                           dtype=(gl.int32, gl.int32), is_pure=True, pack=1)  # fmt: skip
-        k_words.slice(C * 64, 64, dim=1).store(gl.reshape(gl.join(lo, hi), [64, 64]))  # [64, 64] f16 pairs
-
-    @gluon.jit
-    def _ws_produce_pipe(k_bufs, kr_bufs, full, empty, kv, idx, length, S, TOPK, page_size, stride_kb, stride_kt,
-                         num_slots, num_splits, stride_ib, stride_is, HAS_LEN: gl.constexpr,
-                         PAGE_SHIFT: gl.constexpr, PW: gl.constexpr):  # fmt: skip
-        """:func:`_ws_produce` software-pipelined by chunk: right after chunk c of tile j is dequantized out of its
-        registers, the same registers load chunk c of tile j + 1 (its RoPE likewise), so every load has a whole
-        tile of dequantizing to land in while a thread holds one tile's raw rows, as before (no L2 prefetch). The
-        raw rows are loaded and carried as 32-bit words and stored through 32-bit views of the f16 / bf16 buffers
-        (the same bytes: 128-byte swizzle either way)."""
-        cw: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PW, 1], [1, 0])  # [64, 32] words, 16 B runs
-        w_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-        i_r = gl.program_id(0)
-        i_sp = gl.program_id(2)
-        i_b = i_r // S
-        i_s = i_r % S
-        n_valid, t_lo, t_hi = _split_tiles(length, i_b, i_sp, num_splits, TOPK, HAS_LEN)
-        o_n = gl.arange(0, 64, layout=gl.SliceLayout(1, cw))
-        o_w = gl.arange(0, 32, layout=gl.SliceLayout(0, cw))
-        p_idx = idx + i_b.to(gl.int64) * stride_ib + i_s.to(gl.int64) * stride_is
-        p_w = kv.to(gl.pointer_type(gl.int32), bitcast=True)
-        m_n, o_row = _ws_tile_rows(p_idx, t_lo, t_lo < t_hi, n_valid, o_n, num_slots, page_size, stride_kb,
-                                   stride_kt, PAGE_SHIFT)  # fmt: skip
-        w0, s0 = _ws_chunk(p_w, m_n, o_row, o_w, 0)
-        w1, s1 = _ws_chunk(p_w, m_n, o_row, o_w, 1)
-        w2, s2 = _ws_chunk(p_w, m_n, o_row, o_w, 2)
-        w3, s3 = _ws_chunk(p_w, m_n, o_row, o_w, 3)
-        b_r = _ws_rope(p_w, m_n, o_row, o_w)
-        for i_t in range(t_lo, t_hi):
-            j = i_t - t_lo
-            buf = j % 2
-            m_x, o_x = _ws_tile_rows(p_idx, i_t + 1, i_t + 1 < t_hi, n_valid, o_n, num_slots, page_size, stride_kb,
-                                     stride_kt, PAGE_SHIFT)  # fmt: skip
-            # fresh barriers count as released: tiles 0 and 1 go without waiting
-            mbarrier.wait(empty.index(buf), ((j // 2) & 1) ^ 1)
-            k_words = k_bufs.index(buf)._reinterpret(gl.int32, [64, 256], w_sl)
-            _ws_store_chunk(k_words, w0, s0, 0)
-            w0, s0 = _ws_chunk(p_w, m_x, o_x, o_w, 0)
-            _ws_store_chunk(k_words, w1, s1, 1)
-            w1, s1 = _ws_chunk(p_w, m_x, o_x, o_w, 1)
-            _ws_store_chunk(k_words, w2, s2, 2)
-            w2, s2 = _ws_chunk(p_w, m_x, o_x, o_w, 2)
-            _ws_store_chunk(k_words, w3, s3, 3)
-            w3, s3 = _ws_chunk(p_w, m_x, o_x, o_w, 3)
-            kr_bufs.index(buf)._reinterpret(gl.int32, [64, 32], w_sl).store(b_r)
-            b_r = _ws_rope(p_w, m_x, o_x, o_w)
-            fence_async_shared()  # the generic stores before the consumers' wgmma (async proxy) reads them
-            _barrier()  # every producer warp stored its part
-            mbarrier.arrive(full.index(buf), count=1)
-
-    @gluon.jit
-    def _ws_producer(k_bufs, kr_bufs, full, empty, kv, idx, length, S, TOPK, page_size, stride_kb, stride_kt,
-                     num_slots, num_splits, stride_ib, stride_is, HAS_LEN: gl.constexpr, PAGE_SHIFT: gl.constexpr,
-                     PW: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
-        if PIPE:
-            _ws_produce_pipe(
-                k_bufs,
-                kr_bufs,
-                full,
-                empty,
-                kv,
-                idx,
-                length,
-                S,
-                TOPK,
-                page_size,
-                stride_kb,
-                stride_kt,
-                num_slots,
-                num_splits,
-                stride_ib,
-                stride_is,
-                HAS_LEN,
-                PAGE_SHIFT,
-                PW,
-            )
-        else:
-            _ws_produce(
-                k_bufs,
-                kr_bufs,
-                full,
-                empty,
-                kv,
-                idx,
-                length,
-                S,
-                TOPK,
-                page_size,
-                stride_kb,
-                stride_kt,
-                num_slots,
-                num_splits,
-                stride_ib,
-                stride_is,
-                HAS_LEN,
-                PAGE_SHIFT,
-                PW,
-            )
-
     @gluon.jit
     def _ws_consume(q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, q, idx, length, out, lse, o_part,
                     lse_part, S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs, stride_qh,
@@ -315,7 +177,7 @@ if sync_tile._HAVE_GLUON:
         S, H, TOPK, page_size, stride_kb, stride_kt, num_slots, num_splits, qk_scale,
         stride_qb, stride_qs, stride_qh, stride_qd, stride_ib, stride_is,
         DV: gl.constexpr, HAS_LEN: gl.constexpr, SINGLE: gl.constexpr, PAGE_SHIFT: gl.constexpr,
-        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """The synchronous tile's grid and contract, split into a producer warpgroup and two consumer warpgroups
         (``num_warps`` = 8, the default partition)."""
@@ -339,9 +201,9 @@ if sync_tile._HAVE_GLUON:
                 (_ws_consume, (q_smem, qr_smem, k_bufs, kr_bufs, p_smem, full, empty, q, idx, length, out, lse,
                                o_part, lse_part, S, H, TOPK, num_slots, num_splits, qk_scale, stride_qb, stride_qs,
                                stride_qh, stride_qd, stride_ib, stride_is, DV, HAS_LEN, SINGLE, num_warps)),
-                (_ws_producer, (k_bufs, kr_bufs, full, empty, kv, idx, length, S, TOPK, page_size, stride_kb,
-                                stride_kt, num_slots, num_splits, stride_ib, stride_is, HAS_LEN, PAGE_SHIFT,
-                                PRODUCER_WARPS, PIPE)),
+                (_ws_produce, (k_bufs, kr_bufs, full, empty, kv, idx, length, S, TOPK, page_size, stride_kb,
+                               stride_kt, num_slots, num_splits, stride_ib, stride_is, HAS_LEN, PAGE_SHIFT,
+                               PRODUCER_WARPS)),
             ],
             [PRODUCER_WARPS],
             [PRODUCER_REGS],
@@ -365,7 +227,7 @@ def sparse_decode_v32_sm90_ws_fwd(
         s_q, heads, indices.shape[2], page_size, stride_kb, stride_kt, num_slots, splits, qk_scale,
         q.stride(0), q.stride(1), q.stride(2), q.stride(3), indices.stride(0), indices.stride(1),
         DV=d_v, HAS_LEN=length is not None, SINGLE=splits == 1, PAGE_SHIFT=page_shift(page_size),
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, PIPE=PIPE, num_warps=NUM_WARPS, maxnreg=MAXNREG,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=NUM_WARPS, maxnreg=MAXNREG,
     )  # fmt: skip
 
 
