@@ -37,8 +37,8 @@ NUM_WARPS = sync_tile.NUM_WARPS  # the consumers: two warpgroups
 PRODUCER_WARPS = 4  # one warpgroup
 # 12 warps x 32 threads x 168 = 64,512 of the SM's 65,536 registers. The producer's 136 (it holds a tile's raw rows)
 # leave the consumers 184 (152: 176, 5-6 % slower at B = 64 / 128, H = 128; 168: 19 % slower; H100,
-# results/bench/explore/gluon_decode_v32_pipe_regs-native-h100-4020754.json); ahead of time (Triton 3.8, B = 128) the
-# kernel spills 24 B, docs/portability.md by shape
+# results/bench/explore/gluon_decode_v32_pipe_regs-native-h100-4020754.json); ahead of time (Triton 3.8) the kernel
+# spills 32 B a thread at the package's launches (56 at 152; docs/portability.md)
 MAXNREG = 168
 PRODUCER_REGS = 136
 # q + q RoPE + two tiles with their RoPE + P, 2 bytes each, the reductions' scratch and the mbarriers (ahead of time,
