@@ -675,7 +675,9 @@ def _launch(variant: str, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
         # (session 37's _pipe: the producer software-pipelined by chunk, slower; it stands at b13d0f4)
         shift, regs = gluon_v32_sm90.page_shift, (ws.PRODUCER_REGS, ws.MAXNREG)
-        for opt in variant.split("_"):  # pkg_gluon_ws_r<producer registers>_m<maxnreg> (session 36, prepared)
+        # pkg_gluon_ws_r<producer registers>_m<maxnreg> (session 37: 136 won and is the default since d85a1be;
+        # _r136 is pkg_gluon_ws now, _r152 the one before)
+        for opt in variant.split("_"):
             if opt[:1] in "rm" and opt[1:].isdigit():
                 setattr(ws, "PRODUCER_REGS" if opt[0] == "r" else "MAXNREG", int(opt[1:]))
         if variant.endswith("_div"):  # slot ids split by division, as before the page shift (session 34's A/B)
