@@ -415,9 +415,9 @@ def test_gluon_tile_config_checks():
     gluon = v32.choose_v32_config(sm90, 128, 64)
     assert gluon == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_ws=True)
     assert v32.v32_f16(gluon, sm90, "fp8_656", 1), "the Gluon tile runs in f16 by default"
-    few = v32.choose_v32_config(sm90, 128, v32.GLUON_WS_MIN_PROGRAMS // 2 - 1)  # below 64 programs: the prefetching
-    assert few == v32.V32Config(64, 64, 8, 1, True, int_dequant=False, gluon=True, gluon_prefetch=True)
-    assert v32.choose_v32_config(sm90, 64, v32.GLUON_WS_MIN_PROGRAMS).gluon_ws
+    few = v32.choose_v32_config(sm90, 64, v32.GLUON_MIN_PROGRAMS)  # from the fewest programs on: warp-specialized
+    assert few == gluon and v32.choose_v32_config(sm90, 128, v32.GLUON_MIN_PROGRAMS // 2) == gluon
+    assert not v32.choose_v32_config(sm90, 64, v32.GLUON_MIN_PROGRAMS - 1).gluon
     assert v32.shared_bytes_v32(gluon, "fp8_656", sm90) == 229_924 and sm90.smem_per_sm // 229_924 == 1
     for bad, what in ((dataclasses.replace(gluon, gluon=False), "gluon_ws"),
                       (dataclasses.replace(gluon, gluon_prefetch=True), "gluon_prefetch"),

@@ -17,9 +17,8 @@ are its bits.
   :data:`PRODUCER_REGS`, the consumers what is left (``setmaxnreg``).
 
 f16 only (``V32Config.f16``; the e4m3 conversion instructions, which sm_90 has). Chosen by ``V32Config.gluon_ws``
-(:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config`: from
-:data:`~sparsemla.kernels.sparse_decode.triton_v32.GLUON_WS_MIN_PROGRAMS` 64-head programs); the synchronous
-tile's contract (``topk_length``, -1 / out-of-range ids, ``d_v``, strided q) and grid.
+(:func:`~sparsemla.kernels.sparse_decode.triton_v32.choose_v32_config`: wherever sm_90 takes the Gluon tile); the
+synchronous tile's contract (``topk_length``, -1 / out-of-range ids, ``d_v``, strided q) and grid.
 """
 
 from __future__ import annotations

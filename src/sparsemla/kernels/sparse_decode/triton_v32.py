@@ -118,9 +118,8 @@ class V32Config:
     gluon (sm_90, fp8_656; the 64 x 64 tile, 8 warps, 1 stage, without chunks, staging, lift, L2 prefetch or lazy
     rescale): the tile written in Gluon (:mod:`~sparsemla.kernels.sparse_decode.gluon_v32_sm90`), whose two
     warpgroups split the scores' tokens instead of both computing all of them. gluon_prefetch (with gluon): its gather
-    one tile ahead through cp.async. :func:`choose_v32_config` takes both (with the e4m3 conversions) on sm_90 where
-    the launch has 16 to 63 64-head programs a split (results/bench/explore/gluon_decode_v32_pkg*.json), and from
-    :data:`GLUON_WS_MIN_PROGRAMS` on gluon with gluon_ws (below).
+    one tile ahead through cp.async (results/bench/explore/gluon_decode_v32_pkg*.json); :func:`choose_v32_config`
+    takes gluon with gluon_ws instead (below).
     f16 (fp8_656; either tile): q's NoPE (each head times the power of two that puts its largest value in
     [2^14, 2^15): exact, undone in that head's softmax scale; its RoPE times the same, in bf16), the dequantized tile
     and P in f16 instead of bf16. e4m3 -> f16 is exact: one conversion a pair (int_dequant: the integer bits, the
@@ -135,7 +134,7 @@ class V32Config:
     gluon_ws (with gluon, in f16, without gluon_prefetch): the Gluon tile warp-specialized
     (:mod:`~sparsemla.kernels.sparse_decode.gluon_ws_v32_sm90`): a producer warpgroup gathers and dequantizes the
     next tile into the second of two buffers while the two consumer warpgroups multiply this one; the same bits.
-    :func:`choose_v32_config` takes it from :data:`GLUON_WS_MIN_PROGRAMS` 64-head programs."""
+    :func:`choose_v32_config` takes it on sm_90 from :data:`GLUON_MIN_PROGRAMS` 64-head programs a split."""
 
     block_h: int
     block_n: int
@@ -285,12 +284,11 @@ def check_v32_config(cfg: V32Config, info: dev.DeviceInfo, kv_format: str | None
 # 64-head programs (rows x head blocks) from which sm_90 takes the Gluon tile: at 8 (B = 8, H = 64) the Triton
 # tile's 3-stage pipeline won (29.3 vs 32.4 us), at 16 (B = 8, H = 128) the Gluon tile (39.2 vs 41.3 us; H100)
 GLUON_MIN_PROGRAMS = 16
-# ... and its warp-specialized form (V32Config.gluon_ws): H100, 3.8 cubins, graph replay, against the prefetching f16
-# tile (results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json): H = 128 B = 32 / 64 / 128 (64 / 128
-# / 256 programs) 80.4 -> 77.7, 134.9 -> 127.9, 260.3 -> 248.8 us, H = 64 B = 128 135.4 -> 131.2; without the L2
-# prefetch of the next tile's rows it tied or lost (_ws2-native-h100-1be8f45.json), and at 16 programs (H = 128
-# B = 8) it lost that way (36.9 -> 38.1); 16 - 63 programs were not timed with the prefetch
-GLUON_WS_MIN_PROGRAMS = 64
+# ... always in its warp-specialized form (V32Config.gluon_ws). H100, 3.8 cubins, graph replay, against the
+# prefetching f16 tile: H = 128 B = 32 / 64 / 128 (64 / 128 / 256 programs) 80.4 -> 77.7, 134.9 -> 127.9, 260.3 ->
+# 248.8 us, H = 64 B = 128 135.4 -> 131.2 (results/bench/explore/gluon_decode_v32_ws2pf-native-h100-afbc653.json);
+# below 64 programs, with the producer at 136 registers, H = 128 B = 8 / 16 / 24 (16 / 32 / 48 programs) 37.1 ->
+# 35.7, 51.0 -> 47.9, 77.0 -> 70.9 us (gluon_decode_v32_ws_few-native-h100-c3edfba.json)
 
 
 def choose_v32_config(
@@ -301,12 +299,12 @@ def choose_v32_config(
     (results/bench/explore/v32_configs*.json; both code paths) and the Gluon tile's H100 runs
     (results/bench/explore/gluon_decode_v32_pkg*.json):
 
-    * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with its gather one
-      tile ahead and the e4m3 conversion instructions (``gluon``, ``gluon_prefetch``, ``int_dequant=False``; in f16
-      by :func:`v32_f16`; 198,144 B, one program per SM); from :data:`GLUON_WS_MIN_PROGRAMS` programs its
-      warp-specialized form (``gluon_ws``; 229,924 B), 3-5 % faster there. It took 22-27 % off the Triton tile at
-      H = 128 and B = 32..128 and 17-27 % at H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the
-      Triton tile's deeper pipeline won.
+    * sm_90, fp8_656, H > 16, aligned, >= 16 64-head programs (rows x head blocks): the Gluon tile with the e4m3
+      conversion instructions, warp-specialized (``gluon``, ``gluon_ws``, ``int_dequant=False``; in f16 by
+      :func:`v32_f16`; 229,924 B, one program per SM): 4-8 % faster than its synchronous form with the gather one tile
+      ahead (``gluon_prefetch``) at 16 to 256 programs. That form took 22-27 % off the Triton tile at H = 128 and
+      B = 32..128 and 17-27 % at H = 64 and B = 32..128; below 16 programs (B = 1, 64-head B = 8) the Triton tile's
+      deeper pipeline won against it.
     * sm_90 otherwise: 64 heads x 64 tokens, 8 warps, NoPE in 4 chunks (wgmma), 3 stages for fp8_656 (231,424 B of
       232,448), 2 for bf16_576; bf16_576 with <= 16 heads from 4 rows on (fewer leave most SMs idle with 32 tiles per
       row): the 48 masked rows cost less than mma.sync's 16-head tile. fp8_656 with <= 16 heads takes the 16-head
@@ -331,9 +329,7 @@ def choose_v32_config(
         and rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_MIN_PROGRAMS
         and gluon_v32_sm90.available()
     ):
-        if rows * triton.cdiv(num_heads, gluon_v32_sm90.BLOCK_H) >= GLUON_WS_MIN_PROGRAMS:
-            return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_ws=True)
-        return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_prefetch=True)
+        return V32Config(64, 64, 8, 1, partial_bf16=True, int_dequant=False, gluon=True, gluon_ws=True)
     if info.capability[0] == 9 and (num_heads > 16 or (rows >= 4 and not fp8)):
         return V32Config(64, 64, 8, 3 if fp8 else 2, partial_bf16=True, nope_chunks=4)
     if num_heads <= 16:
