@@ -515,10 +515,12 @@ def test_configs_fit_every_target(target, kv_format):
 
 def test_each_target_gets_its_measured_tile():
     """benchmarks/explore_v32_configs.py's winners where they fit (results/bench/explore/v32_configs*.json)."""
-    hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 64, "fp8_656")  # 128 programs: warp-specialized
-    assert (hopper.block_h, hopper.block_n, hopper.gluon, hopper.gluon_ws) == (64, 64, True, True)
-    hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 16, "fp8_656")  # 32 programs: the prefetching tile
-    assert (hopper.block_h, hopper.block_n, hopper.gluon, hopper.gluon_prefetch) == (64, 64, True, True)
+    for rows in (8, 16, 64):  # 16 / 32 / 128 programs: warp-specialized
+        hopper = v32.choose_v32_config(dev.target("sm_90"), 128, rows, "fp8_656")
+        assert (hopper.block_h, hopper.block_n, hopper.gluon, hopper.gluon_ws, hopper.gluon_prefetch) == (
+            64, 64, True, True, False)  # fmt: skip
+    hopper = v32.choose_v32_config(dev.target("sm_90"), 64, 8, "fp8_656")  # 8 programs: the Triton tile
+    assert (hopper.gluon, hopper.num_stages, hopper.nope_chunks) == (False, 3, 4)
     hopper = v32.choose_v32_config(dev.target("sm_90"), 128, 1, "fp8_656")  # 2 programs: the Triton tile
     assert (hopper.block_h, hopper.block_n, hopper.num_stages, hopper.nope_chunks) == (64, 64, 3, 4)
     assert v32.choose_v32_config(dev.target("sm_90"), 16, 128, "bf16_576").num_stages == 2
