@@ -35,8 +35,9 @@ $(STAMP): pyproject.toml requirements/torch-cpu.txt requirements/sglang-contract
 
 setup: $(STAMP) ## create .venv and install everything the targets need (torch CPU, sglang 0.5.23 contract tier, tools)
 
+# The suite runs in two pytest processes on two or more cores (scripts/test-lanes.sh says which tests go where).
 test: $(STAMP) ## lint + the whole CPU test suite (sglang contract tier, interpreter kernels, ops loop end to end)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(PY) -m pytest -m "not gpu and not containers"
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && bash scripts/test-lanes.sh $(PY)
 
 # Root on Debian (apt-installs podman, debootstrap, runc); elsewhere see docs/deploy.md. Second runs reuse the images.
 test-containers: $(STAMP) ## build and run the sim image and the compose sim profile for real (podman, local base images)
