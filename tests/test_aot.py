@@ -7,20 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aot_background
 import pytest
 
 from sparsemla.kernels import device as dev
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+# The records fixture waits for the background compile (up to TIMEOUT_S a child), longer than the suite's per-test
+# limit: under scripts/test-lanes.sh this module's tests start while the compile still has minutes to go.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * aot_background.TIMEOUT_S + 60)]
 
 
 @pytest.fixture(scope="module")
 def records(pytestconfig, tmp_path_factory) -> dict:
     """The AOT records of every case on every target: from the children conftest.py started in the background after
     collection, or started here (see tests/aot_background.py)."""
-    import aot_background
-
     run = getattr(pytestconfig, "_sparsemla_aot", None) or aot_background.start(tmp_path_factory.mktemp("aot"))
     return run.wait()
 
