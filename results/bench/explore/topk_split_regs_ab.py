@@ -42,6 +42,7 @@ args = p.parse_args()
 if args.old:
     spec = importlib.util.spec_from_file_location("topk_old", args.old)
     old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # its frozen dataclasses look their module up while it executes
     spec.loader.exec_module(old)
 else:  # no older copy: the 'old' variant is the package's own code with its defaults
     old = new

@@ -318,6 +318,33 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
+# Winners' scattered stores (_write_winners, the streaming and candidate lists) through inline PTX wherever Triton
+# compiles (not on its interpreter): a tl.store of data-dependent addresses gets a layout of its own (one element per
+# thread), and converting the compaction scan's layout (four contiguous elements per thread) to it took shared-memory
+# round trips and three barriers per eight elements (Triton 3.8, sm_90 SASS). An elementwise asm keeps the operands
+# where they are: the top-k kernel's shared memory 16-32 KB -> 4-8 KB and its spills 24-128 -> 0-16 B a thread on
+# every target (docs/portability.md), the same bits; H100, 3.8 cubins, graph replay: the same times at every shape
+# (results/bench/explore/topk_scatter_asm_ab-native-h100-8951c7b.json; B = 64 16k k = 2048 18.07 / 18.07 us).
+SCATTER_ASM = tl.constexpr(not dev.interpreting())
+SCATTER_ASM_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }")
+
+
+@triton.jit
+def _scatter_store(ptr, value, mask):
+    """``tl.store(ptr, value, mask=mask)`` for int32 ``value`` without a layout conversion (see SCATTER_ASM)."""
+    if SCATTER_ASM:
+        tl.inline_asm_elementwise(
+            asm=SCATTER_ASM_PTX,
+            constraints="=r,l,r,r",
+            args=[ptr, value, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
 @triton.jit
 def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
@@ -333,7 +360,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     eq_rank = eq_before + (before >> 16)  # ties before this one in the row
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    tl.store(idx_out_ptr + slot, payload, mask=take)
+    _scatter_store(idx_out_ptr + slot, payload, take)
 
 
 @triton.jit
@@ -389,7 +416,7 @@ def _list_candidates(
             key = _order_key(_load_row(src_ptr + offs, m, FROM_L2))  # [GROUPS]
             c = (m & (key >= t)).to(tl.int32)
             slot = n + tl.cumsum(c, axis=0) - c
-            tl.store(out_ptr + slot, offs, mask=(c != 0) & (slot < CANDS))
+            _scatter_store(out_ptr + slot, offs, (c != 0) & (slot < CANDS))
             n += tl.sum(c, axis=0)
     return n
 
@@ -453,7 +480,7 @@ def _select_streaming(
         eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
         take = gt | (eq & (eq_rank < k_rem).to(tl.int32))
         slot = n_sel + tl.cumsum(take, axis=0) - take
-        tl.store(idx_out_ptr + slot, offs, mask=take != 0)
+        _scatter_store(idx_out_ptr + slot, offs, take != 0)
         n_sel += tl.sum(take, axis=0)
         n_eq += tl.sum(eq, axis=0)
 
@@ -620,7 +647,7 @@ def _select_split(
         eq_rank = eq_before + tl.cumsum(eq, axis=0) - eq  # ties before this one in the row
         take = (gt != 0) | ((eq != 0) & (eq_rank < k_rem))
         slot = gt_before + tl.cumsum(gt, axis=0) - gt + tl.minimum(eq_rank, k_rem)  # winners before this one
-        tl.store(idx_out_ptr + slot, offs, mask=take)
+        _scatter_store(idx_out_ptr + slot, offs, take)
         gt_before += tl.sum(gt, axis=0)
         eq_before += tl.sum(eq, axis=0)
     return phase
