@@ -271,9 +271,38 @@ def test_split_choice_fills_sms_and_drops_to_one():
     assert sd_triton.choose_num_splits(1, 1, 0, 132) == 1
     assert sd_triton.choose_num_splits(8, 1, 20, 132) == 10  # 16 wanted -> 2 tiles each -> 10 splits, none empty
     h200 = dev.target("sm_90")
-    assert [sd_triton.choose_config(h200, h).block_h for h in (8, 16, 17, 63, 64, 128)] == [16, 16, 64, 64, 64, 64]
-    assert sd_triton.choose_config(h200, 64, rows=1).block_n == 16
+    assert [sd_triton.choose_config(h200, h, rows=8).block_h for h in (8, 16, 17, 63, 64)] == [16, 16, 64, 64, 64]
+    assert sd_triton.choose_config(h200, 64, rows=6).block_n == 16  # 6 programs: the wgmma tile's V halves
     assert sd_triton.choose_config(h200, 64, rows=8).block_n == 64
+
+
+@pytest.mark.parametrize(
+    "heads,rows,block_h,block_n",
+    [
+        (64, 1, 32, 16),  # 1 program of 64 heads: the mma.sync tiles (SM90_MMA_BUSY), the short one at <= 2 of 32
+        (128, 1, 32, 32),
+        (64, 4, 32, 32),
+        (128, 3, 64, 16),  # 6: the wgmma tile's V halves
+        (64, 8, 64, 64),  # 8 - 15: the Gluon tile
+        (128, 4, 64, 64),
+        (64, 16, 32, 32),  # 16 - 32: mma.sync again
+        (128, 16, 32, 32),
+        (64, 33, 64, 64),  # from 33: the Gluon tile
+        (128, 32, 64, 64),
+        (64, 8192, 64, 64),
+    ],
+    ids=lambda v: str(v),
+)
+def test_sm90_takes_the_mma_sync_tiles_where_they_were_faster(heads, rows, block_h, block_n):
+    """sm_90 with more than 16 heads: the mma.sync targets' 32-head tiles where rows x 64-head blocks is in
+    SM90_MMA_BUSY (measured faster there on an H100), wgmma / Gluon tiles elsewhere; sm_100 keeps its wgmma tiles."""
+    h100, b200 = dev.target("sm_90"), dev.target("sm_100")
+    cfg = sd_triton.choose_tiles(h100, heads, rows)
+    assert (cfg.block_h, cfg.block_n) == (block_h, block_n)
+    assert sd_triton.wgmma_tile(cfg, h100) == (block_h == 64)
+    if block_h == 32:  # the same tile an mma.sync target with the H100's shared memory would take
+        assert cfg == sd_triton.choose_tiles(dev.running_as(h100, (8, 9)), heads, rows)
+    assert sd_triton.choose_tiles(b200, heads, rows).block_h == 64
 
 
 def test_programs_per_sm_follow_each_targets_shared_memory():

@@ -9,7 +9,8 @@ GPU machine's Triton 3.6. Why: 3.8's wgmma kernel at the 64-head x 64-token tile
     PYTHONPATH=/tmp/site:. python results/bench/explore/decode_t38_configs.py --cubins .gpu-cubins/dcfg --out F.json
 
 Configs are ``block_h:block_n:warps:stages:dv_split`` (bf16 partials and the integer dequant on; a trailing ``c``
-builds the gathered tile chunks-first, DecodeConfig.chunks_first) or ``auto`` (the launcher's own choice). Every
+builds the gathered tile chunks-first, DecodeConfig.chunks_first), ``gluon`` (sm_90's Gluon tile) or ``auto`` (the
+launcher's own choice). Every
 row: CUDA-graph replay median (2 input sets rotated, L2 flushed) for Triton 3.8 cubins
 and Triton 3.6, and the relative error of the 3.8 output against the fp32 reference.
 """
@@ -63,6 +64,8 @@ def config(spec: str) -> T.DecodeConfig | None:
     spec = spec.split("/s")[0]
     if spec == "auto":
         return None
+    if spec == "gluon":  # sm_90's Gluon tile as the launcher builds it (bf16 partials: the launches timed here)
+        return T.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True, chunks_first=True)
     bh, bn, w, st, dv = (int(x) for x in spec.rstrip("c").split(":"))
     return T.DecodeConfig(bh, bn, w, st, dv_split=dv, partial_bf16=True, int_dequant=True,
                           chunks_first=spec.endswith("c"))  # fmt: skip

@@ -170,6 +170,15 @@ MMA_WIDE_TILE_BUSY = 64
 # 16-token V halves stay (the Gluon tile has no V halves).
 GLUON_SM90_MIN_BUSY = 8
 
+# sm_90, H > 16: the mma.sync tiles of the targets without wgmma (32-head blocks, chosen as there) where rows x 64-head
+# blocks fall in one of these ranges (inclusive), instead of the wgmma / Gluon tiles. H100, native path, Triton 3.8
+# cubins, graph replay, 128 + 512 indices, the launcher's split counts, same run
+# (results/bench/explore/decode_small_mma_native-h100-8951c7b.json, -b.json), us: 1 (H=64 B=1) 13.7 -> 13.2,
+# 2 (H=128 B=1) 15.8 -> 14.2, 4 (H=64 B=4) 18.3 -> 17.0, 16 (H=128 B=8; H=64 B=16) 27.9 -> 25.6, 28.5 -> 26.2,
+# 32 (H=128 B=16; H=64 B=32) 33.6 -> 32.9, 36.5 -> 33.9. Not at 8, where the Gluon tile starts (H=128 B=4 20.3 against
+# 20.9; H=64 B=8 21.6 / 21.7), nor at 64 (H=128 B=32 40.8 / 52.2; H=64 B=64 45.3 / 53.1).
+SM90_MMA_BUSY = ((1, 4), (16, 32))
+
 
 # DecodeConfig.warp_specialize by default: from this many tiles per program. H100, native path, Triton 3.8 cubins,
 # graph replay, two input sets rotated, bit-equal outputs (the explore form of this kernel, producer 120 registers:
@@ -280,7 +289,8 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
 
     wgmma targets (sm_90, sm_100; budget 232,448 B), H > 16: 64-head blocks, 64-token tiles once ``rows x head
     blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill; on sm_90 the Gluon tile,
-    :data:`GLUON_SM90_MIN_BUSY`), else 16-token tiles in 256-column halves (128 KB / 98 KB of shared memory).
+    :data:`GLUON_SM90_MIN_BUSY`), else 16-token tiles in 256-column halves (128 KB / 98 KB of shared memory). On sm_90
+    the mma.sync targets' tiles below instead where ``rows x 64-head blocks`` is in :data:`SM90_MMA_BUSY`.
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
     memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
@@ -300,7 +310,9 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
                             num_stages=1)  # fmt: skip
     if num_heads <= 16:  # 16-row blocks are mma.sync on every target (wgmma needs 64 rows)
         return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
-    if not info.has_wgmma:
+    busy64 = rows * triton.cdiv(num_heads, 64)
+    sm90_mma = info.capability == (9, 0) and any(lo <= busy64 <= hi for lo, hi in SM90_MMA_BUSY)
+    if not info.has_wgmma or sm90_mma:
         busy = rows * triton.cdiv(num_heads, 32)
         small = DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True)
         big = replace(small, block_n=32)
@@ -313,7 +325,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         if busy >= MMA_SMALL_TILE_BUSY and per_sm < 2:
             return small
         return big
-    busy = rows * triton.cdiv(num_heads, 64)
+    busy = busy64
     if busy >= GLUON_SM90_MIN_BUSY and info.capability == (9, 0) and gluon_sm90.available():
         return DecodeConfig(64, 64, 8, 1, partial_bf16=busy >= 16, int_dequant=True, gluon=True)
     if busy >= 8:
