@@ -517,7 +517,7 @@ def main(
 def _write(path: Path, gpu: str, git_sha: str, ceilings: dict, rows: list, checks: list, paths: list[str]) -> None:
     code_paths_doc = {
         p: (
-            "wgmma (this GPU's own)"
+            "native (this GPU's own code: on Hopper wgmma / Gluon tiles, mma.sync ones at few programs)"
             if p == "native"
             else f"TRITON_OVERRIDE_ARCH={p}: mma.sync, the configurations chosen for sm_{p[2:]}"
         )

@@ -1,7 +1,8 @@
-"""Code paths of one benchmark run: ``native`` (the GPU's own, wgmma on Hopper) and ``smNN`` (``TRITON_OVERRIDE_ARCH=
-smNN``: Triton emits that architecture's code, mma.sync for sm89, and the launchers pick that target's
-configurations). Each path runs in its own process: the variable is read when Triton compiles, and one process's
-kernel cache must not mix the two paths. The parent merges the rows into one JSON, so both paths share a run."""
+"""Code paths of one benchmark run: ``native`` (the GPU's own code: wgmma on Hopper, mma.sync tiles at few
+programs) and ``smNN`` (``TRITON_OVERRIDE_ARCH=smNN``: Triton emits that architecture's code, mma.sync for sm89, and
+the launchers pick that target's configurations). Each path runs in its own process: the variable is read when Triton
+compiles, and one process's kernel cache must not mix the two paths. The parent merges the rows into one JSON, so both
+paths share a run."""
 
 from __future__ import annotations
 

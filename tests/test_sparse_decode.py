@@ -296,12 +296,12 @@ def test_split_choice_fills_sms_and_drops_to_one():
 def test_sm90_takes_the_mma_sync_tiles_where_they_were_faster(heads, rows, block_h, block_n):
     """sm_90 with more than 16 heads: the mma.sync targets' 32-head tiles where rows x 64-head blocks is in
     SM90_MMA_BUSY (measured faster there on an H100), wgmma / Gluon tiles elsewhere; sm_100 keeps its wgmma tiles."""
-    h100, b200 = dev.target("sm_90"), dev.target("sm_100")
-    cfg = sd_triton.choose_tiles(h100, heads, rows)
+    hopper, b200 = dev.target("sm_90"), dev.target("sm_100")
+    cfg = sd_triton.choose_tiles(hopper, heads, rows)
     assert (cfg.block_h, cfg.block_n) == (block_h, block_n)
-    assert sd_triton.wgmma_tile(cfg, h100) == (block_h == 64)
-    if block_h == 32:  # the same tile an mma.sync target with the H100's shared memory would take
-        assert cfg == sd_triton.choose_tiles(dev.running_as(h100, (8, 9)), heads, rows)
+    assert sd_triton.wgmma_tile(cfg, hopper) == (block_h == 64)
+    if block_h == 32:  # the tile its sm_89 code path chooses (sm_89's budget per block, this GPU's SMs)
+        assert cfg == sd_triton.choose_tiles(dev.running_as(hopper, (8, 9)), heads, rows)
     assert sd_triton.choose_tiles(b200, heads, rows).block_h == 64
 
 

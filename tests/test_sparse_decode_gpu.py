@@ -393,7 +393,7 @@ def test_gluon_tile_integer_dequant_is_bit_identical_on_every_byte(lift):
 
 @needs_gluon
 def test_sm90_launcher_takes_the_gluon_tile_from_8_programs():
-    """sm_90's default for H > 16 from GLUON_SM90_MIN_BUSY programs is the Gluon tile; below, the V halves."""
+    """sm_90's default for H > 16 from GLUON_SM90_MIN_BUSY programs is the Gluon tile (outside SM90_MMA_BUSY)."""
     from sparsemla.kernels import device as dev
 
     info = dev.device_info()

@@ -355,6 +355,8 @@ def cases(target: str | None = None) -> dict[str, Callable[[], object]]:
         for h in DECODE_HEADS:
             for k in DECODE_EXTRA_TOPK:
                 out[f"decode B{b} H{h} topk128+{k}"] = _decode_case(b, h, k)
+    for k in DECODE_EXTRA_TOPK:  # 6 64-head programs: sm_90's wgmma tile with V halves (5 - 7, see SM90_MMA_BUSY)
+        out[f"decode B3 H128 topk128+{k}"] = _decode_case(3, 128, k)
     for b in INDEXER_BATCHES:
         for ctx in INDEXER_CONTEXTS:
             out[f"indexer_logits B{b} ctx{ctx // 1024}k"] = _indexer_case(b, ctx, fused=False)

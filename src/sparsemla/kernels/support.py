@@ -11,7 +11,7 @@ from sparsemla.kernels import device as dev
 INDEXER_SHARED_MAX = 53_248
 
 # Shapes the decode selector is asked for (heads per rank x query rows): covers every branch of choose_config.
-_DECODE_PROBES = [(h, r) for h in (8, 16, 64, 128) for r in (1, 2, 8, 64, 1024, 8192)]
+_DECODE_PROBES = [(h, r) for h in (8, 16, 64, 128) for r in (1, 2, 3, 6, 8, 64, 1024, 8192)]
 
 
 def decode_shared_need(info: dev.DeviceInfo) -> int:

@@ -325,7 +325,7 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 # where they are: the top-k kernel's shared memory 16-32 KB -> 4-8 KB and its spills 24-128 -> 0-16 B a thread on
 # every target (docs/portability.md), the same bits; H100, 3.8 cubins, graph replay: the same times at every shape
 # (results/bench/explore/topk_scatter_asm_ab-native-h100-8951c7b.json; B = 64 16k k = 2048 18.07 / 18.07 us).
-SCATTER_ASM = tl.constexpr(not dev.interpreting())
+SCATTER_ASM = tl.constexpr(not dev.defined_interpreted(_order_key))  # as triton.jit defined this module's kernels
 SCATTER_ASM_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }")
 
 
