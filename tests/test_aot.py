@@ -80,7 +80,7 @@ def test_mma_sync_decode_stores_the_gathered_tile_once(records):
             continue
         batch, heads = (int(x) for x in re.match(r"decode B(\d+) H(\d+) ", r["case"]).groups())
         info = dev.TARGETS[r["target"]]
-        cfg = choose_config(info, heads, batch)
+        cfg = choose_config(info, heads, batch, _case_topks(r["case"]))
         if not opaque_tile_default(cfg, info):
             continue
         one_copy = (cfg.block_h + cfg.block_n) * 1024 + cfg.block_h * cfg.block_n * 2
@@ -96,6 +96,12 @@ def test_indexer_needs_at_most_what_the_startup_check_assumes(records):
     assert max(r["shared"] for r in idx) <= INDEXER_SHARED_MAX
 
 
+def _case_topks(case: str) -> tuple[int, ...]:
+    """The index widths of a decode case ("decode B8 H64 topk128+2048" -> (128, 2048)), as its launcher saw them."""
+    word = next(part for part in case.split() if part.startswith("topk"))
+    return tuple(int(w) for w in word[4:].split("+"))
+
+
 def test_decode_shared_estimate_matches_the_compiler(records):
     """shared_bytes() sizes how many programs an SM holds (the split count): it must not under-count."""
     from sparsemla.kernels.sparse_decode.triton import choose_config, shared_bytes
@@ -104,7 +110,8 @@ def test_decode_shared_estimate_matches_the_compiler(records):
         if r["kernel"] not in ("_sparse_decode_kernel", "_sparse_decode_sm90_kernel", "_sparse_decode_sm90_ws_kernel"):
             continue
         b, h = (int(part[1:]) for part in r["case"].split()[1:3])
-        est = shared_bytes(choose_config(dev.target(r["target"]), h, b), dev.target(r["target"]))
+        info = dev.target(r["target"])
+        est = shared_bytes(choose_config(info, h, b, _case_topks(r["case"])), info)
         assert r["shared"] <= est + 1024, (r["target"], r["case"], r["shared"], est)
 
 
@@ -120,7 +127,7 @@ def test_decode_register_model_matches_the_compiler(records):
             continue
         b, h = (int(part[1:]) for part in r["case"].split()[1:3])
         info = dev.target(r["target"])
-        cfg = choose_config(info, h, b)
+        cfg = choose_config(info, h, b, _case_topks(r["case"]))
         if wgmma_tile(cfg, info) or not opaque_tile(cfg, info) or cfg.block_h * cfg.block_n >= 512:
             continue  # counted as 255 (or by shared memory): an upper bound by construction
         model = SMALL_TILE_REGS.get(info.capability, 128) if cfg.num_warps == 4 else 128

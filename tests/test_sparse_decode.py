@@ -277,32 +277,36 @@ def test_split_choice_fills_sms_and_drops_to_one():
 
 
 @pytest.mark.parametrize(
-    "heads,rows,block_h,block_n",
+    "heads,rows,extra,block_h,block_n",
     [
-        (64, 1, 32, 16),  # 1 program of 64 heads: the mma.sync tiles (SM90_MMA_BUSY), the short one at <= 2 of 32
-        (128, 1, 32, 32),
-        (64, 4, 32, 32),
-        (128, 3, 64, 16),  # 6: the wgmma tile's V halves
-        (64, 8, 64, 64),  # 8 - 15: the Gluon tile
-        (128, 4, 64, 64),
-        (64, 16, 32, 32),  # 16 - 32: mma.sync again
-        (128, 16, 32, 32),
-        (64, 33, 64, 64),  # from 33: the Gluon tile
-        (128, 32, 64, 64),
-        (64, 8192, 64, 64),
+        (64, 1, 512, 32, 16),  # 1 program of 64 heads: the mma.sync tiles (SM90_MMA_BUSY), the short one at <= 2 of 32
+        (128, 1, 512, 32, 32),
+        (64, 4, 512, 32, 32),
+        (64, 4, 2048, 32, 32),  # few programs: each Gluon program walks few tiles even at 2048 indices
+        (128, 3, 512, 64, 16),  # 6: the wgmma tile's V halves
+        (64, 8, 512, 64, 64),  # 8 - 15: the Gluon tile
+        (128, 4, 512, 64, 64),
+        (64, 16, 512, 32, 32),  # 16 - 32: mma.sync again
+        (128, 16, 512, 32, 32),
+        (64, 16, 2048, 64, 64),  # ... unless the Gluon tile would warp-specialize there
+        (128, 16, 2048, 64, 64),
+        (64, 33, 512, 64, 64),  # from 33: the Gluon tile
+        (128, 32, 512, 64, 64),
+        (64, 8192, 512, 64, 64),
     ],
     ids=lambda v: str(v),
 )
-def test_sm90_takes_the_mma_sync_tiles_where_they_were_faster(heads, rows, block_h, block_n):
+def test_sm90_takes_the_mma_sync_tiles_where_they_were_faster(heads, rows, extra, block_h, block_n):
     """sm_90 with more than 16 heads: the mma.sync targets' 32-head tiles where rows x 64-head blocks is in
-    SM90_MMA_BUSY (measured faster there on an H100), wgmma / Gluon tiles elsewhere; sm_100 keeps its wgmma tiles."""
+    SM90_MMA_BUSY and the Gluon tile would not warp-specialize (measured faster there on an H100), wgmma / Gluon tiles
+    elsewhere; sm_100 keeps its wgmma tiles. 128 window indices + ``extra``."""
     hopper, b200 = dev.target("sm_90"), dev.target("sm_100")
-    cfg = sd_triton.choose_tiles(hopper, heads, rows)
+    cfg = sd_triton.choose_tiles(hopper, heads, rows, (128, extra))
     assert (cfg.block_h, cfg.block_n) == (block_h, block_n)
     assert sd_triton.wgmma_tile(cfg, hopper) == (block_h == 64)
     if block_h == 32:  # the tile its sm_89 code path chooses (sm_89's budget per block, this GPU's SMs)
-        assert cfg == sd_triton.choose_tiles(dev.running_as(hopper, (8, 9)), heads, rows)
-    assert sd_triton.choose_tiles(b200, heads, rows).block_h == 64
+        assert cfg == sd_triton.choose_tiles(dev.running_as(hopper, (8, 9)), heads, rows, (128, extra))
+    assert sd_triton.choose_tiles(b200, heads, rows, (128, extra)).block_h == 64
 
 
 def test_programs_per_sm_follow_each_targets_shared_memory():

@@ -489,6 +489,27 @@ wide)  # the wide launch's A/B from 3.8 cubins
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
     ;;
+either)  # session 40: one call whatever card comes. An H200: `v32` (issue #17's formal run). An H100: EITHER_H100=
+    # dsmall (default): the checks 4e90ede left (SM90_MMA_BUSY), its A/B at 128 + 2048 and 512 indices from
+    # .gpu-cubins/dsmall, then the V4 decode GPU tests of the native path on Triton 3.6; tests-native|sm89|both: every
+    # GPU test in that code path (benchmarks/gpu-tests.sh, EITHER_TESTS_S a path)
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" v32; fi
+    case ${EITHER_H100:-dsmall} in
+    tests-*)  # tests-native, tests-sm89, tests-both
+        OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-540}" bash benchmarks/gpu-tests.sh "${EITHER_H100#tests-}"
+        exit ;;
+    esac
+    bash benchmarks/gpu-setup.sh 2>&1 | tail -1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    for e in 2048 512; do
+        timeout 80 python3 results/bench/explore/decode_t38_configs.py --cubins .gpu-cubins/dsmall \
+            --configs auto,gluon,64:16:4:2:2c,32:16:4:1:1c,32:32:4:1:1c \
+            --shapes 1x64,1x128,2x64,4x64,8x128,16x64,16x128,32x64,24x64 --extra "$e" --only-t38 --code "$SHA" \
+            --out "$OUT/dsmall_x$e.json" | tail -14
+    done
+    OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-300}" bash benchmarks/gpu-tests.sh native tests/test_sparse_decode_gpu.py
+    ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
@@ -497,7 +518,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -176,7 +176,11 @@ GLUON_SM90_MIN_BUSY = 8
 # (results/bench/explore/decode_small_mma_native-h100-8951c7b.json, -b.json), us: 1 (H=64 B=1) 13.7 -> 13.2,
 # 2 (H=128 B=1) 15.8 -> 14.2, 4 (H=64 B=4) 18.3 -> 17.0, 16 (H=128 B=8; H=64 B=16) 27.9 -> 25.6, 28.5 -> 26.2,
 # 32 (H=128 B=16; H=64 B=32) 33.6 -> 32.9, 36.5 -> 33.9. Not at 8, where the Gluon tile starts (H=128 B=4 20.3 against
-# 20.9; H=64 B=8 21.6 / 21.7), nor at 64 (H=128 B=32 40.8 / 52.2; H=64 B=64 45.3 / 53.1).
+# 20.9; H=64 B=8 21.6 / 21.7), nor at 64 (H=128 B=32 40.8 / 52.2; H=64 B=64 45.3 / 53.1). Nor where the Gluon tile
+# would walk WS_MIN_TILES tiles a program and warp-specialize (_sm90_mma_tile): at 128 + 2048 indices (same machine
+# and cubins, decode_small_mma_native-h100-f4b2d33-x2048.json), mma / Gluon us: 16 programs (H=64 B=16) 49.1 / 42.0,
+# (H=128 B=8) 48.2 / 38.8, 24 (H=64 B=24) 68.7 / 52.2, 32 (H=64 B=32) 78.6 / 58.6, (H=128 B=16) 77.6 / 51.5; there
+# 1-4 programs keep the mma tiles (H=64 B=1 18.2 / 18.9, B=4 24.7 / 25.4; H=128 B=1 19.8 / 20.0).
 SM90_MMA_BUSY = ((1, 4), (16, 32))
 
 
@@ -274,14 +278,27 @@ def q_lift(cfg: DecodeConfig, info: dev.DeviceInfo, tiles_per_program: int) -> b
     return cfg.q_lift and cfg.int_dequant
 
 
-def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
+def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, topks: tuple[int, ...] = ()) -> DecodeConfig:
     """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info`` (tiles:
     :func:`choose_tiles`; axis order for the compiling Triton: :func:`tile_chunks_first`)."""
-    return replace(choose_tiles(info, num_heads, rows), chunks_first=tile_chunks_first())
+    return replace(choose_tiles(info, num_heads, rows, topks), chunks_first=tile_chunks_first())
 
 
-def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeConfig:
-    """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) on ``info``.
+def _sm90_mma_tile(info: dev.DeviceInfo, num_heads: int, rows: int, topks: tuple[int, ...]) -> bool:
+    """Whether sm_90 takes the mma.sync targets' tiles: ``rows x 64-head blocks`` in :data:`SM90_MMA_BUSY`, unless the
+    Gluon tile's launch would warp-specialize there (``topks``: the index lists' widths; () = not known: no)."""
+    busy64 = rows * triton.cdiv(num_heads, 64)
+    if info.capability != (9, 0) or not any(lo <= busy64 <= hi for lo, hi in SM90_MMA_BUSY):
+        return False
+    gluon = DecodeConfig(64, 64, 8, 1, int_dequant=True, gluon=True)
+    tiles = sum(triton.cdiv(t, gluon.block_n) for t in topks)
+    splits = choose_num_splits(rows, triton.cdiv(num_heads, 64), tiles, info.num_sms * resident_programs(gluon, info))
+    return not warp_specialize_default(gluon, triton.cdiv(tiles, splits))
+
+
+def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1, topks: tuple[int, ...] = ()) -> DecodeConfig:
+    """The launch configuration for ``num_heads`` query heads and ``rows`` query rows (B * s_q) of ``topks`` indices
+    (the widths of the main and extra index lists) on ``info``.
 
     H <= 16 on every target: one 16-head program per row, mma.sync (wgmma needs 64 rows per warpgroup), 16-token
     tiles (33,280 B through the opaque move) for <= 8 rows, 32 (50,176 B) above, one stage (H=8, sm_89 path on the
@@ -290,7 +307,8 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
     wgmma targets (sm_90, sm_100; budget 232,448 B), H > 16: 64-head blocks, 64-token tiles once ``rows x head
     blocks >= 8`` (bf16 partials from 16; 32-token tiles on sm_100, where 64 spill; on sm_90 the Gluon tile,
     :data:`GLUON_SM90_MIN_BUSY`), else 16-token tiles in 256-column halves (128 KB / 98 KB of shared memory). On sm_90
-    the mma.sync targets' tiles below instead where ``rows x 64-head blocks`` is in :data:`SM90_MMA_BUSY`.
+    the mma.sync targets' tiles below instead where ``rows x 64-head blocks`` is in :data:`SM90_MMA_BUSY` and the Gluon
+    tile would not warp-specialize (:func:`_sm90_mma_tile`).
 
     mma.sync targets (sm_80, 86, 89, 120; budget 101,376 B, sm_80 166,912 B): both dot operands are staged in shared
     memory, ``(block_h + 2 * block_n) x 1 KB`` (the tile once per dot) where the tile keeps its uint8 operand layout,
@@ -310,9 +328,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
                             num_stages=1)  # fmt: skip
     if num_heads <= 16:  # 16-row blocks are mma.sync on every target (wgmma needs 64 rows)
         return DecodeConfig(16, 16 if rows <= 8 else 32, 4, 1, partial_bf16=True, int_dequant=True)
-    busy64 = rows * triton.cdiv(num_heads, 64)
-    sm90_mma = info.capability == (9, 0) and any(lo <= busy64 <= hi for lo, hi in SM90_MMA_BUSY)
-    if not info.has_wgmma or sm90_mma:
+    if not info.has_wgmma or _sm90_mma_tile(info, num_heads, rows, topks):
         busy = rows * triton.cdiv(num_heads, 32)
         small = DecodeConfig(32, 16, 4, 1, partial_bf16=True, int_dequant=True)
         big = replace(small, block_n=32)
@@ -325,7 +341,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1) -> DecodeC
         if busy >= MMA_SMALL_TILE_BUSY and per_sm < 2:
             return small
         return big
-    busy = busy64
+    busy = rows * triton.cdiv(num_heads, 64)
     if busy >= GLUON_SM90_MIN_BUSY and info.capability == (9, 0) and gluon_sm90.available():
         return DecodeConfig(64, 64, 8, 1, partial_bf16=busy >= 16, int_dequant=True, gluon=True)
     if busy >= 8:
@@ -957,8 +973,8 @@ def sparse_decode_fwd(
         heads = num_real_heads  # q's first heads; the kernel reads q through its strides, so no copy
 
     info = dev.launch_info(q.device)
-    cfg = config or choose_config(info, heads, batch * s_q)
     topk, topk_x = indices.shape[2], idx_x.shape[2] if has_extra else 0
+    cfg = config or choose_config(info, heads, batch * s_q, (topk, topk_x))
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
     max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
