@@ -497,7 +497,7 @@ either)  # session 40: one call whatever card comes. An H200: `v32` (issue #17's
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" v32; fi
     case ${EITHER_H100:-dsmall} in
     tests-*)  # tests-native, tests-sm89, tests-both
-        OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-540}" bash benchmarks/gpu-tests.sh "${EITHER_H100#tests-}"
+        OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-540}" bash benchmarks/gpu-tests.sh "${EITHER_H100#tests-}" ${EITHER_TESTS_ARGS:-}
         exit ;;
     esac
     bash benchmarks/gpu-setup.sh 2>&1 | tail -1
