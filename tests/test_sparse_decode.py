@@ -282,7 +282,9 @@ def test_split_choice_fills_sms_and_drops_to_one():
         (64, 1, 512, 32, 16),  # 1 program of 64 heads: the mma.sync tiles (SM90_MMA_BUSY), the short one at <= 2 of 32
         (128, 1, 512, 32, 32),
         (64, 4, 512, 32, 32),
-        (64, 4, 2048, 32, 32),  # few programs: each Gluon program walks few tiles even at 2048 indices
+        (64, 4, 2048, 32, 32),  # below 8 programs the alternative is the wgmma tile, not the Gluon one
+        (64, 4, 8192, 32, 32),
+        (128, 1, 32768, 32, 32),
         (128, 3, 512, 64, 16),  # 6: the wgmma tile's V halves
         (64, 8, 512, 64, 64),  # 8 - 15: the Gluon tile
         (128, 4, 512, 64, 64),

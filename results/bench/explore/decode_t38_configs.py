@@ -36,6 +36,12 @@ p.add_argument("--code", default="", help="what the package's code is (the GPU c
 p.add_argument("--configs", default="auto,64:64:8:1:1,64:32:8:1:1,64:64:8:1:2,64:32:8:2:1,64:32:4:1:2,64:16:4:2:2")
 p.add_argument("--shapes", default="8x64,32x64,64x64,128x64,8x128,32x128,64x128,128x128", help="BxH,...")
 p.add_argument("--extra", type=int, default=512)
+p.add_argument(
+    "--extra-valid",
+    default="",
+    help="GPU: comma-separated valid lengths of the extra list (the rest of its width -1, as sglang's ratio-128 "
+    "page-index table is at contexts below its capacity); each is a row set of its own (rows' extra_valid)",
+)
 p.add_argument("--only-t38", action="store_true", help="GPU: skip the Triton 3.6 rows (their compiles take minutes)")
 p.add_argument(
     "--occupancy-of",
@@ -64,8 +70,11 @@ def config(spec: str) -> T.DecodeConfig | None:
     spec = spec.split("/s")[0]
     if spec == "auto":
         return None
-    if spec == "gluon":  # sm_90's Gluon tile as the launcher builds it (bf16 partials: the launches timed here)
-        return T.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True, chunks_first=True)
+    if spec.startswith("gluon"):  # sm_90's Gluon tile as the launcher builds it (bf16 partials: the launches timed
+        # here); gluon-sync / gluon-ws: without / with its producer warpgroup whatever the tiles per program
+        ws = {"gluon": None, "gluon-sync": False, "gluon-ws": True}[spec]
+        return T.DecodeConfig(64, 64, 8, 1, partial_bf16=True, int_dequant=True, gluon=True, chunks_first=True,
+                              warp_specialize=ws)  # fmt: skip
     bh, bn, w, st, dv = (int(x) for x in spec.rstrip("c").split(":"))
     return T.DecodeConfig(bh, bn, w, st, dv_split=dv, partial_bf16=True, int_dequant=True,
                           chunks_first=spec.endswith("c"))  # fmt: skip
@@ -118,43 +127,61 @@ def occupancy_matched():
         yield
 
 
+VALIDS = [int(v) for v in args.extra_valid.split(",")] if args.extra_valid else [None]
+
+
+def with_valid(kw: dict, valid: int | None) -> dict:
+    """``kw`` with ``valid`` of its extra list's width live (the rest -1); None: as made (full lengths)."""
+    if valid is None:
+        return kw
+    kw = dict(kw, extra_indices_in_kvcache=kw["extra_indices_in_kvcache"].clone())
+    kw["extra_indices_in_kvcache"][..., valid:] = -1
+    kw["extra_topk_length"] = torch.full_like(kw["extra_topk_length"], min(valid, int(kw["extra_topk_length"].max())))
+    return kw
+
+
 rows: list[dict] = []
 for shape in SHAPES:
-    sets = [make_inputs(shape, seed=100 * shape.B + i) for i in range(2)]
-    ref = sparse_decode_reference(**sets[0])[0].float()
-    for spec in CONFIGS:
-        cfg = config(spec)
-        row: dict = dict(B=shape.B, H=shape.H, extra=shape.extra_topk, cfg=spec)
-        variants = [("t38", lambda: replayer)]
-        if occ_replayer is not None:
-            variants.append(("t38occ", occupancy_matched))
-        if not args.only_t38:
-            variants.append(("t36", contextlib.nullcontext))
-        for name, ctx in variants:
-            try:
+    made = [make_inputs(shape, seed=100 * shape.B + i) for i in range(2)]
+    for valid in VALIDS:
+        sets = [with_valid(kw, valid) for kw in made]
+        ref = sparse_decode_reference(**sets[0])[0].float()
+        for spec in CONFIGS:
+            cfg = config(spec)
+            row: dict = dict(B=shape.B, H=shape.H, extra=shape.extra_topk, cfg=spec)
+            if valid is not None:
+                row["extra_valid"] = valid
+            variants = [("t38", lambda: replayer)]
+            if occ_replayer is not None:
+                variants.append(("t38occ", occupancy_matched))
+            if not args.only_t38:
+                variants.append(("t36", contextlib.nullcontext))
+            for name, ctx in variants:
+                try:
 
-                def call(kw: dict, ctx=ctx, cfg=cfg, spec=spec) -> torch.Tensor:
-                    with ctx():
-                        return T.sparse_decode_fwd(**kw, config=cfg, num_splits=splits(spec))[0]
+                    def call(kw: dict, ctx=ctx, cfg=cfg, spec=spec) -> torch.Tensor:
+                        with ctx():
+                            return T.sparse_decode_fwd(**kw, config=cfg, num_splits=splits(spec))[0]
 
-                out = call(sets[0]).float()
-                row[f"err_{name}"] = float((out - ref).norm() / ref.norm())
-                runs = [graphed(lambda kw=kw, call=call: call(kw)) for kw in sets]
-                state = {"i": 0}
+                    out = call(sets[0]).float()
+                    row[f"err_{name}"] = float((out - ref).norm() / ref.norm())
+                    runs = [graphed(lambda kw=kw, call=call: call(kw)) for kw in sets]
+                    state = {"i": 0}
 
-                def step(runs=runs, state=state) -> None:
-                    state["i"] += 1
-                    runs[state["i"] % 2]()
+                    def step(runs=runs, state=state) -> None:
+                        state["i"] += 1
+                        runs[state["i"] % 2]()
 
-                row[f"us_{name}"] = round(do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3, 2)
-            except Exception as exc:  # noqa: BLE001 - a config that fails is a row, not the end of the run
-                row[f"error_{name}"] = (str(exc).splitlines() or [repr(exc)])[-1][:200]
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                    code=args.code, cubins=args.cubins, code_path=replayer.code_path,
-                    replayed=replayer.counts, occupancy_of=args.occupancy_of or None,
-                    occupancy=occ_replayer.occupancy if occ_replayer else None)  # fmt: skip
-        Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-    del sets
+                    row[f"us_{name}"] = round(do_bench(step, warmup=10, rep=50, return_mode="median") * 1e3, 2)
+                except Exception as exc:  # noqa: BLE001 - a config that fails is a row, not the end of the run
+                    row[f"error_{name}"] = (str(exc).splitlines() or [repr(exc)])[-1][:200]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                        code=args.code, cubins=args.cubins, code_path=replayer.code_path,
+                        replayed=replayer.counts, occupancy_of=args.occupancy_of or None,
+                        occupancy=occ_replayer.occupancy if occ_replayer else None)  # fmt: skip
+            Path(args.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+        del sets
+    del made
     torch.cuda.empty_cache()

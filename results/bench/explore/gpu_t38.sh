@@ -499,6 +499,22 @@ either)  # session 40: one call whatever card comes. An H200: `v32` (issue #17's
     tests-*)  # tests-native, tests-sm89, tests-both
         OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-540}" bash benchmarks/gpu-tests.sh "${EITHER_H100#tests-}" ${EITHER_TESTS_ARGS:-}
         exit ;;
+    dwide)  # the sm_90 window where the extra list is wide and mostly -1 (sglang's ratio-128 layers: width cap/128,
+        # ctx/128 live), from .gpu-cubins/dwide (decode_t38_configs.py --build-cubins ... --extra 8192, these configs)
+        bash benchmarks/gpu-setup.sh 2>&1 | tail -1
+        export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+        timeout 400 python3 results/bench/explore/decode_t38_configs.py --cubins .gpu-cubins/dwide \
+            --configs auto,gluon-sync,gluon-ws,32:32:4:1:1c,32:16:4:1:1c,64:16:4:2:2c \
+            --shapes 1x64,4x64,8x128,16x64,24x64,32x64,16x128 --extra 8192 --extra-valid 32,256,1024,4096 \
+            --only-t38 --code "$SHA" --out "$OUT/dwide.json" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except ValueError:
+        print(line.rstrip()); continue
+    print(r["B"], r["H"], r.get("extra_valid"), r["cfg"], r.get("us_t38", r.get("error_t38")))'
+        exit ;;
     esac
     bash benchmarks/gpu-setup.sh 2>&1 | tail -1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -285,11 +285,14 @@ def choose_config(info: dev.DeviceInfo, num_heads: int, rows: int = 1, topks: tu
 
 
 def _sm90_mma_tile(info: dev.DeviceInfo, num_heads: int, rows: int, topks: tuple[int, ...]) -> bool:
-    """Whether sm_90 takes the mma.sync targets' tiles: ``rows x 64-head blocks`` in :data:`SM90_MMA_BUSY`, unless the
-    Gluon tile's launch would warp-specialize there (``topks``: the index lists' widths; () = not known: no)."""
+    """Whether sm_90 takes the mma.sync targets' tiles: ``rows x 64-head blocks`` in :data:`SM90_MMA_BUSY`, unless
+    the tile they replace is the Gluon tile (from :data:`GLUON_SM90_MIN_BUSY` programs) and its launch would
+    warp-specialize there (``topks``: the index lists' widths; () = not known: it would not)."""
     busy64 = rows * triton.cdiv(num_heads, 64)
     if info.capability != (9, 0) or not any(lo <= busy64 <= hi for lo, hi in SM90_MMA_BUSY):
         return False
+    if busy64 < GLUON_SM90_MIN_BUSY or not gluon_sm90.available():
+        return True  # against the wgmma tiles the mma.sync ones were faster at every width measured
     gluon = DecodeConfig(64, 64, 8, 1, int_dequant=True, gluon=True)
     tiles = sum(triton.cdiv(t, gluon.block_n) for t in topks)
     splits = choose_num_splits(rows, triton.cdiv(num_heads, 64), tiles, info.num_sms * resident_programs(gluon, info))
