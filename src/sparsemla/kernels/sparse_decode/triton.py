@@ -179,8 +179,9 @@ GLUON_SM90_MIN_BUSY = 8
 # 20.9; H=64 B=8 21.6 / 21.7), nor at 64 (H=128 B=32 40.8 / 52.2; H=64 B=64 45.3 / 53.1). Nor where the Gluon tile
 # would walk WS_MIN_TILES tiles a program and warp-specialize (_sm90_mma_tile): at 128 + 2048 indices (same machine
 # and cubins, decode_small_mma_native-h100-f4b2d33-x2048.json), mma / Gluon us: 16 programs (H=64 B=16) 49.1 / 42.0,
-# (H=128 B=8) 48.2 / 38.8, 24 (H=64 B=24) 68.7 / 52.2, 32 (H=64 B=32) 78.6 / 58.6, (H=128 B=16) 77.6 / 51.5; there
-# 1-4 programs keep the mma tiles (H=64 B=1 18.2 / 18.9, B=4 24.7 / 25.4; H=128 B=1 19.8 / 20.0).
+# (H=128 B=8) 48.2 / 38.8, 24 (H=64 B=24) 68.7 / 52.2, 32 (H=64 B=32) 78.6 / 58.6, (H=128 B=16) 77.6 / 51.5. Below
+# 8 programs the tile they replace is the wgmma V-halves one, slower at both widths (2048: H=64 B=1 18.2 against
+# 18.7 us, B=4 24.7 against 27.1; H=128 B=1 19.8 against 21.1): there the window holds at any width.
 SM90_MMA_BUSY = ((1, 4), (16, 32))
 
 
