@@ -181,7 +181,12 @@ GLUON_SM90_MIN_BUSY = 8
 # and cubins, decode_small_mma_native-h100-f4b2d33-x2048.json), mma / Gluon us: 16 programs (H=64 B=16) 49.1 / 42.0,
 # (H=128 B=8) 48.2 / 38.8, 24 (H=64 B=24) 68.7 / 52.2, 32 (H=64 B=32) 78.6 / 58.6, (H=128 B=16) 77.6 / 51.5. Below
 # 8 programs the tile they replace is the wgmma V-halves one, slower at both widths (2048: H=64 B=1 18.2 against
-# 18.7 us, B=4 24.7 against 27.1; H=128 B=1 19.8 against 21.1): there the window holds at any width.
+# 18.7 us, B=4 24.7 against 27.1; H=128 B=1 19.8 against 21.1): there the window holds at any width. The widths
+# decide, not the live lengths (graph-safe). sglang's ratio-128 layers pass a list of cap / 128 slots with ctx / 128
+# live; at 128 + 8192 slots (results/bench/explore/decode_wide_extra_native-h100-9b57743.json), 16-32 programs, the
+# window would be faster at 32-256 live (H=64 B=16 18.7 / 25.6 us, B=32 20.9 / 26.9), mixed at 1,024 (34.5 / 36.5,
+# 49.2 / 45.7), the Gluon tile far faster at 4,096 (79.6 / 60.0, 142.1 / 87.1; H=128 B=8 77.9 / 52.1): kept on the
+# Gluon tile, whose losses are a few us a layer where its gains are tens.
 SM90_MMA_BUSY = ((1, 4), (16, 32))
 
 
