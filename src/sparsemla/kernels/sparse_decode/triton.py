@@ -299,10 +299,14 @@ def _sm90_mma_tile(info: dev.DeviceInfo, num_heads: int, rows: int, topks: tuple
         return False
     if busy64 < GLUON_SM90_MIN_BUSY or not gluon_sm90.available():
         return True  # against the wgmma tiles the mma.sync ones were faster at every width measured
-    gluon = DecodeConfig(64, 64, 8, 1, int_dequant=True, gluon=True)
-    tiles = sum(triton.cdiv(t, gluon.block_n) for t in topks)
-    splits = choose_num_splits(rows, triton.cdiv(num_heads, 64), tiles, info.num_sms * resident_programs(gluon, info))
+    gluon = _gluon_tile(busy64)
+    tiles, splits = launch_splits(gluon, info, rows, num_heads, topks)
     return not warp_specialize_default(gluon, triton.cdiv(tiles, splits))
+
+
+def _gluon_tile(busy: int) -> DecodeConfig:
+    """sm_90's Gluon tile for ``busy`` programs of 64 heads (bf16 partials from 16)."""
+    return DecodeConfig(64, 64, 8, 1, partial_bf16=busy >= 16, int_dequant=True, gluon=True)
 
 
 def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1, topks: tuple[int, ...] = ()) -> DecodeConfig:
@@ -352,7 +356,7 @@ def choose_tiles(info: dev.DeviceInfo, num_heads: int, rows: int = 1, topks: tup
         return big
     busy = rows * triton.cdiv(num_heads, 64)
     if busy >= GLUON_SM90_MIN_BUSY and info.capability == (9, 0) and gluon_sm90.available():
-        return DecodeConfig(64, 64, 8, 1, partial_bf16=busy >= 16, int_dequant=True, gluon=True)
+        return _gluon_tile(busy)
     if busy >= 8:
         # sm_100 (tcgen05): the 64-token tile spilled 304 B per thread there (ahead of time), 32 tokens 160 B
         block_n = 32 if info.capability[0] == 10 else 64
@@ -404,6 +408,17 @@ def resident_programs(cfg: DecodeConfig, info: dev.DeviceInfo) -> int:
     else:
         regs = SMALL_TILE_REGS.get(info.capability, 128) if cfg.num_warps == 4 else 128
     return max(1, min(dev.resident_blocks(info, shared, threads), 65_536 // (threads * regs)))
+
+
+def launch_splits(
+    cfg: DecodeConfig, info: dev.DeviceInfo, rows: int, heads: int, topks: tuple[int, ...], override: int | str = "auto"
+) -> tuple[int, int]:
+    """``(max_tiles, splits)`` of a launch of ``cfg`` on ``info``: the tiles of a row's index lists (widths ``topks``)
+    and the split count that spreads them (:func:`choose_num_splits` over the SMs x :func:`resident_programs`)."""
+    max_tiles = sum(triton.cdiv(t, cfg.block_n) for t in topks)
+    slots = info.num_sms * resident_programs(cfg, info)
+    head_blocks = triton.cdiv(heads, cfg.block_h) * cfg.dv_split
+    return max_tiles, choose_num_splits(rows, head_blocks, max_tiles, slots, override)
 
 
 def choose_num_splits(rows: int, head_blocks: int, max_tiles: int, slots: int, override: int | str = "auto") -> int:
@@ -986,9 +1001,7 @@ def sparse_decode_fwd(
     cfg = config or choose_config(info, heads, batch * s_q, (topk, topk_x))
     rows = batch * s_q
     head_blocks = triton.cdiv(heads, cfg.block_h)
-    max_tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(topk_x, cfg.block_n)
-    slots = info.num_sms * resident_programs(cfg, info)
-    splits = choose_num_splits(rows, head_blocks * cfg.dv_split, max_tiles, slots, num_splits)
+    max_tiles, splits = launch_splits(cfg, info, rows, heads, (topk, topk_x), num_splits)
     aligned = all(t.data_ptr() % 16 == 0 for t in (cache, cache_x)) and page_stride % 16 == 0
     aligned = aligned and page_stride_x % 16 == 0
 
@@ -1090,6 +1103,7 @@ __all__ = [
     "DecodeConfig",
     "choose_config",
     "choose_num_splits",
+    "launch_splits",
     "flops_and_bytes",
     "opaque_tile_default",
     "resident_programs",
