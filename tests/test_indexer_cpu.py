@@ -259,6 +259,26 @@ def test_topk_every_path_at_tile_edges(tri):
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
 
 
+@pytest.mark.parametrize("block", [256, 1024], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
+def test_topk_streaming_pieces_and_prefetch(tri, block, prefetch):
+    """Rows past a 1024-key register tile stream in ``block`` pieces, loaded in place or one piece ahead
+    (``prefetch``: the last piece's look-ahead lies past the row, fully masked), at lengths one past a piece, on a
+    piece's edge and between; both orders equal the reference and the -7 poison is gone."""
+    k = 512
+    lengths = [1025, 1279, 1280, 1536, 2048, 2049, 2600]
+    logits = _hard_rows(lengths, 2600, k, seed=block + prefetch)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    for ordered in (True, False):
+        out = torch.full((len(lengths), k), -7, dtype=torch.int32)
+        topk.indexer_topk_fwd(logits, lens, k, out=out, row_tiles=(1024, 1024), block=block, prefetch=prefetch,
+                              sorted=ordered)  # fmt: skip
+        ref = indexer_topk_reference(logits, lens, k)
+        if not ordered:
+            ref = ref.sort(dim=1).values  # every row is longer than k: no -1 padding
+        assert torch.equal(out, ref), (block, prefetch, ordered)
+
+
 @pytest.mark.parametrize("width", [4, 11, 12], ids=lambda w: f"{w}bit")
 def test_topk_digit_widths_on_hard_rows(tri, width):
     """Every digit width agrees with the reference on the rows built to break the search (ties, +-0.0, +-inf, all
@@ -476,6 +496,9 @@ def test_bad_inputs(tri):
     for bad in (dict(reg_span=3000), dict(reg_span=65536)):
         with pytest.raises(ValueError, match="reg_span must be"):
             topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **bad)
+    for block in (128, 3000, 32768):
+        with pytest.raises(ValueError, match=f"block must be a power of two in \\[256, 16384\\], got {block}"):
+            topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, block=block)
     for name, width in (("reg_bits", 7), ("bits", 9), ("stream_bits", 16)):
         with pytest.raises(ValueError, match=f"{name} must be one of .*got {width}"):
             topk.indexer_topk_fwd(torch.randn(1, 64), seq_lens, 512, **{name: width})

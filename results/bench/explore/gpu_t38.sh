@@ -64,6 +64,9 @@ DCFGOCC3_80_SHAPES=2x64,8x64,16x64,32x64,8x128,16x128
 # launch before it, forced (wide=False). The rounds that chose it (`coarse1` at 464c4ec..650bc78, the coarse-digit
 # and wide variants: topk_coarse1_ab*-native-h200.json) are concluded.
 WIDE_VARIANTS=default,narrow
+# session 41: streaming 8-warp participants (one wave at B = 64 x 64k) in 1k-4k pieces, with and without prefetch
+STREAMPF_VARIANTS=default,st4_b1024,st4_b1024_pf,st4_b2048_pf,st4_b4096_pf,st8_b2048_pf
+STREAMPF_SHAPES=64x65536,64x16384,32x65536,64x4096,8x65536
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # (`wide2` and `wide3`, the twenty-second session's candidates -- 16k rows in two 8k or four 4k register spans, 64k
 # rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,
@@ -480,6 +483,9 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
+build-streampf)  # the cubins of `streampf` (an EITHER_H100 mode of `either`)
+    ab_build "${1#build-}"
+    ;;
 build-wide)  # the cubins of `wide`
     ab_build "${1#build-}"
     ;;
@@ -492,12 +498,16 @@ fused)  # the fused logits + top-k launch from 3.8 cubins
 either)  # session 40: one call whatever card comes. An H200: `v32` (issue #17's formal run). An H100: EITHER_H100=
     # dsmall (default): the checks 4e90ede left (SM90_MMA_BUSY), its A/B at 128 + 2048 and 512 indices from
     # .gpu-cubins/dsmall, then the V4 decode GPU tests of the native path on Triton 3.6; tests-native|sm89|both: every
-    # GPU test in that code path (benchmarks/gpu-tests.sh, EITHER_TESTS_S a path)
+    # GPU test in that code path (benchmarks/gpu-tests.sh, EITHER_TESTS_S a path); streampf: the top-k A/B of
+    # session 41 (build-streampf first)
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec bash "$0" v32; fi
     case ${EITHER_H100:-dsmall} in
     tests-*)  # tests-native, tests-sm89, tests-both
         OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-540}" bash benchmarks/gpu-tests.sh "${EITHER_H100#tests-}" ${EITHER_TESTS_ARGS:-}
+        exit ;;
+    streampf)  # session 41: the top-k's streaming participants (STREAMPF_VARIANTS) from .gpu-cubins/streampf
+        ab_run streampf "topk_streampf_ab-native-$(gpu_tag).json" 400
         exit ;;
     dwide)  # the sm_90 window where the extra list is wide and mostly -1 (sglang's ratio-128 layers: width cap/128,
         # ctx/128 live), from .gpu-cubins/dwide (decode_t38_configs.py --build-cubins ... --extra 8192, these configs)

@@ -129,6 +129,17 @@ VARIANTS = {
     # the fused logits + top-k launch (fuse=True; the B = 1 4k target)
     "fused": (new, dict(_fused=True)),
 }
+# session 41: streaming participants of 8 warps with 4k solo tiles (64-80 registers a thread, ahead of time: three
+# programs an SM, so B = 64 x 64k runs in one wave where the 16k register spans take two), rows past 4k split into up
+# to 4 (`st4`) or 8 (`st8`) spans, each pass in `block` pieces loaded in place or one piece ahead (`pf`)
+for _s in (4, 8):
+    for _b in (1024, 2048, 4096):
+        for _pf in (False, True):
+            VARIANTS[f"st{_s}_b{_b}{'_pf' if _pf else ''}"] = (
+                new,
+                dict(splits=_s, span=4096, reg_span=0, split_row=4096, row_tiles=(4096, 4096), filter_tiles=(0, 0),
+                     block=_b, prefetch=_pf),
+            )  # fmt: skip
 CAP = 65536
 WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}

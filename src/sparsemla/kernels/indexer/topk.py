@@ -125,6 +125,9 @@ RADIX_BITS_WIDE_K = 8
 WIDE_DIGIT_BITS = 8
 STREAM_BITS = 8
 RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
+# Streaming loops (passes over a row or span in _topk_block pieces) issue each piece's loads one step ahead
+# (_stream_piece) when set; off by default until measured (``prefetch`` of indexer_topk_fwd turns it on per launch).
+STREAM_PREFETCH = False
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -191,6 +194,34 @@ def _pick_bin(hist, k_rem, BIG: tl.constexpr):
 
 
 @triton.jit
+def _stream_first(src_ptr, lo, hi, BLOCK: tl.constexpr, FROM_L2: tl.constexpr, PREFETCH: tl.constexpr):
+    """The first piece ``src_ptr[lo:lo + BLOCK]`` (masked at ``hi``) of a streaming loop with ``PREFETCH``, loaded
+    before the loop starts; else a placeholder the loop never reads."""
+    if PREFETCH:
+        offs = lo + tl.arange(0, BLOCK)
+        ahead = _load_row(src_ptr + offs, offs < hi, FROM_L2)  # [BLOCK]
+    else:
+        ahead = tl.zeros([BLOCK], dtype=tl.float32)
+    return ahead
+
+
+@triton.jit
+def _stream_piece(src_ptr, offs, m, hi, ahead, BLOCK: tl.constexpr, FROM_L2: tl.constexpr, PREFETCH: tl.constexpr):
+    """One step of a streaming loop over ``src_ptr`` in ``BLOCK`` pieces: returns this piece's fp32 values
+    (positions ``offs``, mask ``m``) and what the next step takes as ``ahead``. With ``PREFETCH`` this piece was
+    loaded one step earlier (``ahead``) and the next one's loads are issued now, so their latency overlaps this
+    piece's work instead of stalling the next step (Triton does not software-pipeline loads that feed no dot);
+    the piece past ``hi`` is fully masked (no memory traffic). Costs ``BLOCK`` / threads registers more."""
+    if PREFETCH:
+        v = ahead
+        nxt = offs + BLOCK
+        ahead = _load_row(src_ptr + nxt, nxt < hi, FROM_L2)  # [BLOCK] the next piece
+    else:
+        v = _load_row(src_ptr + offs, m, FROM_L2)  # [BLOCK]
+    return v, ahead
+
+
+@triton.jit
 def _span_digit_histogram(
     src_ptr,
     lo,
@@ -201,16 +232,20 @@ def _span_digit_histogram(
     NB: tl.constexpr,
     BLOCK: tl.constexpr,
     FROM_L2: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """[NB] histogram of the digit ``bits [SHIFT, TOP)`` of the sign-flipped order keys of ``src_ptr[lo:hi]``
-    (streamed in ``BLOCK`` pieces), counting only keys whose bits at and above ``TOP`` equal ``prefix``'s (all keys
-    when ``TOP`` is 32). The streaming counterpart of one pass of :func:`_radix_threshold`."""
+    (streamed in ``BLOCK`` pieces; ``PREFETCH``: each piece's loads issued one step ahead, see
+    :func:`_stream_piece`), counting only keys whose bits at and above ``TOP`` equal ``prefix``'s (all keys when
+    ``TOP`` is 32). The streaming counterpart of one pass of :func:`_radix_threshold`."""
     o_b = tl.arange(0, BLOCK)
     hist = tl.zeros([NB], dtype=tl.int32)
+    ahead = _stream_first(src_ptr, lo, hi, BLOCK, FROM_L2, PREFETCH)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
-        ukey = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) ^ (-2147483647 - 1)  # [BLOCK]
+        v, ahead = _stream_piece(src_ptr, offs, m, hi, ahead, BLOCK, FROM_L2, PREFETCH)
+        ukey = _order_key(v) ^ (-2147483647 - 1)  # [BLOCK]
         if TOP < 32:
             m = m & ((ukey >> TOP) == (prefix >> TOP))
         hist += tl.histogram((ukey >> SHIFT) & (NB - 1), NB, mask=m)
@@ -246,6 +281,7 @@ def _radix_threshold(
     BLOCK: tl.constexpr,
     FROM_L2: tl.constexpr,
     COUNTS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
     them) for the ``K``-th largest: returns ``(prefix, low, k_rem, phase)``, the threshold's flipped bits above
@@ -259,7 +295,7 @@ def _radix_threshold(
     participant takes the same decisions; otherwise those arguments are unused.
 
     ``BLOCK > 0`` (streaming): the keys are not in registers (``ukey`` and ``valid`` unused); each pass streams
-    ``src_ptr[lo:hi]`` in ``BLOCK`` pieces (:func:`_span_digit_histogram`).
+    ``src_ptr[lo:hi]`` in ``BLOCK`` pieces (:func:`_span_digit_histogram`, ``PREFETCH``: loads one piece ahead).
 
     ``COUNTS``: also returns ``(n_above, n_in)``, how many of *these* keys (this participant's, before any merge)
     lie above the threshold's settled bits and how many share them, read off each pass's own histogram (a key above
@@ -284,7 +320,8 @@ def _radix_threshold(
             # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
             # below sets them again
             if BLOCK > 0:
-                hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2)  # [NB]
+                hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2,
+                                             PREFETCH)  # fmt: skip  # [NB]
             else:
                 if p == 0:
                     m = valid
@@ -458,23 +495,33 @@ def _select_filtered(
 
 @triton.jit
 def _select_streaming(
-    src_ptr, length, idx_out_ptr, K: tl.constexpr, BLOCK: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
+    src_ptr,
+    length,
+    idx_out_ptr,
+    K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FROM_L2: tl.constexpr,
+    BITS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Same contract as :func:`_select_in_registers` for rows of any length: the radix search of
     :func:`_radix_threshold` with ``BITS``-bit digits (early stop), each pass streaming the row in ``BLOCK`` pieces,
-    then one compaction pass."""
+    then one compaction pass (``PREFETCH``: loads one piece ahead, :func:`_stream_piece`)."""
     zero = length * 0
     prefix, low, k_rem, _, _, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
-                                                   src_ptr, zero, length, BLOCK, FROM_L2, False)  # fmt: skip
+                                                   src_ptr, zero, length, BLOCK, FROM_L2, False,
+                                                   PREFETCH)  # fmt: skip
     # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
     n_sel = zero
     n_eq = zero
+    ahead = _stream_first(src_ptr, zero, length, BLOCK, FROM_L2, PREFETCH)
     for start in range(0, length, BLOCK):
         offs = start + o_b
         m = offs < length
-        hk = _order_key(_load_row(src_ptr + offs, m, FROM_L2)) >> low  # [BLOCK]
+        v, ahead = _stream_piece(src_ptr, offs, m, length, ahead, BLOCK, FROM_L2, PREFETCH)
+        hk = _order_key(v) >> low  # [BLOCK]
         gt = (m & (hk > thr)).to(tl.int32)
         eq = (m & (hk == thr)).to(tl.int32)
         eq_rank = n_eq + tl.cumsum(eq, axis=0) - eq
@@ -547,17 +594,18 @@ def _topk_row(
     UNROLL: tl.constexpr,
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
     The selection path is chosen per row on the device: ``length <= K`` needs none, ``length <= ROW_SMALL`` and
     ``length <= ROW_MAX`` hold the row in registers (two register tiles so a short row does not pay for a long tile),
     longer rows (compiled only with ``STREAM``) take the two-pass filter of :func:`_select_filtered` when ``GROUPS``
-    (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits) when it is 0 or the candidates
-    overflow it; ``BITS``: the digits of the register searches. ``idx_out_ptr`` [K]
-    int32 receives positions (it is also the
-    selection's scratch, so it is always written); with ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives
-    ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``. Order: see :func:`_finish_row`."""
+    (``cand_ptr`` [CANDS] int32 scratch) and stream (``STREAM_BITS``-bit digits, ``PREFETCH`` see
+    :func:`_stream_piece`) when it is 0 or the candidates overflow it; ``BITS``: the digits of the register searches.
+    ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's scratch, so it is always written); with
+    ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``.
+    Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
             _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
@@ -572,7 +620,7 @@ def _topk_row(
                         src_ptr, length, idx_out_ptr, cand_ptr, K, GROUPS, CANDS, UNROLL, FROM_L2, BITS
                     )
                 if done == 0:
-                    _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS)
+                    _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS, PREFETCH)
         tl.debug_barrier()
     _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
                 FROM_L2)  # fmt: skip
@@ -621,9 +669,11 @@ def _select_split(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
+    PREFETCH: tl.constexpr = False,
 ):
     """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
-    search of :func:`_radix_threshold` (``BITS``-bit digits, early stop), each pass streaming its span, with the row's
+    search of :func:`_radix_threshold` (``BITS``-bit digits, early stop), each pass streaming its span (``PREFETCH``:
+    loads one ``BLOCK`` piece ahead, :func:`_stream_piece`), with the row's
     histogram merged through ``hist_ptr`` [passes, 2 ** BITS] int32 and ``bar_ptr``; then its span's winners go to
     their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]).
     Returns the barrier phases used, ``phase0`` (those already used at the row's counter) included."""
@@ -631,17 +681,19 @@ def _select_split(
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, src_ptr, lo, hi, BLOCK, False,
-                                                             True)  # fmt: skip
+                                                             True, PREFETCH)  # fmt: skip
     # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
     # so each span knows where its winners go
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    ahead = _stream_first(src_ptr, lo, hi, BLOCK, False, PREFETCH)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
         m = offs < hi
-        hk = _order_key(_load_row(src_ptr + offs, m, False)) >> low  # [BLOCK]
+        v, ahead = _stream_piece(src_ptr, offs, m, hi, ahead, BLOCK, False, PREFETCH)
+        hk = _order_key(v) >> low  # [BLOCK]
         gt = (m & (hk > thr)).to(tl.int32)
         eq = (m & (hk == thr)).to(tl.int32)
         eq_rank = eq_before + tl.cumsum(eq, axis=0) - eq  # ties before this one in the row
@@ -797,6 +849,7 @@ def _indexer_topk_kernel(
     SPLIT_ROW: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -826,10 +879,11 @@ def _indexer_topk_kernel(
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS,
+                          PREFETCH)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, PREFETCH)  # fmt: skip
     elif (part >= 0) & (part < n_part):
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -855,7 +909,7 @@ def _indexer_topk_kernel(
                                                     REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
-                                      STREAM_BITS, HIST_REGION, phase)  # fmt: skip
+                                      STREAM_BITS, HIST_REGION, phase, PREFETCH)  # fmt: skip
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
@@ -1107,6 +1161,8 @@ def indexer_topk_fwd(
     bits: int | None = None,
     stream_bits: int | None = None,
     wide: bool | None = None,
+    block: int | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1119,8 +1175,9 @@ def indexer_topk_fwd(
     the span tile of :data:`SPLIT_REG_TILE` / :data:`SPLIT_REG_BITS` (``reg_span=0``: split spans always stream),
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
-    (:data:`STREAM_BITS`) and ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`);
-    tests and sweeps use these to reach every path."""
+    (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
+    ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
+    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1169,6 +1226,10 @@ def indexer_topk_fwd(
                                              filter_tiles, launch.wide)  # fmt: skip
     bits = radix_bits(k, groups) if bits is None else bits
     _check_bits(bits=bits, reg_bits=reg_bits, stream_bits=stream_bits)
+    block = _topk_block(k) if block is None else block
+    if block < 256 or block > 16384 or block & (block - 1):
+        raise ValueError(f"block must be a power of two in [256, 16384], got {block}")
+    prefetch = STREAM_PREFETCH if prefetch is None else bool(prefetch)
     region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
@@ -1190,7 +1251,7 @@ def indexer_topk_fwd(
         logits.shape[1],
         rows,
         K=k,
-        BLOCK=_topk_block(k),
+        BLOCK=block,
         ROW_SMALL=row_small,
         ROW_MAX=row_max,
         STREAM=stream,
@@ -1209,6 +1270,7 @@ def indexer_topk_fwd(
         SPLIT_ROW=launch.split_row if split_row is None else max(split_row, 0),
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
+        PREFETCH=prefetch,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
