@@ -259,8 +259,10 @@ def test_topk_every_path_at_tile_edges(tri):
     assert torch.equal(out, indexer_topk_reference(logits, lens, k))
 
 
-@pytest.mark.parametrize("block", [256, 1024], ids=lambda b: f"block{b}")
-@pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
+@pytest.mark.parametrize(
+    ("block", "prefetch"), [(256, False), (256, True), (1024, True)], ids=["block256", "block256-prefetch",
+                                                                          "block1024-prefetch"]
+)  # fmt: skip
 def test_topk_streaming_pieces_and_prefetch(tri, block, prefetch):
     """Rows past a 1024-key register tile stream in ``block`` pieces, loaded in place or one piece ahead
     (``prefetch``: the last piece's look-ahead lies past the row, fully masked), at lengths one past a piece, on a
