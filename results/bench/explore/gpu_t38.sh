@@ -67,6 +67,10 @@ WIDE_VARIANTS=default,narrow
 # session 41: streaming 8-warp participants (one wave at B = 64 x 64k) in 1k-4k pieces, with and without prefetch
 STREAMPF_VARIANTS=default,st4_b1024,st4_b1024_pf,st4_b2048_pf,st4_b4096_pf,st8_b2048_pf
 STREAMPF_SHAPES=64x65536,64x16384,32x65536,64x4096,8x65536
+# then the same look-ahead in the launches that stream by default: k = 1024 spans (never held in registers)
+STREAMPF2_VARIANTS=default,spf,spf_b2048
+STREAMPF2_SHAPES=8x65536,64x65536,64x16384,1x65536
+STREAMPF2_KS=1024
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # (`wide2` and `wide3`, the twenty-second session's candidates -- 16k rows in two 8k or four 4k register spans, 64k
 # rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,
@@ -132,10 +136,10 @@ FUSED_SHAPES=1x4096,8x4096
 # (the `coarse` mode, the coarse-digit A/B, ran at bec8b17: topk_coarse_ab-native-h200.json; the selection lost and
 # was removed)
 
-ab_build() {  # NAME: the cubins of the top-k A/B NAME (its ${NAME^^}_VARIANTS x _SHAPES) into .gpu-cubins/NAME
-    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES"
+ab_build() {  # NAME: the cubins of the top-k A/B NAME (its ${NAME^^}_VARIANTS x _SHAPES x _KS) into .gpu-cubins/NAME
+    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES" ks="${1^^}_KS"
     PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --build-cubins ".gpu-cubins/$1" \
-        --ks 512,2048 --variants "${!variants}" --shapes "${!shapes}"
+        --ks "${!ks:-512,2048}" --variants "${!variants}" --shapes "${!shapes}"
 }
 occ_build() {  # VAR TARGET: the cubins of the decode configs ${VAR} x ${VAR}_SHAPES (sm_89 path, TARGET's launches)
     local shapes="${1}_SHAPES"
@@ -153,10 +157,10 @@ occ_run() {  # VAR TARGET JSON LIMIT_S: those configs in the sm_89 path at the H
 }
 ab_run() {  # NAME JSON LIMIT_S: that A/B from its cubins on the device machine, every output checked against torch.topk
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
-    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES"
+    local variants="${1^^}_VARIANTS" shapes="${1^^}_SHAPES" ks="${1^^}_KS"
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-    timeout "$3" python3 results/bench/explore/topk_split_regs_ab.py --cubins ".gpu-cubins/$1" --ks 512,2048 \
+    timeout "$3" python3 results/bench/explore/topk_split_regs_ab.py --cubins ".gpu-cubins/$1" --ks "${!ks:-512,2048}" \
         --variants "${!variants}" --shapes "${!shapes}" --code "$SHA" --out "$OUT/$2" | cut -c1-200
 }
 
@@ -483,7 +487,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf)  # the cubins of `streampf` (an EITHER_H100 mode of `either`)
+build-streampf|build-streampf2)  # the cubins of `streampf` / `streampf2` (EITHER_H100 modes of `either`)
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -508,6 +512,9 @@ either)  # session 40: one call whatever card comes. An H200: `v32` (issue #17's
         exit ;;
     streampf)  # session 41: the top-k's streaming participants (STREAMPF_VARIANTS) from .gpu-cubins/streampf
         ab_run streampf "topk_streampf_ab-native-$(gpu_tag).json" 400
+        exit ;;
+    streampf2)  # session 41: the look-ahead in the default launches' streaming spans (k = 1024), .gpu-cubins/streampf2
+        ab_run streampf2 "topk_streampf2_ab-native-$(gpu_tag).json" 200
         exit ;;
     dwide)  # the sm_90 window where the extra list is wide and mostly -1 (sglang's ratio-128 layers: width cap/128,
         # ctx/128 live), from .gpu-cubins/dwide (decode_t38_configs.py --build-cubins ... --extra 8192, these configs)

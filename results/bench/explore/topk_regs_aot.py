@@ -144,8 +144,8 @@ def main() -> None:
                     ws = torch.empty(1 << 20, dtype=torch.int32)
                     idx = torch.empty(64, k, dtype=torch.int32)
                     kw = dict(K=k, TILE=tile, SPLITS=65536 // tile, BITS=8, HIST_REGION=1024, PART=part)
-                    _participant_kernel[(64 * 65536 // tile,)](src, ws, idx, 65536, 64, 65536 // tile, **kw, num_warps=warps,
-                                                               maxnreg=cap)  # fmt: skip
+                    _participant_kernel[(64 * 65536 // tile,)](src, ws, idx, 65536, 64, 65536 // tile, **kw,
+                                                               num_warps=warps, maxnreg=cap)  # fmt: skip
 
                 regs, spilled = compiled(call)
                 add(dict(what=f"participant {name}", k=k, tile=tile, warps=warps, keys_per_thread=tile // (32 * warps),
