@@ -1,18 +1,19 @@
 """The plugin reports, and serves with, only what sglang actually applied; a flag it cannot honour stops startup.
 
 Every case runs sglang 0.5.23's real ``load_plugins()`` in a fresh process (it runs once per process, and the hooks it
-applies are process-wide), with the flags set in that process's environment. A case changes the plugin before
-sglang loads it (an extra hook row, a failing step, another sglang version) and reports the exit status, stderr and
-the ``sparsemla_kernel_flags_info`` series that the process exported.
+applies are process-wide), with the flags set in that process's environment: a child forked from one parent that has
+imported ``sglang.srt.plugins`` and nothing else (tests/sglang_fork.py; it saves each case ~8 s of that import). A
+case changes the plugin before sglang loads it (an extra hook row, a failing step, another sglang version) and reports
+the exit status, stderr and the ``sparsemla_kernel_flags_info`` series that the process exported.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from sglang_fork import ForkingSglang
 
 from sparsemla import flags, variant
 
@@ -48,15 +49,22 @@ sp.HOOKS = (*sp.HOOKS, dataclasses.replace(base, name="ghost", target=base.targe
 """
 
 
+BASE = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch", **ALL_OFF}
+_FORKS: list[ForkingSglang] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forking_sglang():
+    forks = ForkingSglang(flags.child_env(BASE))
+    _FORKS.append(forks)
+    yield
+    _FORKS.remove(forks)
+    forks.close()
+
+
 def _load(setup: str, env: dict[str, str | None]) -> tuple[subprocess.CompletedProcess, dict]:
     code = _PRELUDE + setup + _LOAD_AND_REPORT
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        env=flags.child_env({"SGLANG_SM120_FLASHMLA_BACKEND": "torch", **ALL_OFF, **env}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _FORKS[0].run(code, flags.child_env({**BASE, **env}))
     reports = [ln.removeprefix("REPORT ") for ln in res.stdout.splitlines() if ln.startswith("REPORT ")]
     return res, json.loads(reports[-1]) if reports else {}
 
