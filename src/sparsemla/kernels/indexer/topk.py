@@ -128,8 +128,9 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # Streaming loops (passes over a row or span in _topk_block pieces) issue each piece's loads one step ahead
 # (_stream_piece) when set (``prefetch`` of indexer_topk_fwd: per launch). H100, 3.8 cubins, graph replay
 # (results/bench/explore/topk_streampf_ab-native-h100-c6c9131.json): 4-25 % faster in every row of 8-warp launches
-# with streamed spans (B = 8 x 64k, k = 512: 42.2 -> 33.7 us), none of which the launcher chooses; its own streamed
-# spans (k = 1024) and streamed one-program rows are not measured yet, so off by default.
+# with streamed spans (B = 8 x 64k, k = 512: 42.2 -> 33.7 us), none of which the launcher chooses. In the streamed
+# spans it does choose (k = 1024; topk_streampf2_ab-native-h100-3a51a61.json) 2-3 % faster at 1k spans and 4 % slower
+# at B = 64 x 64k: off by default.
 STREAM_PREFETCH = False
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
