@@ -4,9 +4,9 @@
 # ahead-of-time compile behind tests/test_aot.py (tests/aot_background.py: two children, ~1,000 CPU-seconds with a cold
 # Triton cache) fills the other core for the first ~17 and then leaves it idle.
 #
-#   lane 1, at `nice` 10 beside the compile: tests/test_aot.py (its children start with this lane), the two test
-#           files that run sglang's real load_plugins() in fresh processes (once per case) and the threaded top-k
-#           interpreter runs (~160 s), which time nothing, so the two cores end at about the same time;
+#   lane 1, at `nice` 10 beside the compile: tests/test_aot.py (its children start with this lane) and the two test
+#           files that spend ~220 s importing sglang in fresh processes (the real load_plugins(), once per case), which
+#           time nothing, so the two cores end at about the same time;
 #   lane 2: everything else at normal priority, printed as it runs: the end-to-end tests whose points, scrapes and
 #           deadlines are timed (simulator, Locust, Prometheus, the demo) keep the CPU they had beside the niced
 #           compile before.
@@ -20,7 +20,7 @@ py=${1:?usage: $0 PYTHON [pytest args]}; shift
 mark="not gpu and not containers"
 
 # Every other test file runs in lane 2.
-lane1=(tests/test_aot.py tests/test_reliability_plugin.py tests/test_dsa_v32_contract.py tests/test_topk_split_threads.py)
+lane1=(tests/test_aot.py tests/test_reliability_plugin.py tests/test_dsa_v32_contract.py)
 
 if [ "$(nproc)" -lt 2 ] || [ "${SPARSEMLA_TEST_ONE_LANE:-0}" = 1 ]; then
     exec "$py" -m pytest -m "$mark" "$@"
