@@ -7,7 +7,8 @@ process where it never ran (it runs once per process and its hooks are process-w
 nothing of this project (the import starts no thread, configures no logging and reads none of our flags), so a child is
 the fresh process the case asked for, with that import already done: its environment is replaced by the case's before
 the code runs; its stdout and stderr go to files; the exit status follows Python's rules (``SystemExit``'s code, a
-message printed and 1, a traceback and 1), after the ``atexit`` functions ran, as at a normal interpreter exit.
+message printed and 1, a traceback and 1), after the non-daemon threads ended and the ``atexit`` functions ran, as at
+a normal interpreter exit.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def run_child(req):
     except BaseException:
         traceback.print_exc()
         status = 1
+    import threading
+    threading._shutdown()  # as at interpreter exit: wait for the non-daemon threads, then the atexit functions
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

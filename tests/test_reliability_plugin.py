@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 from sglang_fork import ForkingSglang
@@ -208,3 +209,23 @@ del selfcheck._CHECKS["sparsemla.kernels.indexer.sglang_compat:topk_transform_pa
     assert "no startup self-check for sparsemla.kernels.indexer.sglang_compat:topk_transform_paged" in last, last
     off, _ = _load(setup, {"SPARSEMLA_TRITON_INDEXER": "1", "SPARSEMLA_SELF_CHECK": "0"})
     assert off.returncode == 0, off.stderr[-3000:]
+
+
+# -- the forked child behaves as `python -c` -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param("print('out'); import sys; print('err', file=sys.stderr)", id="clean-exit"),
+        pytest.param("import sys; sys.exit(3)", id="exit-status"),
+        pytest.param("raise SystemExit('sparsemla: stop')", id="exit-message"),
+        pytest.param("raise ValueError('boom')", id="uncaught-exception"),
+        pytest.param("import atexit; atexit.register(print, 'at exit')", id="atexit"),
+        pytest.param("from sparsemla import flags; print(flags.SPARSEMLA_MMA_DECODE.get())", id="flag-from-env"),
+    ],
+)
+def test_a_forked_case_exits_and_prints_as_a_new_interpreter_would(code):
+    env = flags.child_env({**BASE, "SPARSEMLA_MMA_DECODE": "1"})
+    want = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    got = _FORKS[0].run(code, env)
+    assert (got.returncode, got.stdout) == (want.returncode, want.stdout)
+    assert got.stderr.strip().splitlines()[-1:] == want.stderr.strip().splitlines()[-1:]
