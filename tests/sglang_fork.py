@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 _PARENT = r"""
-import json, os, sys
+import atexit, json, os, sys, threading, traceback
 import sglang.srt.plugins  # noqa: F401 - the import every case shares
 
 def run_child(req):
@@ -34,7 +34,6 @@ def run_child(req):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     os.environ.clear()
     os.environ.update(req["env"])
-    import atexit, traceback
     status = 0
     try:
         exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -49,7 +48,6 @@ def run_child(req):
     except BaseException:
         traceback.print_exc()
         status = 1
-    import threading
     threading._shutdown()  # as at interpreter exit: wait for the non-daemon threads, then the atexit functions
     atexit._run_exitfuncs()
     sys.stdout.flush()
