@@ -142,8 +142,8 @@ EDITS = [
 ]
 
 
-def traced_source() -> str:
-    text = SRC.read_text()
+def traced_source(src: Path = SRC) -> str:
+    text = src.read_text()
     for anchor, new in EDITS:
         n = text.count(anchor)
         if n != 1:
@@ -157,9 +157,9 @@ def traced_source() -> str:
     return text
 
 
-def load_traced():
+def load_traced(src: Path = SRC):
     path = Path(tempfile.mkdtemp()) / "topk_traced.py"
-    path.write_text(traced_source())
+    path.write_text(traced_source(src))
     spec = importlib.util.spec_from_file_location("topk_traced", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its frozen dataclasses look their module up while it executes
@@ -223,10 +223,11 @@ def main() -> None:
     p.add_argument("--ks", default="512,2048")
     p.add_argument("--code", default="")
     p.add_argument("--out", default="")
+    p.add_argument("--src", default=str(SRC), help="the topk.py to trace (a saved copy: the cubins' source)")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
-    mod = load_traced()
+    mod = load_traced(Path(args.src))
     if args.build_cubins:
         from benchmarks import prod_cubins
 
