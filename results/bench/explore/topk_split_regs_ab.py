@@ -140,6 +140,8 @@ for _s in (4, 8):
                 dict(splits=_s, span=4096, reg_span=0, split_row=4096, row_tiles=(4096, 4096), filter_tiles=(0, 0),
                      block=_b, prefetch=_pf),
             )  # fmt: skip
+# session 43: split rows' histograms merged through per-participant slabs (no count exchange after the search)
+VARIANTS["slabs"] = (new, dict(slabs=True))
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 CAP = 65536

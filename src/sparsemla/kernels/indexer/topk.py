@@ -132,6 +132,12 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spans it does choose (k = 1024; topk_streampf2_ab-native-h100-3a51a61.json) 2-3 % faster at 1k spans and 4 % slower
 # at B = 64 x 64k: off by default.
 STREAM_PREFETCH = False
+# Split rows merge each radix pass's histogram either by int32 atomics into one histogram per row, then exchange the
+# spans' winner counts after the search (one more barrier), or (SPLIT_SLABS, at most SPLIT_SLABS_MAX participants per
+# row) through per-participant slabs: each writes its histogram to its own slab, each reads all of them after the
+# pass's barrier, and the slabs before its own give where its winners start, so no exchange barrier is needed.
+SPLIT_SLABS = False
+SPLIT_SLABS_MAX = 8
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -267,6 +273,23 @@ def _merge_histogram(hist, hist_ptr, bar_ptr, target, NB: tl.constexpr):
 
 
 @triton.jit
+def _merge_slabs(hist, slab_ptr, part, n_part, bar_ptr, target, NB: tl.constexpr, SLABS: tl.constexpr):
+    """Split rows, :func:`_merge_histogram` without atomics: this participant's ``hist`` [NB] goes to its own slab
+    ``slab_ptr[part]`` of ``[SLABS, NB]`` (plain stores, every bin: nothing to zero first), then after ``target``
+    arrivals at ``bar_ptr`` every participant reads all ``n_part`` slabs. Returns the row's merged histogram [NB] and
+    the sum of the slabs before ``part`` [NB] (the earlier spans' counts per bin: where this span's winners start,
+    with no exchange of counts after the search)."""
+    o_bin = tl.arange(0, NB)
+    tl.store(slab_ptr + part * NB + o_bin, hist)
+    _arrive_and_wait(bar_ptr, target)
+    o_s = tl.arange(0, SLABS)
+    slabs = tl.load(slab_ptr + o_s[:, None] * NB + o_bin[None, :], mask=(o_s < n_part)[:, None], other=0,
+                    cache_modifier=".cg")  # fmt: skip  # [SLABS, NB]
+    earlier = tl.sum(tl.where((o_s < part)[:, None], slabs, 0), axis=0)  # [NB]
+    return tl.sum(slabs, axis=0), earlier
+
+
+@triton.jit
 def _radix_threshold(
     ukey,
     valid,
@@ -285,6 +308,8 @@ def _radix_threshold(
     BLOCK: tl.constexpr,
     FROM_L2: tl.constexpr,
     COUNTS: tl.constexpr,
+    part,
+    SLABS: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
@@ -305,6 +330,10 @@ def _radix_threshold(
     lie above the threshold's settled bits and how many share them, read off each pass's own histogram (a key above
     the threshold is counted in the pass where its digit first exceeds the chosen one) -- what a split participant
     needs to place its winners, without another pass over its keys. Else both are 0.
+
+    ``SLABS > 0`` (with ``MERGE``): the histograms are merged through per-participant slabs (:func:`_merge_slabs`,
+    ``hist_ptr`` [passes, SLABS, 2 ** BITS]) instead of atomics, and ``COUNTS`` returns the same two counts for the
+    keys of the participants before ``part`` (read off their slabs): this participant's winners start after them.
 
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
@@ -336,7 +365,11 @@ def _radix_threshold(
             own = hist  # [NB] these keys' own counts
             if MERGE:
                 phase += 1
-                hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
+                if SLABS > 0:
+                    hist, own = _merge_slabs(hist, hist_ptr + p * (SLABS * NB), part, n_part, bar_ptr, phase * n_part,
+                                             NB, SLABS)  # fmt: skip  # own: the earlier participants' counts
+                else:
+                    hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
             d, above, in_bin = _pick_bin(hist, k_rem, BIG)
             if COUNTS:
                 o_bin = tl.arange(0, NB)
@@ -355,7 +388,7 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
     ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
     prefix, low, k_rem, _, _, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False,
-                                                   zero, zero, zero, 0, False, False)  # fmt: skip
+                                                   zero, zero, zero, 0, False, False, zero, 0)  # fmt: skip
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
@@ -513,7 +546,7 @@ def _select_streaming(
     then one compaction pass (``PREFETCH``: loads one piece ahead, :func:`_stream_piece`)."""
     zero = length * 0
     prefix, low, k_rem, _, _, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
-                                                   src_ptr, zero, length, BLOCK, FROM_L2, False,
+                                                   src_ptr, zero, length, BLOCK, FROM_L2, False, zero, 0,
                                                    PREFETCH)  # fmt: skip
     # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
     thr = (prefix ^ (-2147483647 - 1)) >> low
@@ -673,25 +706,33 @@ def _select_split(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
+    SLAB: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
     search of :func:`_radix_threshold` (``BITS``-bit digits, early stop), each pass streaming its span (``PREFETCH``:
     loads one ``BLOCK`` piece ahead, :func:`_stream_piece`), with the row's
     histogram merged through ``hist_ptr`` [passes, 2 ** BITS] int32 and ``bar_ptr``; then its span's winners go to
-    their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]).
-    Returns the barrier phases used, ``phase0`` (those already used at the row's counter) included."""
-    tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) <= HIST_REGION, "a row's histogram region")
+    their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]; with
+    ``SLAB`` the histograms go through per-participant slabs, ``hist_ptr`` [passes, SPLITS, 2 ** BITS], which also
+    give the earlier spans' counts: no exchange). Returns the barrier phases used, ``phase0`` (those already used at
+    the row's counter) included."""
+    tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) * (SPLITS if SLAB else 1) <= HIST_REGION,
+                     "a row's histogram region")  # fmt: skip
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, src_ptr, lo, hi, BLOCK, False,
-                                                             True, PREFETCH)  # fmt: skip
+                                                             True, part, SPLITS if SLAB else 0,
+                                                             PREFETCH)  # fmt: skip
     # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
-    # so each span knows where its winners go
+    # so each span knows where its winners go; with slabs the search returned the earlier spans' counts already
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
-    phase += 1
-    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    if SLAB:
+        gt_before, eq_before = n_gt, n_eq
+    else:
+        phase += 1
+        gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     ahead = _stream_first(src_ptr, lo, hi, BLOCK, False, PREFETCH)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
@@ -726,13 +767,14 @@ def _select_split_registers(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
+    SLAB: tl.constexpr,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
     registers: the radix search of :func:`_radix_threshold` (``BITS``-bit digits, early stop) with each pass's
     span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
     (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_REGION, "a row's histogram region")
+    tl.static_assert(((32 + BITS - 1) // BITS) * NB * (SPLITS if SLAB else 1) <= HIST_REGION, "a row's histograms")
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
     offs = lo + tl.arange(0, TILE)
     valid = offs < hi
@@ -741,10 +783,13 @@ def _select_split_registers(
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, zero, zero, zero, 0, False,
-                                                             True)  # fmt: skip
+                                                             True, part, SPLITS if SLAB else 0)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
-    phase += 1
-    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    if SLAB:  # the search read the earlier spans' counts off their slabs
+        gt_before, eq_before = n_gt, n_eq
+    else:
+        phase += 1
+        gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
     return phase
 
@@ -854,6 +899,7 @@ def _indexer_topk_kernel(
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SLAB: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -910,10 +956,10 @@ def _indexer_topk_kernel(
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase, SLAB)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
-                                      STREAM_BITS, HIST_REGION, phase, PREFETCH)  # fmt: skip
+                                      STREAM_BITS, HIST_REGION, phase, SLAB, PREFETCH)  # fmt: skip
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
@@ -1167,6 +1213,7 @@ def indexer_topk_fwd(
     wide: bool | None = None,
     block: int | None = None,
     prefetch: bool | None = None,
+    slabs: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1180,8 +1227,9 @@ def indexer_topk_fwd(
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
     (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
-    ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
-    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path."""
+    ``block`` the streaming loops' piece (:func:`_topk_block`), ``prefetch`` whether they load a piece ahead
+    (:data:`STREAM_PREFETCH`) and ``slabs`` whether split rows merge histograms through per-participant slabs
+    (:data:`SPLIT_SLABS`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1234,7 +1282,8 @@ def indexer_topk_fwd(
     if block < 256 or block > 16384 or block & (block - 1):
         raise ValueError(f"block must be a power of two in [256, 16384], got {block}")
     prefetch = STREAM_PREFETCH if prefetch is None else bool(prefetch)
-    region = hist_region(reg_bits, stream_bits)
+    slabs = (SPLIT_SLABS and n_split <= SPLIT_SLABS_MAX) if slabs is None else bool(slabs)
+    region = hist_region(reg_bits, stream_bits) * (n_split if slabs else 1)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
     cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
@@ -1275,6 +1324,7 @@ def indexer_topk_fwd(
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
         PREFETCH=prefetch,
+        SLAB=slabs,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
