@@ -155,17 +155,18 @@ def _rows(n: int, seed: int) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("merge", ["atomics", "slabs"])
+@pytest.mark.parametrize("merge", ["atomics", "slabs", "slabs_ahead"])
 @pytest.mark.parametrize("bits", [5, 8], ids=lambda b: f"{b}bit")
 @pytest.mark.parametrize("spans", ["registers", "streaming"])
 def test_split_rows_are_exact_and_leave_the_workspace_at_zero(threaded, spans, bits, merge):
     """Four participants per row (1024-key spans; lengths giving 3 or 4 of them, an idle one too); by position from
     register spans, by value from streaming ones (the sort of the last participant); histograms merged by atomics
-    (then the spans' counts exchanged) or through per-participant slabs (no exchange)."""
+    (then the spans' counts exchanged) or through per-participant slabs (no exchange), with the second pass computed
+    ahead from each span's guess of the first digit (register spans; ``slabs_ahead``)."""
     n, k = 3500, 512
     lens = torch.tensor([n, n - 333, 2500, 3073], dtype=torch.int32)
     kw = dict(splits=4, span=1024, split_row=0, filter_tiles=(0, 0), sorted=spans == "streaming",
-              slabs=merge == "slabs")  # fmt: skip
+              slabs=merge != "atomics", spec=merge == "slabs_ahead")  # fmt: skip
     kw.update(dict(reg_span=2048, reg_bits=bits) if spans == "registers" else dict(reg_span=0, stream_bits=bits))
     _check(threaded, _rows(n, bits)[[0, 1, 2, 5]], lens, k, **kw)
 
@@ -212,7 +213,7 @@ def _edge_row(n: int, k: int, bits: int, passes: int, extra: int, seed: int) -> 
     return raw.to(torch.int32).view(torch.float32)
 
 
-@pytest.mark.parametrize("merge", ["atomics", "slabs"])
+@pytest.mark.parametrize("merge", ["atomics", "slabs", "slabs_ahead"])
 @pytest.mark.parametrize("bits", [8], ids=lambda b: f"{b}bit")
 def test_split_rows_stop_after_every_pass(threaded, bits, merge):
     """The merged search stops after each of its passes on every participant at once (the barrier phases of the
@@ -223,7 +224,8 @@ def test_split_rows_stop_after_every_pass(threaded, bits, merge):
     lens = torch.full((len(rows),), n, dtype=torch.int32)
     for spans in (dict(reg_span=1024, reg_bits=bits), dict(reg_span=0, stream_bits=bits)):
         _check(threaded, logits, lens, k, splits=4, span=1024, split_row=0, filter_tiles=(0, 0), sorted=False,
-               slabs=merge == "slabs", **spans)  # fmt: skip
+               slabs=merge != "atomics", spec=merge == "slabs_ahead" and spans["reg_span"] > 0,
+               **spans)  # fmt: skip
 
 
 def test_split_rows_through_the_filter_and_its_fallback(threaded):

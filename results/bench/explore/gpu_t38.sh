@@ -73,8 +73,8 @@ STREAMPF2_SHAPES=8x65536,64x65536,64x16384,1x65536
 STREAMPF2_KS=1024
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # session 43: split rows' histograms through per-participant slabs (topk.SPLIT_SLABS; no count exchange, one barrier
-# fewer) against the atomics and exchange
-SLABS_VARIANTS=default,slabs
+# fewer) against the atomics and exchange, and with the second pass ahead (topk.SPLIT_SPEC: one more barrier fewer)
+SLABS_VARIANTS=default,slabs,slabs_spec
 SLABS_SHAPES=64x65536,32x65536,64x16384,8x65536,1x65536,128x16384
 # (`wide2` and `wide3`, the twenty-second session's candidates -- 16k rows in two 8k or four 4k register spans, 64k
 # rows in eight 8k spans, the two-level winner scan -- ran at 02f172c: topk_wide2_ab-native-h200.json,

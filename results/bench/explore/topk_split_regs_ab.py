@@ -142,6 +142,7 @@ for _s in (4, 8):
             )  # fmt: skip
 # session 43: split rows' histograms merged through per-participant slabs (no count exchange after the search)
 VARIANTS["slabs"] = (new, dict(slabs=True))
+VARIANTS["slabs_spec"] = (new, dict(slabs=True, spec=True))  # and the second pass ahead (register spans)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 CAP = 65536

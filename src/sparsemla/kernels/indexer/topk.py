@@ -138,6 +138,10 @@ STREAM_PREFETCH = False
 # pass's barrier, and the slabs before its own give where its winners start, so no exchange barrier is needed.
 SPLIT_SLABS = False
 SPLIT_SLABS_MAX = 8
+# With slabs, participants holding their span in registers may also compute the second radix pass ahead, from a
+# guess of the first digit (see _radix_threshold's SPEC): where every participant guessed right (the first digit is
+# sign and exponent, so a span's own k-th key nearly always falls in the row's bin), one barrier fewer.
+SPLIT_SPEC = False
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -310,6 +314,8 @@ def _radix_threshold(
     COUNTS: tl.constexpr,
     part,
     SLABS: tl.constexpr,
+    k_loc,
+    SPEC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
@@ -335,6 +341,12 @@ def _radix_threshold(
     ``hist_ptr`` [passes, SLABS, 2 ** BITS]) instead of atomics, and ``COUNTS`` returns the same two counts for the
     keys of the participants before ``part`` (read off their slabs): this participant's winners start after them.
 
+    ``SPEC`` (register keys with ``SLABS``): the second pass is computed ahead. Each participant guesses the first
+    digit from its own keys (the bin of its ``k_loc``-th largest: its share of ``K``), histograms the second digit of
+    the keys in that bin and publishes guess and histogram with its first one, through the same barrier; where every
+    participant guessed the merged first digit, those histograms are the second pass (no second barrier), else the
+    second pass runs as usual. The published guesses sit after the slabs, at ``hist_ptr[passes * SLABS * NB:]``.
+
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
     ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
@@ -346,31 +358,65 @@ def _radix_threshold(
     phase = zero + phase0
     n_above = zero
     n_in = zero
-    for p in tl.static_range((32 + BITS - 1) // BITS):
+    PASSES: tl.constexpr = (32 + BITS - 1) // BITS
+    if SPEC:
+        tl.static_assert(MERGE and SLABS > 0 and BLOCK == 0, "the second pass ahead: register keys merged by slabs")
+    spec_ok = zero  # 1: every participant guessed the first digit, and spec_hist is the merged second pass
+    spec_hist = tl.zeros([NB], dtype=tl.int32)
+    spec_earlier = tl.zeros([NB], dtype=tl.int32)
+    for p in tl.static_range(PASSES):
         top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
         if more != 0:
-            # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
-            # below sets them again
-            if BLOCK > 0:
-                hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2,
-                                             PREFETCH)  # fmt: skip  # [NB]
+            use_spec = zero
+            if SPEC:
+                if p == 1:
+                    use_spec = spec_ok
+            if use_spec != 0:  # the second pass, merged with the first one's barrier
+                hist = spec_hist
+                own = spec_earlier
             else:
-                if p == 0:
-                    m = valid
+                # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
+                # below sets them again
+                if BLOCK > 0:
+                    hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2,
+                                                 PREFETCH)  # fmt: skip  # [NB]
                 else:
-                    m = valid & ((ukey >> top) == (prefix >> top))
-                digit = (ukey >> shift) & (NB - 1)
-                hist = tl.histogram(digit, NB, mask=m)  # [NB]
-            own = hist  # [NB] these keys' own counts
-            if MERGE:
-                phase += 1
-                if SLABS > 0:
-                    hist, own = _merge_slabs(hist, hist_ptr + p * (SLABS * NB), part, n_part, bar_ptr, phase * n_part,
-                                             NB, SLABS)  # fmt: skip  # own: the earlier participants' counts
-                else:
-                    hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
+                    if p == 0:
+                        m = valid
+                    else:
+                        m = valid & ((ukey >> top) == (prefix >> top))
+                    digit = (ukey >> shift) & (NB - 1)
+                    hist = tl.histogram(digit, NB, mask=m)  # [NB]
+                own = hist  # [NB] these keys' own counts
+                if SPEC:
+                    if p == 0:  # publish the guessed first digit and the second-digit histogram of its bin
+                        guess, _, _ = _pick_bin(hist, k_loc, BIG)
+                        top1: tl.constexpr = 32 - BITS
+                        shift1: tl.constexpr = (top1 - BITS) * (top1 > BITS)
+                        m1 = valid & (((ukey >> shift) & (NB - 1)) == guess)  # p = 0: no settled bits
+                        ahead = tl.histogram((ukey >> shift1) & (NB - 1), NB, mask=m1)  # [NB]
+                        tl.store(hist_ptr + SLABS * NB + part * NB + tl.arange(0, NB), ahead)
+                        tl.store(hist_ptr + PASSES * SLABS * NB + part, guess)
+                if MERGE:
+                    phase += 1
+                    if SLABS > 0:
+                        hist, own = _merge_slabs(hist, hist_ptr + p * (SLABS * NB), part, n_part, bar_ptr,
+                                                 phase * n_part, NB, SLABS)  # fmt: skip  # own: the earlier ones'
+                    else:
+                        hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
             d, above, in_bin = _pick_bin(hist, k_rem, BIG)
+            if SPEC:
+                if p == 0:  # after the first barrier: did every participant guess d?
+                    o_s = tl.arange(0, SLABS)
+                    live = o_s < n_part
+                    guesses = tl.load(hist_ptr + PASSES * SLABS * NB + o_s, mask=live, other=0, cache_modifier=".cg")
+                    spec_ok = (tl.sum((live & (guesses != d)).to(tl.int32), axis=0) == 0).to(tl.int32)
+                    o_b = tl.arange(0, NB)
+                    ahead = tl.load(hist_ptr + SLABS * NB + o_s[:, None] * NB + o_b[None, :], mask=live[:, None],
+                                    other=0, cache_modifier=".cg")  # fmt: skip  # [SLABS, NB]
+                    spec_hist = tl.sum(ahead, axis=0)
+                    spec_earlier = tl.sum(tl.where((o_s < part)[:, None], ahead, 0), axis=0)
             if COUNTS:
                 o_bin = tl.arange(0, NB)
                 n_above += tl.sum(tl.where(o_bin > d, own, 0), axis=0)
@@ -388,7 +434,8 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
     ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
     prefix, low, k_rem, _, _, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False,
-                                                   zero, zero, zero, 0, False, False, zero, 0)  # fmt: skip
+                                                   zero, zero, zero, 0, False, False, zero, 0, zero,
+                                                   False)  # fmt: skip
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
@@ -546,8 +593,8 @@ def _select_streaming(
     then one compaction pass (``PREFETCH``: loads one piece ahead, :func:`_stream_piece`)."""
     zero = length * 0
     prefix, low, k_rem, _, _, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
-                                                   src_ptr, zero, length, BLOCK, FROM_L2, False, zero, 0,
-                                                   PREFETCH)  # fmt: skip
+                                                   src_ptr, zero, length, BLOCK, FROM_L2, False, zero, 0, zero,
+                                                   False, PREFETCH)  # fmt: skip
     # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
@@ -722,7 +769,7 @@ def _select_split(
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, src_ptr, lo, hi, BLOCK, False,
-                                                             True, part, SPLITS if SLAB else 0,
+                                                             True, part, SPLITS if SLAB else 0, zero, False,
                                                              PREFETCH)  # fmt: skip
     # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
     # so each span knows where its winners go; with slabs the search returned the earlier spans' counts already
@@ -768,13 +815,18 @@ def _select_split_registers(
     HIST_REGION: tl.constexpr,
     phase0,
     SLAB: tl.constexpr,
+    k_loc,
+    SPEC: tl.constexpr,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
     registers: the radix search of :func:`_radix_threshold` (``BITS``-bit digits, early stop) with each pass's
     span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
-    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
+    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`). ``SPEC`` (with
+    ``SLAB``): the second pass computed ahead from a guess of the first digit (the bin of this span's ``k_loc``-th
+    largest key), see :func:`_radix_threshold`."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    tl.static_assert(((32 + BITS - 1) // BITS) * NB * (SPLITS if SLAB else 1) <= HIST_REGION, "a row's histograms")
+    tl.static_assert(((32 + BITS - 1) // BITS) * NB * (SPLITS if SLAB else 1) + (SPLITS if SPEC else 0) <= HIST_REGION,
+                     "a row's histograms")  # fmt: skip
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
     offs = lo + tl.arange(0, TILE)
     valid = offs < hi
@@ -783,7 +835,8 @@ def _select_split_registers(
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, zero, zero, zero, 0, False,
-                                                             True, part, SPLITS if SLAB else 0)  # fmt: skip
+                                                             True, part, SPLITS if SLAB else 0, k_loc,
+                                                             SPEC)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
     if SLAB:  # the search read the earlier spans' counts off their slabs
         gt_before, eq_before = n_gt, n_eq
@@ -900,6 +953,7 @@ def _indexer_topk_kernel(
     HIST_REGION: tl.constexpr,
     PREFETCH: tl.constexpr,
     SLAB: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -943,6 +997,7 @@ def _indexer_topk_kernel(
         span = tl.cdiv(n, n_part)
         lo = part * span
         hi = tl.minimum(lo + span, n)
+        k_loc = (((hi - lo).to(tl.int64) * K + n - 1) // n).to(tl.int32)  # this span's share of K (SPEC's guess)
         phase = n * 0
         n_cand = n * 0 + CANDS + 1  # more than fit: the radix passes
         if GROUPS > 0:
@@ -956,7 +1011,8 @@ def _indexer_topk_kernel(
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase, SLAB)  # fmt: skip
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase, SLAB,
+                                                    k_loc, SPEC)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
                                       STREAM_BITS, HIST_REGION, phase, SLAB, PREFETCH)  # fmt: skip
@@ -1214,6 +1270,7 @@ def indexer_topk_fwd(
     block: int | None = None,
     prefetch: bool | None = None,
     slabs: bool | None = None,
+    spec: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1228,8 +1285,9 @@ def indexer_topk_fwd(
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
     (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
     ``block`` the streaming loops' piece (:func:`_topk_block`), ``prefetch`` whether they load a piece ahead
-    (:data:`STREAM_PREFETCH`) and ``slabs`` whether split rows merge histograms through per-participant slabs
-    (:data:`SPLIT_SLABS`); tests and sweeps use these to reach every path."""
+    (:data:`STREAM_PREFETCH`), ``slabs`` whether split rows merge histograms through per-participant slabs
+    (:data:`SPLIT_SLABS`) and ``spec`` whether register spans with slabs compute the second pass ahead
+    (:data:`SPLIT_SPEC`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1283,7 +1341,12 @@ def indexer_topk_fwd(
         raise ValueError(f"block must be a power of two in [256, 16384], got {block}")
     prefetch = STREAM_PREFETCH if prefetch is None else bool(prefetch)
     slabs = (SPLIT_SLABS and n_split <= SPLIT_SLABS_MAX) if slabs is None else bool(slabs)
+    spec = (SPLIT_SPEC and slabs) if spec is None else bool(spec)
+    if spec and not slabs:
+        raise ValueError("spec (the second pass ahead) needs slabs")
     region = hist_region(reg_bits, stream_bits) * (n_split if slabs else 1)
+    if spec:  # the guesses after the slabs
+        region = triton.next_power_of_2(region + n_split)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
     cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
@@ -1325,6 +1388,7 @@ def indexer_topk_fwd(
         HIST_REGION=region,
         PREFETCH=prefetch,
         SLAB=slabs,
+        SPEC=spec,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
