@@ -80,11 +80,13 @@ def _bind(fn: triton.JITFunction, args: tuple, kwargs: dict) -> dict[str, object
 
 def launch_key(fn: triton.JITFunction, args: tuple, kwargs: dict) -> str:
     """A stable key of one launch's compile: kernel name, constexpr values, launch options and the specialisation
-    class of every runtime argument."""
+    class of every runtime argument; for a kernel defined outside the package (an explore script's modified copy of a
+    package module) also its module, so that copies of one kernel get cubins of their own."""
     bound = _bind(fn, args, kwargs)
     constexpr = {p.name for p in fn.params if p.is_constexpr}
+    module = fn.fn.__module__
     desc = {
-        "kernel": fn.fn.__name__,
+        "kernel": fn.fn.__name__ if module.startswith("sparsemla.") else f"{module}:{fn.fn.__name__}",
         "args": [[n, repr(bound.get(n)) if n in constexpr else _arg_class(bound.get(n))] for n in fn.arg_names],
         "options": {k: kwargs.get(k) for k in _OPTIONS if kwargs.get(k) is not None},
     }
@@ -95,7 +97,7 @@ def source_hash(fn: triton.JITFunction, cache: dict[str, str] | None = None) -> 
     """sha256 (24 hex digits) of the file that defines ``fn``: a kernel whose module changed since its cubin was built
     gets rebuilt by :func:`build` and refused by the replay (the module holds the kernel and its jit helpers).
     ``cache``: per-kernel results of one build or replayer, so a launch does not read the file again."""
-    name = fn.fn.__qualname__
+    name = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
     if cache is None or name not in cache:
         digest = hashlib.sha256(Path(inspect.getsourcefile(fn.fn)).read_bytes()).hexdigest()[:24]
         if cache is None:

@@ -155,25 +155,14 @@ def _rows(n: int, seed: int) -> torch.Tensor:
     return rows
 
 
-SPLIT_CASES = [  # (spans, digit bits, merge): every merge in every span kind it applies to, both widths
-    ("registers", 5, "atomics"),
-    ("registers", 8, "atomics"),
-    ("registers", 8, "slabs_ahead"),
-    ("streaming", 5, "slabs"),
-    ("streaming", 8, "atomics"),
-]
-
-
-@pytest.mark.parametrize(("spans", "bits", "merge"), SPLIT_CASES, ids=[f"{s}-{b}bit-{m}" for s, b, m in SPLIT_CASES])
-def test_split_rows_are_exact_and_leave_the_workspace_at_zero(threaded, spans, bits, merge):
+@pytest.mark.parametrize("bits", [5, 8], ids=lambda b: f"{b}bit")
+@pytest.mark.parametrize("spans", ["registers", "streaming"])
+def test_split_rows_are_exact_and_leave_the_workspace_at_zero(threaded, spans, bits):
     """Four participants per row (1024-key spans; lengths giving 3 or 4 of them, an idle one too); by position from
-    register spans, by value from streaming ones (the sort of the last participant); histograms merged by atomics
-    (then the spans' counts exchanged) or through per-participant slabs (no exchange), with the second pass computed
-    ahead from each span's guess of the first digit (register spans; ``slabs_ahead``)."""
+    register spans, by value from streaming ones (the sort of the last participant)."""
     n, k = 3500, 512
     lens = torch.tensor([n, n - 333, 2500, 3073], dtype=torch.int32)
-    kw = dict(splits=4, span=1024, split_row=0, filter_tiles=(0, 0), sorted=spans == "streaming",
-              slabs=merge != "atomics", spec=merge == "slabs_ahead")  # fmt: skip
+    kw = dict(splits=4, span=1024, split_row=0, filter_tiles=(0, 0), sorted=spans == "streaming")
     kw.update(dict(reg_span=2048, reg_bits=bits) if spans == "registers" else dict(reg_span=0, stream_bits=bits))
     _check(threaded, _rows(n, bits)[[0, 1, 2, 5]], lens, k, **kw)
 
@@ -220,20 +209,16 @@ def _edge_row(n: int, k: int, bits: int, passes: int, extra: int, seed: int) -> 
     return raw.to(torch.int32).view(torch.float32)
 
 
-@pytest.mark.parametrize("merge", ["atomics", "slabs_ahead"])
 @pytest.mark.parametrize("bits", [8], ids=lambda b: f"{b}bit")
-def test_split_rows_stop_after_every_pass(threaded, bits, merge):
+def test_split_rows_stop_after_every_pass(threaded, bits):
     """The merged search stops after each of its passes on every participant at once (the barrier phases of the
-    last arrival count them): histograms merged by atomics in register and streaming spans, through slabs with the
-    second pass ahead in register spans."""
+    last arrival count them), in register and streaming spans."""
     n, k = 3000, 512
     rows = [_edge_row(n, k, bits, p, extra, 10 * p + extra) for p in range(1, -(-32 // bits) + 1) for extra in (0, 5)]
     logits = torch.stack(rows)
     lens = torch.full((len(rows),), n, dtype=torch.int32)
-    kinds = [dict(reg_span=1024, reg_bits=bits), dict(reg_span=0, stream_bits=bits)]
-    for spans in kinds if merge == "atomics" else kinds[:1]:
+    for spans in (dict(reg_span=1024, reg_bits=bits), dict(reg_span=0, stream_bits=bits)):
         _check(threaded, logits, lens, k, splits=4, span=1024, split_row=0, filter_tiles=(0, 0), sorted=False,
-               slabs=merge != "atomics", spec=merge == "slabs_ahead" and spans["reg_span"] > 0,
                **spans)  # fmt: skip
 
 

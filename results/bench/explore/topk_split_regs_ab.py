@@ -140,15 +140,36 @@ for _s in (4, 8):
                 dict(splits=_s, span=4096, reg_span=0, split_row=4096, row_tiles=(4096, 4096), filter_tiles=(0, 0),
                      block=_b, prefetch=_pf),
             )  # fmt: skip
-# session 43: split rows' histograms merged through per-participant slabs (no count exchange after the search)
-VARIANTS["slabs"] = (new, dict(slabs=True))
-VARIANTS["slabs_spec"] = (new, dict(slabs=True, spec=True))  # and the second pass ahead (register spans)
+# (session 43's `slabs` / `slabs_spec` -- split rows' histograms merged through per-participant slabs, no count
+# exchange; and the second radix pass computed ahead from each span's guess of the first digit -- ran at 1286052:
+# topk_slabs_ab-native-h100-1286052.json; no gain at B = 32 / 64 / 128, slower at B = 1 / 8: removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
+
+
+def lanes_copy(lanes: int):  # noqa: ANN201
+    """The package's topk.py with FIRST_PASS_LANES = ``lanes`` (session 43: the first pass's sub-histograms by lane)."""
+    import tempfile
+
+    text = Path(new.__file__).read_text()
+    line = next(x for x in text.splitlines() if x.startswith("FIRST_PASS_LANES = "))
+    path = Path(tempfile.mkdtemp()) / f"topk_lanes{lanes}.py"
+    path.write_text(text.replace(line, f"FIRST_PASS_LANES = tl.constexpr({lanes})"))
+    spec = importlib.util.spec_from_file_location(f"topk_lanes{lanes}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+for _lanes in (1, 4, 16, 32):  # the package's own is 8 on Triton >= 3.8
+    if f"lanes{_lanes}" in args.variants.split(","):
+        VARIANTS[f"lanes{_lanes}"] = (lanes_copy(_lanes), {})
 CAP = 65536
-WARPS = {mod: mod.TOPK_WARPS for mod in (old, new)}  # each module's own default, restored after a 4-warp variant
-MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in (old, new)}
-WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in (old, new)}
+MODS = {old, new} | {mod for mod, _ in VARIANTS.values()}
+WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, restored after a 4-warp variant
+MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
+WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
 
 
 def fused(name: str) -> bool:

@@ -132,16 +132,13 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spans it does choose (k = 1024; topk_streampf2_ab-native-h100-3a51a61.json) 2-3 % faster at 1k spans and 4 % slower
 # at B = 64 x 64k: off by default.
 STREAM_PREFETCH = False
-# Split rows merge each radix pass's histogram either by int32 atomics into one histogram per row, then exchange the
-# spans' winner counts after the search (one more barrier), or (SPLIT_SLABS, at most SPLIT_SLABS_MAX participants per
-# row) through per-participant slabs: each writes its histogram to its own slab, each reads all of them after the
-# pass's barrier, and the slabs before its own give where its winners start, so no exchange barrier is needed.
-SPLIT_SLABS = False
-SPLIT_SLABS_MAX = 8
-# With slabs, participants holding their span in registers may also compute the second radix pass ahead, from a
-# guess of the first digit (see _radix_threshold's SPEC): where every participant guessed right (the first digit is
-# sign and exponent, so a span's own k-th key nearly always falls in the row's bin), one barrier fewer.
-SPLIT_SPEC = False
+# The first radix pass of a register search (every key counted; real logits fill few bins of the top digit: sign and
+# exponent) as FIRST_PASS_LANES sub-histograms by lane, summed (_spread_histogram). Triton 3.8 lowers tl.histogram to
+# one shared-memory atomic per key, and a warp's keys in one bin serialise on its counter: in a B = 64 x 64k split
+# participant the load and first pass took 4.75 us against 1.25-1.5 for each later pass, which counts only the keys
+# of one bin (H100, results/bench/explore/topk_timeline-native-h100-370805a.json). On Triton < 3.8 (one ballot per
+# bit of the bin index, cost growing with the bins) it stays 1.
+FIRST_PASS_LANES = tl.constexpr(8 if dev.triton_at_least(3, 8) else 1)
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -267,6 +264,24 @@ def _span_digit_histogram(
 
 
 @triton.jit
+def _spread_histogram(digit, NB: tl.constexpr, mask, LANES: tl.constexpr):
+    """``tl.histogram(digit, NB, mask=mask)`` [NB], counted in ``LANES`` sub-bins per bin chosen by the lane that
+    holds each key (``%laneid``; 0 on the interpreter: the same sums), then summed: keys of one warp that share a bin
+    hit different shared-memory counters (see FIRST_PASS_LANES)."""
+    if LANES > 1:
+        if SCATTER_ASM:  # compiled (not the interpreter)
+            lane = tl.inline_asm_elementwise(LANE_ID_PTX, "=r,r", [digit], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            lane = digit * 0
+        sub = digit * LANES + (lane & (LANES - 1))
+        counts = tl.histogram(sub, NB * LANES, mask=mask)  # [NB * LANES]
+        hist = tl.sum(tl.reshape(counts, [NB, LANES]), axis=1)
+    else:
+        hist = tl.histogram(digit, NB, mask=mask)
+    return hist
+
+
+@triton.jit
 def _merge_histogram(hist, hist_ptr, bar_ptr, target, NB: tl.constexpr):
     """Split rows: adds this participant's ``hist`` [NB] into the row's ``hist_ptr`` [NB] (int32 atomics: exact,
     order-free), waits until ``target`` arrivals at ``bar_ptr`` and returns the row's merged histogram [NB]."""
@@ -274,23 +289,6 @@ def _merge_histogram(hist, hist_ptr, bar_ptr, target, NB: tl.constexpr):
     tl.atomic_add(hist_ptr + o_bin, hist, mask=hist > 0, sem="relaxed", scope="gpu")
     _arrive_and_wait(bar_ptr, target)
     return tl.load(hist_ptr + o_bin, cache_modifier=".cg")  # [NB] the whole row's
-
-
-@triton.jit
-def _merge_slabs(hist, slab_ptr, part, n_part, bar_ptr, target, NB: tl.constexpr, SLABS: tl.constexpr):
-    """Split rows, :func:`_merge_histogram` without atomics: this participant's ``hist`` [NB] goes to its own slab
-    ``slab_ptr[part]`` of ``[SLABS, NB]`` (plain stores, every bin: nothing to zero first), then after ``target``
-    arrivals at ``bar_ptr`` every participant reads all ``n_part`` slabs. Returns the row's merged histogram [NB] and
-    the sum of the slabs before ``part`` [NB] (the earlier spans' counts per bin: where this span's winners start,
-    with no exchange of counts after the search)."""
-    o_bin = tl.arange(0, NB)
-    tl.store(slab_ptr + part * NB + o_bin, hist)
-    _arrive_and_wait(bar_ptr, target)
-    o_s = tl.arange(0, SLABS)
-    slabs = tl.load(slab_ptr + o_s[:, None] * NB + o_bin[None, :], mask=(o_s < n_part)[:, None], other=0,
-                    cache_modifier=".cg")  # fmt: skip  # [SLABS, NB]
-    earlier = tl.sum(tl.where((o_s < part)[:, None], slabs, 0), axis=0)  # [NB]
-    return tl.sum(slabs, axis=0), earlier
 
 
 @triton.jit
@@ -312,10 +310,6 @@ def _radix_threshold(
     BLOCK: tl.constexpr,
     FROM_L2: tl.constexpr,
     COUNTS: tl.constexpr,
-    part,
-    SLABS: tl.constexpr,
-    k_loc,
-    SPEC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """Radix search over register keys ``ukey`` (sign-flipped order keys: unsigned order as int32 bits; ``valid`` of
@@ -337,16 +331,6 @@ def _radix_threshold(
     the threshold is counted in the pass where its digit first exceeds the chosen one) -- what a split participant
     needs to place its winners, without another pass over its keys. Else both are 0.
 
-    ``SLABS > 0`` (with ``MERGE``): the histograms are merged through per-participant slabs (:func:`_merge_slabs`,
-    ``hist_ptr`` [passes, SLABS, 2 ** BITS]) instead of atomics, and ``COUNTS`` returns the same two counts for the
-    keys of the participants before ``part`` (read off their slabs): this participant's winners start after them.
-
-    ``SPEC`` (register keys with ``SLABS``): the second pass is computed ahead. Each participant guesses the first
-    digit from its own keys (the bin of its ``k_loc``-th largest: its share of ``K``), histograms the second digit of
-    the keys in that bin and publishes guess and histogram with its first one, through the same barrier; where every
-    participant guessed the merged first digit, those histograms are the second pass (no second barrier), else the
-    second pass runs as usual. The published guesses sit after the slabs, at ``hist_ptr[passes * SLABS * NB:]``.
-
     Why narrow digits: Triton lowers ``tl.histogram`` to one warp ballot per bit of the bin index and, per lane, a
     mask-and-popcount for each bin it owns, so a 256-bin pass costs ~100 instructions per 32 keys and a 32-bin pass
     ~30; seven 5-bit passes at most against four 8-bit ones (see RADIX_BITS for where each is used)."""
@@ -358,65 +342,30 @@ def _radix_threshold(
     phase = zero + phase0
     n_above = zero
     n_in = zero
-    PASSES: tl.constexpr = (32 + BITS - 1) // BITS
-    if SPEC:
-        tl.static_assert(MERGE and SLABS > 0 and BLOCK == 0, "the second pass ahead: register keys merged by slabs")
-    spec_ok = zero  # 1: every participant guessed the first digit, and spec_hist is the merged second pass
-    spec_hist = tl.zeros([NB], dtype=tl.int32)
-    spec_earlier = tl.zeros([NB], dtype=tl.int32)
-    for p in tl.static_range(PASSES):
+    for p in tl.static_range((32 + BITS - 1) // BITS):
         top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
         shift = (top - BITS) * (top > BITS)  # this pass's digit: bits [shift, top)
         if more != 0:
-            use_spec = zero
-            if SPEC:
-                if p == 1:
-                    use_spec = spec_ok
-            if use_spec != 0:  # the second pass, merged with the first one's barrier
-                hist = spec_hist
-                own = spec_earlier
+            # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
+            # below sets them again
+            if BLOCK > 0:
+                hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2,
+                                             PREFETCH)  # fmt: skip  # [NB]
             else:
-                # a narrower last digit (shift 0) also holds settled bits: the same in every key counted, so the OR
-                # below sets them again
-                if BLOCK > 0:
-                    hist = _span_digit_histogram(src_ptr, lo, hi, prefix, top, shift, NB, BLOCK, FROM_L2,
-                                                 PREFETCH)  # fmt: skip  # [NB]
+                if p == 0:
+                    m = valid
                 else:
-                    if p == 0:
-                        m = valid
-                    else:
-                        m = valid & ((ukey >> top) == (prefix >> top))
-                    digit = (ukey >> shift) & (NB - 1)
+                    m = valid & ((ukey >> top) == (prefix >> top))
+                digit = (ukey >> shift) & (NB - 1)
+                if p == 0:  # every key counts: the few populated bins of the top digit conflict
+                    hist = _spread_histogram(digit, NB, m, FIRST_PASS_LANES)  # [NB]
+                else:
                     hist = tl.histogram(digit, NB, mask=m)  # [NB]
-                own = hist  # [NB] these keys' own counts
-                if SPEC:
-                    if p == 0:  # publish the guessed first digit and the second-digit histogram of its bin
-                        guess, _, _ = _pick_bin(hist, k_loc, BIG)
-                        top1: tl.constexpr = 32 - BITS
-                        shift1: tl.constexpr = (top1 - BITS) * (top1 > BITS)
-                        m1 = valid & (((ukey >> shift) & (NB - 1)) == guess)  # p = 0: no settled bits
-                        ahead = tl.histogram((ukey >> shift1) & (NB - 1), NB, mask=m1)  # [NB]
-                        tl.store(hist_ptr + SLABS * NB + part * NB + tl.arange(0, NB), ahead)
-                        tl.store(hist_ptr + PASSES * SLABS * NB + part, guess)
-                if MERGE:
-                    phase += 1
-                    if SLABS > 0:
-                        hist, own = _merge_slabs(hist, hist_ptr + p * (SLABS * NB), part, n_part, bar_ptr,
-                                                 phase * n_part, NB, SLABS)  # fmt: skip  # own: the earlier ones'
-                    else:
-                        hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
+            own = hist  # [NB] these keys' own counts
+            if MERGE:
+                phase += 1
+                hist = _merge_histogram(hist, hist_ptr + p * NB, bar_ptr, phase * n_part, NB)
             d, above, in_bin = _pick_bin(hist, k_rem, BIG)
-            if SPEC:
-                if p == 0:  # after the first barrier: did every participant guess d?
-                    o_s = tl.arange(0, SLABS)
-                    live = o_s < n_part
-                    guesses = tl.load(hist_ptr + PASSES * SLABS * NB + o_s, mask=live, other=0, cache_modifier=".cg")
-                    spec_ok = (tl.sum((live & (guesses != d)).to(tl.int32), axis=0) == 0).to(tl.int32)
-                    o_b = tl.arange(0, NB)
-                    ahead = tl.load(hist_ptr + SLABS * NB + o_s[:, None] * NB + o_b[None, :], mask=live[:, None],
-                                    other=0, cache_modifier=".cg")  # fmt: skip  # [SLABS, NB]
-                    spec_hist = tl.sum(ahead, axis=0)
-                    spec_earlier = tl.sum(tl.where((o_s < part)[:, None], ahead, 0), axis=0)
             if COUNTS:
                 o_bin = tl.arange(0, NB)
                 n_above += tl.sum(tl.where(o_bin > d, own, 0), axis=0)
@@ -434,8 +383,7 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
     in one program: returns ``(prefix, low, k_rem)`` with the threshold's bits above ``low`` in order-key form."""
     ukey = key ^ (-2147483647 - 1)  # unsigned order as int32 bits (sign flipped): digit order is key order
     prefix, low, k_rem, _, _, _ = _radix_threshold(ukey, valid, zero, K, BITS, ROW + 1, zero, zero, zero, 0, False,
-                                                   zero, zero, zero, 0, False, False, zero, 0, zero,
-                                                   False)  # fmt: skip
+                                                   zero, zero, zero, 0, False, False)  # fmt: skip
     return prefix ^ (-2147483647 - 1), low, k_rem
 
 
@@ -448,6 +396,7 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 # (results/bench/explore/topk_scatter_asm_ab-native-h100-8951c7b.json; B = 64 16k k = 2048 18.07 / 18.07 us).
 SCATTER_ASM = tl.constexpr(not dev.defined_interpreted(_order_key))  # as triton.jit defined this module's kernels
 SCATTER_ASM_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }")
+LANE_ID_PTX = tl.constexpr("mov.u32 $0, %laneid;")
 
 
 @triton.jit
@@ -593,8 +542,8 @@ def _select_streaming(
     then one compaction pass (``PREFETCH``: loads one piece ahead, :func:`_stream_piece`)."""
     zero = length * 0
     prefix, low, k_rem, _, _, _ = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, zero, zero, zero, 0, False,
-                                                   src_ptr, zero, length, BLOCK, FROM_L2, False, zero, 0, zero,
-                                                   False, PREFETCH)  # fmt: skip
+                                                   src_ptr, zero, length, BLOCK, FROM_L2, False,
+                                                   PREFETCH)  # fmt: skip
     # keys above the threshold's settled bits all win; k_rem of those equal to them win, smallest positions first
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
@@ -753,33 +702,25 @@ def _select_split(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
-    SLAB: tl.constexpr,
     PREFETCH: tl.constexpr = False,
 ):
     """Participant ``part`` of ``n_part`` in the top-``K`` of one row, owning positions ``[lo, hi)``: the radix
     search of :func:`_radix_threshold` (``BITS``-bit digits, early stop), each pass streaming its span (``PREFETCH``:
     loads one ``BLOCK`` piece ahead, :func:`_stream_piece`), with the row's
     histogram merged through ``hist_ptr`` [passes, 2 ** BITS] int32 and ``bar_ptr``; then its span's winners go to
-    their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]; with
-    ``SLAB`` the histograms go through per-participant slabs, ``hist_ptr`` [passes, SPLITS, 2 ** BITS], which also
-    give the earlier spans' counts: no exchange). Returns the barrier phases used, ``phase0`` (those already used at
-    the row's counter) included."""
-    tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) * (SPLITS if SLAB else 1) <= HIST_REGION,
-                     "a row's histogram region")  # fmt: skip
+    their position-order slots of ``idx_out_ptr[0:K]`` (span counts exchanged through ``cnt_ptr`` [SPLITS, 2]).
+    Returns the barrier phases used, ``phase0`` (those already used at the row's counter) included."""
+    tl.static_assert(((32 + BITS - 1) // BITS) * (1 << BITS) <= HIST_REGION, "a row's histogram region")
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(zero, zero, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, src_ptr, lo, hi, BLOCK, False,
-                                                             True, part, SPLITS if SLAB else 0, zero, False,
-                                                             PREFETCH)  # fmt: skip
+                                                             True, PREFETCH)  # fmt: skip
     # this span's keys above / equal to the threshold's settled bits (n_gt, n_eq: from its own histograms), exchanged
-    # so each span knows where its winners go; with slabs the search returned the earlier spans' counts already
+    # so each span knows where its winners go
     thr = (prefix ^ (-2147483647 - 1)) >> low
     o_b = tl.arange(0, BLOCK)
-    if SLAB:
-        gt_before, eq_before = n_gt, n_eq
-    else:
-        phase += 1
-        gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    phase += 1
+    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     ahead = _stream_first(src_ptr, lo, hi, BLOCK, False, PREFETCH)
     for start in range(lo, hi, BLOCK):
         offs = start + o_b
@@ -814,19 +755,13 @@ def _select_split_registers(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
-    SLAB: tl.constexpr,
-    k_loc,
-    SPEC: tl.constexpr,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
     registers: the radix search of :func:`_radix_threshold` (``BITS``-bit digits, early stop) with each pass's
     span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
-    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`). ``SPEC`` (with
-    ``SLAB``): the second pass computed ahead from a guess of the first digit (the bin of this span's ``k_loc``-th
-    largest key), see :func:`_radix_threshold`."""
+    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
-    tl.static_assert(((32 + BITS - 1) // BITS) * NB * (SPLITS if SLAB else 1) + (SPLITS if SPEC else 0) <= HIST_REGION,
-                     "a row's histograms")  # fmt: skip
+    tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_REGION, "a row's histogram region")
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
     offs = lo + tl.arange(0, TILE)
     valid = offs < hi
@@ -835,14 +770,10 @@ def _select_split_registers(
     zero = lo * 0
     prefix, low, k_rem, phase, n_gt, n_eq = _radix_threshold(ukey, valid, zero, K, BITS, 2147483647, hist_ptr, bar_ptr,
                                                              n_part, phase0, True, zero, zero, zero, 0, False,
-                                                             True, part, SPLITS if SLAB else 0, k_loc,
-                                                             SPEC)  # fmt: skip
+                                                             True)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
-    if SLAB:  # the search read the earlier spans' counts off their slabs
-        gt_before, eq_before = n_gt, n_eq
-    else:
-        phase += 1
-        gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
+    phase += 1
+    gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
     return phase
 
@@ -952,8 +883,6 @@ def _indexer_topk_kernel(
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     PREFETCH: tl.constexpr,
-    SLAB: tl.constexpr,
-    SPEC: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -997,7 +926,6 @@ def _indexer_topk_kernel(
         span = tl.cdiv(n, n_part)
         lo = part * span
         hi = tl.minimum(lo + span, n)
-        k_loc = (((hi - lo).to(tl.int64) * K + n - 1) // n).to(tl.int32)  # this span's share of K (SPEC's guess)
         phase = n * 0
         n_cand = n * 0 + CANDS + 1  # more than fit: the radix passes
         if GROUPS > 0:
@@ -1011,11 +939,10 @@ def _indexer_topk_kernel(
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase, SLAB,
-                                                    k_loc, SPEC)  # fmt: skip
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
-                                      STREAM_BITS, HIST_REGION, phase, SLAB, PREFETCH)  # fmt: skip
+                                      STREAM_BITS, HIST_REGION, phase, PREFETCH)  # fmt: skip
         tl.debug_barrier()
         arrived = tl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
         if arrived == (phase + 1) * n_part:
@@ -1269,8 +1196,6 @@ def indexer_topk_fwd(
     wide: bool | None = None,
     block: int | None = None,
     prefetch: bool | None = None,
-    slabs: bool | None = None,
-    spec: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1284,10 +1209,8 @@ def indexer_topk_fwd(
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
     (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
-    ``block`` the streaming loops' piece (:func:`_topk_block`), ``prefetch`` whether they load a piece ahead
-    (:data:`STREAM_PREFETCH`), ``slabs`` whether split rows merge histograms through per-participant slabs
-    (:data:`SPLIT_SLABS`) and ``spec`` whether register spans with slabs compute the second pass ahead
-    (:data:`SPLIT_SPEC`); tests and sweeps use these to reach every path."""
+    ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
+    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1340,13 +1263,7 @@ def indexer_topk_fwd(
     if block < 256 or block > 16384 or block & (block - 1):
         raise ValueError(f"block must be a power of two in [256, 16384], got {block}")
     prefetch = STREAM_PREFETCH if prefetch is None else bool(prefetch)
-    slabs = (SPLIT_SLABS and n_split <= SPLIT_SLABS_MAX) if slabs is None else bool(slabs)
-    spec = (SPLIT_SPEC and slabs) if spec is None else bool(spec)
-    if spec and not slabs:
-        raise ValueError("spec (the second pass ahead) needs slabs")
-    region = hist_region(reg_bits, stream_bits) * (n_split if slabs else 1)
-    if spec:  # the guesses after the slabs
-        region = triton.next_power_of_2(region + n_split)
+    region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
     cand = torch.empty((rows, cand_cols), dtype=torch.int32, device=logits.device) if groups else lengths
@@ -1387,8 +1304,6 @@ def indexer_topk_fwd(
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
         PREFETCH=prefetch,
-        SLAB=slabs,
-        SPEC=spec,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
