@@ -72,10 +72,8 @@ STREAMPF2_VARIANTS=default,spf,spf_b2048
 STREAMPF2_SHAPES=8x65536,64x65536,64x16384,1x65536
 STREAMPF2_KS=1024
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
-# session 43: the first radix pass's sub-histograms by lane (topk.FIRST_PASS_LANES, 8) against 1 (the code before), 4,
-# 16 and 32
-LANES_VARIANTS=default,lanes1,lanes4,lanes16
-LANES_SHAPES=64x65536,64x16384,32x65536,64x4096,128x16384,8x16384,1x65536
+# (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
+# topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with
 # the code of that commit: topk_slabs_ab-native-h100-1286052.json, no gain; removed)
 # (`wide2` and `wide3`, the twenty-second session's candidates -- 16k rows in two 8k or four 4k register spans, 64k
@@ -493,7 +491,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-lanes)  # the cubins of `streampf` / `streampf2` / `lanes`
+build-streampf|build-streampf2)  # the cubins of `streampf` / `streampf2` (EITHER_H100 modes of `either`)
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -501,9 +499,6 @@ build-wide)  # the cubins of `wide`
     ;;
 wide)  # the wide launch's A/B from 3.8 cubins
     ab_run wide topk_wide_ab-native-h200.json 300
-    ;;
-lanes)  # session 43: the first pass's sub-histograms by lane, from .gpu-cubins/lanes
-    ab_run lanes "topk_lanes_ab-native-$(gpu_tag).json" 300
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150

@@ -146,25 +146,9 @@ for _s in (4, 8):
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
-
-def lanes_copy(lanes: int):  # noqa: ANN201
-    """The package's topk.py with FIRST_PASS_LANES = ``lanes`` (session 43: the first pass's sub-histograms by lane)."""
-    import tempfile
-
-    text = Path(new.__file__).read_text()
-    line = next(x for x in text.splitlines() if x.startswith("FIRST_PASS_LANES = "))
-    path = Path(tempfile.mkdtemp()) / f"topk_lanes{lanes}.py"
-    path.write_text(text.replace(line, f"FIRST_PASS_LANES = tl.constexpr({lanes})"))
-    spec = importlib.util.spec_from_file_location(f"topk_lanes{lanes}", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-for _lanes in (1, 4, 16, 32):  # the package's own is 8 on Triton >= 3.8
-    if f"lanes{_lanes}" in args.variants.split(","):
-        VARIANTS[f"lanes{_lanes}"] = (lanes_copy(_lanes), {})
+# (session 43's `lanes1/4/16` -- the register searches' first pass counted in sub-histograms by lane, 8 in the package
+# then -- ran at 729449b: topk_lanes_ab-native-h100-729449b.json; one histogram (the code before) was fastest at
+# every shape but B = 1: removed)
 CAP = 65536
 MODS = {old, new} | {mod for mod, _ in VARIANTS.values()}
 WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, restored after a 4-warp variant

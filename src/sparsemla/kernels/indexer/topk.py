@@ -132,13 +132,6 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spans it does choose (k = 1024; topk_streampf2_ab-native-h100-3a51a61.json) 2-3 % faster at 1k spans and 4 % slower
 # at B = 64 x 64k: off by default.
 STREAM_PREFETCH = False
-# The first radix pass of a register search (every key counted; real logits fill few bins of the top digit: sign and
-# exponent) as FIRST_PASS_LANES sub-histograms by lane, summed (_spread_histogram). Triton 3.8 lowers tl.histogram to
-# one shared-memory atomic per key, and a warp's keys in one bin serialise on its counter: in a B = 64 x 64k split
-# participant the load and first pass took 4.75 us against 1.25-1.5 for each later pass, which counts only the keys
-# of one bin (H100, results/bench/explore/topk_timeline-native-h100-370805a.json). On Triton < 3.8 (one ballot per
-# bit of the bin index, cost growing with the bins) it stays 1.
-FIRST_PASS_LANES = tl.constexpr(8 if dev.triton_at_least(3, 8) else 1)
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -264,24 +257,6 @@ def _span_digit_histogram(
 
 
 @triton.jit
-def _spread_histogram(digit, NB: tl.constexpr, mask, LANES: tl.constexpr):
-    """``tl.histogram(digit, NB, mask=mask)`` [NB], counted in ``LANES`` sub-bins per bin chosen by the lane that
-    holds each key (``%laneid``; 0 on the interpreter: the same sums), then summed: keys of one warp that share a bin
-    hit different shared-memory counters (see FIRST_PASS_LANES)."""
-    if LANES > 1:
-        if SCATTER_ASM:  # compiled (not the interpreter)
-            lane = tl.inline_asm_elementwise(LANE_ID_PTX, "=r,r", [digit], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            lane = digit * 0
-        sub = digit * LANES + (lane & (LANES - 1))
-        counts = tl.histogram(sub, NB * LANES, mask=mask)  # [NB * LANES]
-        hist = tl.sum(tl.reshape(counts, [NB, LANES]), axis=1)
-    else:
-        hist = tl.histogram(digit, NB, mask=mask)
-    return hist
-
-
-@triton.jit
 def _merge_histogram(hist, hist_ptr, bar_ptr, target, NB: tl.constexpr):
     """Split rows: adds this participant's ``hist`` [NB] into the row's ``hist_ptr`` [NB] (int32 atomics: exact,
     order-free), waits until ``target`` arrivals at ``bar_ptr`` and returns the row's merged histogram [NB]."""
@@ -357,10 +332,7 @@ def _radix_threshold(
                 else:
                     m = valid & ((ukey >> top) == (prefix >> top))
                 digit = (ukey >> shift) & (NB - 1)
-                if p == 0:  # every key counts: the few populated bins of the top digit conflict
-                    hist = _spread_histogram(digit, NB, m, FIRST_PASS_LANES)  # [NB]
-                else:
-                    hist = tl.histogram(digit, NB, mask=m)  # [NB]
+                hist = tl.histogram(digit, NB, mask=m)  # [NB]
             own = hist  # [NB] these keys' own counts
             if MERGE:
                 phase += 1
@@ -396,7 +368,6 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 # (results/bench/explore/topk_scatter_asm_ab-native-h100-8951c7b.json; B = 64 16k k = 2048 18.07 / 18.07 us).
 SCATTER_ASM = tl.constexpr(not dev.defined_interpreted(_order_key))  # as triton.jit defined this module's kernels
 SCATTER_ASM_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }")
-LANE_ID_PTX = tl.constexpr("mov.u32 $0, %laneid;")
 
 
 @triton.jit
