@@ -28,6 +28,7 @@ CAP = 65536
 SLOTS = 64  # int64 per program: [0, 32) globaltimer (ns), [32, 64) clock64; slot 30/31 hold smid and (row, part)
 # stamp slots
 START, WINNERS, FINAL, FINISH, EXCH_ARRIVE, EXCH_DONE = 0, 11, 12, 13, 9, 10
+SCANNED, LOADED = 14, 15
 
 
 def pass_slots(p: int) -> tuple[int, int]:
@@ -135,6 +136,31 @@ EDITS = [
         "    _indexer_topk_kernel[(grid,)](\n        logits,\n        lengths,\n        pt,\n        out,\n"
         "        slots,\n        ws,\n        TRACE[0],\n        cand,\n",
     ),
+    # the winners' compaction (its scan, then the stores) and the span's load, split off by a stamp each; each stamp
+    # waits for a reduction of what it follows (tl.max), which the kernel does not otherwise compute
+    (
+        "def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):",
+        "def _write_winners(trace, TRACE: tl.constexpr, key, valid, payload, prefix, low, k_rem, gt_before, eq_before,"
+        " idx_out_ptr):",
+    ),
+    (
+        "    before = tl.cumsum(both, axis=0) - both\n",
+        "    before = tl.cumsum(both, axis=0) - both\n"
+        "    if TRACE:\n        _stamp(trace, 14, tl.max(before, axis=0))\n",
+    ),
+    (
+        "    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+        "    _write_winners(zero, False, key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+    ),
+    (
+        "    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)",
+        "    _write_winners(trace, True, key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)",
+    ),
+    (
+        "    ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _radix_threshold)\n",
+        "    ukey = key ^ (-2147483647 - 1)  # sign flipped: digit order is key order (see _radix_threshold)\n"
+        "    _stamp(trace, 15, tl.max(key, axis=0))\n",
+    ),
     (
         "_SPLIT_WS = _SplitWorkspace()\n",
         "_SPLIT_WS = _SplitWorkspace()\nTRACE = [None]  # int64 [grid, 64], set by the caller\n",
@@ -180,7 +206,7 @@ def summarize(tr: torch.Tensor, b: int) -> dict:
     t0 = gt[:, START].min()
     meta = tr[:, 31]
     part = (meta & 0xFF) - 1
-    parts = part >= 0
+    parts = (part >= 0) & (tr[:, WINNERS] != 0)  # participants that took part (a row of one span stays solo)
     out = dict(programs=int(tr.shape[0]), participants=int(parts.sum()))
 
     def span(a: int, z: int, rows: torch.Tensor, clock: bool = False) -> dict | None:
@@ -191,7 +217,11 @@ def summarize(tr: torch.Tensor, b: int) -> dict:
         d = (src[ok, z] - src[ok, a]) / (1.98e3 if clock else 1.0)  # clock: cycles at ~1.98 GHz -> us
         return dict(n=int(ok.sum()), med=round(float(d.median()), 2), max=round(float(d.max()), 2))
 
-    phases = {"start->pass0 arrive (load + histogram)": (START, 1)}
+    phases = {
+        "start->pass0 arrive (load + histogram)": (START, 1),
+        "load (start -> keys)": (START, LOADED),
+        "pass0 histogram (keys -> arrive)": (LOADED, 1),
+    }
     for p in range(4):
         a, d = pass_slots(p)
         phases[f"pass{p} wait (arrive -> bin known)"] = (a, d)
@@ -199,6 +229,8 @@ def summarize(tr: torch.Tensor, b: int) -> dict:
             phases[f"pass{p + 1} local (bin known -> arrive)"] = (d, pass_slots(p + 1)[0])
     phases["exchange wait"] = (EXCH_ARRIVE, EXCH_DONE)
     phases["winners written"] = (EXCH_DONE, WINNERS)
+    phases["winners: scan"] = (EXCH_DONE, SCANNED)
+    phases["winners: stores"] = (SCANNED, WINNERS)
     phases["final arrival"] = (WINNERS, FINAL)
     phases["last: finish"] = (FINAL, FINISH)
     out["participants_us"] = {name: span(a, z, parts) for name, (a, z) in phases.items()}
