@@ -367,6 +367,12 @@ def _threshold_prefix(key, valid, zero, K: tl.constexpr, ROW: tl.constexpr, BITS
 # every target (docs/portability.md), the same bits; H100, 3.8 cubins, graph replay: the same times at every shape
 # (results/bench/explore/topk_scatter_asm_ab-native-h100-8951c7b.json; B = 64 16k k = 2048 18.07 / 18.07 us).
 SCATTER_ASM = tl.constexpr(not dev.defined_interpreted(_order_key))  # as triton.jit defined this module's kernels
+# The winners' compaction scan (_write_winners) over a register tile of N keys: tl.cumsum of [N] held as several
+# repetitions of the layout per thread (a 16k tile at 16 warps: 8 of 2048) carries each repetition's total into the
+# next one in turn, where a [N / SPAN, SPAN] scan along its rows takes all rows' cross-warp steps at once; the rows'
+# offsets are one small scan more. In a B = 64 x 64k split participant (H100) the 16k scan took 3.75 us of its ~20
+# (results/bench/explore/topk_timeline2-native-h100-788dab6.json). 0: one scan over the tile.
+WINNER_SCAN_SPAN = tl.constexpr(2048)
 SCATTER_ASM_PTX = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.b32 $0, 0; }")
 
 
@@ -387,6 +393,22 @@ def _scatter_store(ptr, value, mask):
 
 
 @triton.jit
+def _exclusive_scan(x):
+    """Exclusive prefix sum of int32 ``x`` [N]. Past WINNER_SCAN_SPAN positions, as [N / SPAN, SPAN] rows scanned at
+    once plus the rows' running offsets (see WINNER_SCAN_SPAN)."""
+    N: tl.constexpr = x.shape[0]
+    if (WINNER_SCAN_SPAN > 0) and (N > WINNER_SCAN_SPAN):
+        ROWS: tl.constexpr = N // WINNER_SCAN_SPAN
+        x2 = tl.reshape(x, [ROWS, WINNER_SCAN_SPAN])  # [ROWS, SPAN] row r: positions [r * SPAN, (r + 1) * SPAN)
+        total = tl.sum(x2, axis=1)  # [ROWS]
+        offset = tl.cumsum(total, axis=0) - total  # [ROWS] what the rows before hold
+        before = tl.reshape(tl.cumsum(x2, axis=1) - x2 + offset[:, None], [N])
+    else:
+        before = tl.cumsum(x, axis=0) - x
+    return before
+
+
+@triton.jit
 def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
@@ -397,7 +419,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     gt = valid & (hi > thr)
     eq = valid & (hi == thr)
     both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
+    before = _exclusive_scan(both)
     eq_rank = eq_before + (before >> 16)  # ties before this one in the row
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
