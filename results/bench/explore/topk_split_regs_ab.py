@@ -143,6 +143,7 @@ for _s in (4, 8):
 # (session 43's `slabs` / `slabs_spec` -- split rows' histograms merged through per-participant slabs, no count
 # exchange; and the second radix pass computed ahead from each span's guess of the first digit -- ran at 1286052:
 # topk_slabs_ab-native-h100-1286052.json; no gain at B = 32 / 64 / 128, slower at B = 1 / 8: removed)
+VARIANTS["wpf"] = (new, dict(wave_prefetch=True))  # session 43: the next wave's spans prefetched into L2
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
