@@ -143,7 +143,8 @@ for _s in (4, 8):
 # (session 43's `slabs` / `slabs_spec` -- split rows' histograms merged through per-participant slabs, no count
 # exchange; and the second radix pass computed ahead from each span's guess of the first digit -- ran at 1286052:
 # topk_slabs_ab-native-h100-1286052.json; no gain at B = 32 / 64 / 128, slower at B = 1 / 8: removed)
-VARIANTS["wpf"] = (new, dict(wave_prefetch=True))  # session 43: the next wave's spans prefetched into L2
+# (session 43's `wpf` -- register-span participants prefetching the next wave's span into L2 after their search --
+# ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 

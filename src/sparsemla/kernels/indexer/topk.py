@@ -58,7 +58,6 @@ import triton.language as tl
 
 from sparsemla.kernels import device as dev
 from sparsemla.kernels.layouts import IDX_PAGE
-from sparsemla.kernels.prefetch import prefetch_l2
 
 TOPK_SIZES = (512, 1024, 2048)
 # Register tiles (elements) of the top-k's in-register path, (small, max), per kernel: rows up to max are loaded once
@@ -133,12 +132,6 @@ RADIX_BITS_CHOICES = (4, 5, 6, 8, 10, 11, 12)
 # spans it does choose (k = 1024; topk_streampf2_ab-native-h100-3a51a61.json) 2-3 % faster at 1k spans and 4 % slower
 # at B = 64 x 64k: off by default.
 STREAM_PREFETCH = False
-# Split launches whose rows outnumber one wave of register-span participants (B = 64 x 64k: 256 of 16k keys, one per
-# SM): each participant, once its radix search is done, prefetches into L2 the span of the participant num_sms
-# tickets later (the next wave's), whose own load then finds it there. In a B = 64 x 64k participant the load of its
-# span took ~3.25 us at a wave's start, all SMs reading HBM at once, of ~20 us a wave
-# (results/bench/explore/topk_timeline2-native-h100-788dab6.json); after its search HBM is idle.
-WAVE_PREFETCH = False
 # Split participants hold their span in a register tile as long as the launch's shortest span (topk_span: 1024 or
 # 4096) and run the radix search there with SPLIT_REG_BITS-bit digits (one merged histogram and barrier per pass);
 # longer spans stream STREAM_BITS-bit passes (_select_split). H200, CUDA-graph replay of 20 calls, real logits
@@ -733,17 +726,11 @@ def _select_split_registers(
     BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     phase0,
-    next_ptr,
-    next_lo,
-    next_hi,
-    WAVE_PREFETCH: tl.constexpr,
 ):
     """Same contract as :func:`_select_split` for a span of at most ``TILE`` positions, loaded once and held in
     registers: the radix search of :func:`_radix_threshold` (``BITS``-bit digits, early stop) with each pass's
     span histogram merged through ``hist_ptr`` [passes, 2 ** BITS] and a barrier, then the span's counts exchanged
-    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`). ``WAVE_PREFETCH``:
-    once its search is done, the span ``next_ptr[next_lo:next_hi]`` of a participant of the next wave is prefetched
-    into L2, one address per 128-byte line (see WAVE_PREFETCH)."""
+    (:func:`_exchange_counts`) and its winners written from registers (:func:`_write_winners`)."""
     NB: tl.constexpr = tl.constexpr(1) << BITS
     tl.static_assert(((32 + BITS - 1) // BITS) * NB <= HIST_REGION, "a row's histogram region")
     tl.static_assert(TILE <= 32768, "the compaction scan packs two 16-bit counts")
@@ -756,9 +743,6 @@ def _select_split_registers(
                                                              n_part, phase0, True, zero, zero, zero, 0, False,
                                                              True)  # fmt: skip
     prefix = prefix ^ (-2147483647 - 1)
-    if WAVE_PREFETCH:  # HBM is idle for the rest of this span's work: the next wave's keys into L2
-        o_line = next_lo + tl.arange(0, TILE // 32) * 32  # [TILE / 32] one fp32 per 128-byte line
-        prefetch_l2(next_ptr + o_line, o_line < next_hi)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
     _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
@@ -870,13 +854,10 @@ def _indexer_topk_kernel(
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     PREFETCH: tl.constexpr,
-    wave_ahead,
-    WAVE_PREFETCH: tl.constexpr,
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
     pid = tl.program_id(0)
-    ticket = pid * 0 - 1
     if SPLITS == 1:
         i_r = pid.to(tl.int64)
         part = pid * 0 - 1
@@ -928,24 +909,8 @@ def _indexer_topk_kernel(
                 in_regs = (span <= REG_SPAN).to(tl.int32)
             if in_regs != 0:
                 if REG_SPAN > 0:  # compiled only with a tile
-                    next_src = src
-                    next_lo = n * 0
-                    next_hi = n * 0
-                    if WAVE_PREFETCH:  # the span of the participant ``wave_ahead`` tickets later, if any
-                        t_next = ticket + wave_ahead
-                        if t_next < n_rows * SPLITS:
-                            r_next = (t_next // SPLITS).to(tl.int64)
-                            n_next = tl.minimum(tl.maximum(tl.load(lens_ptr + r_next), 0), n_cols)
-                            np_next = tl.where(n_next > SPLIT_ROW,
-                                               tl.minimum(tl.maximum(tl.cdiv(n_next, SPAN), 1), SPLITS), 1)  # fmt: skip
-                            if (n_next > K) & (t_next % SPLITS < np_next) & (np_next > 1):
-                                s_next = tl.cdiv(n_next, np_next)
-                                next_src = logits_ptr + r_next * stride_l
-                                next_lo = (t_next % SPLITS) * s_next
-                                next_hi = tl.minimum(next_lo + s_next, n_next)
                     phase = _select_split_registers(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K,
-                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase, next_src, next_lo,
-                                                    next_hi, WAVE_PREFETCH)  # fmt: skip
+                                                    REG_SPAN, SPLITS, REG_BITS, HIST_REGION, phase)  # fmt: skip
             else:
                 phase = _select_split(src, lo, hi, part, n_part, p_hist, p_cnt, p_bar, p_idx, K, BLOCK, SPLITS,
                                       STREAM_BITS, HIST_REGION, phase, PREFETCH)  # fmt: skip
@@ -1202,7 +1167,6 @@ def indexer_topk_fwd(
     wide: bool | None = None,
     block: int | None = None,
     prefetch: bool | None = None,
-    wave_prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1216,10 +1180,8 @@ def indexer_topk_fwd(
     ``split_row`` the longest row that stays in one program in a split launch (:data:`SPLIT_SPAN`), ``bits`` the
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
     (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
-    ``block`` the streaming loops' piece (:func:`_topk_block`), ``prefetch`` whether they load a piece ahead
-    (:data:`STREAM_PREFETCH`) and ``wave_prefetch`` whether register-span participants prefetch the next wave's
-    spans into L2 (:data:`WAVE_PREFETCH`; never on the interpreter); tests and sweeps use these to reach every
-    path."""
+    ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
+    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1272,7 +1234,6 @@ def indexer_topk_fwd(
     if block < 256 or block > 16384 or block & (block - 1):
         raise ValueError(f"block must be a power of two in [256, 16384], got {block}")
     prefetch = STREAM_PREFETCH if prefetch is None else bool(prefetch)
-    wave_prefetch = (WAVE_PREFETCH if wave_prefetch is None else bool(wave_prefetch)) and info is not dev.INTERPRETER
     region = hist_region(reg_bits, stream_bits)
     ws = _SPLIT_WS.get(logits.device, rows, n_split, groups, region) if n_split > 1 else lengths
     cand_cols = cands * (n_split + 1 if n_split > 1 else 1)
@@ -1314,8 +1275,6 @@ def indexer_topk_fwd(
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
         PREFETCH=prefetch,
-        wave_ahead=info.num_sms,
-        WAVE_PREFETCH=wave_prefetch,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
