@@ -67,13 +67,19 @@ def _arrive_and_wait(bar_ptr, target):
 def _gluon_split_topk_kernel(
     logits_ptr,  # fp32 [rows, >= lengths]
     lens_ptr,  # int32 [rows]
-    idx_ptr,  # int32 [rows, K]: positions, ascending
+    idx_ptr,  # int32 [rows, K]: positions, ascending, -1 padded
+    pt_ptr,  # int32 [rows, max_pages] page table (WRITE_SLOTS)
+    slot_ptr,  # int32 [rows, K]: page-table slots of the positions, -1 padded (WRITE_SLOTS)
     ws_ptr,  # int32 [1 + rows * (1 + PASSES * NB + 2 * SPLITS)], zero between launches
     stride_l,
     stride_idx,
+    stride_pt,
+    stride_slot,
     n_cols,
     n_rows,
     K: gl.constexpr,
+    WRITE_SLOTS: gl.constexpr,
+    PAGE_BITS: gl.constexpr,
     SPLITS: gl.constexpr,
     SPAN: gl.constexpr,
     CH: gl.constexpr,
@@ -91,7 +97,17 @@ def _gluon_split_topk_kernel(
     i_r = (ticket // SPLITS).to(gl.int64)
     part = ticket % SPLITS
     n = gl.minimum(gl.maximum(gl.load(lens_ptr + i_r), 0), n_cols)
-    n_part = gl.minimum(gl.maximum(gl.cdiv(n, SPAN), 1), SPLITS)
+    n_part = gl.minimum(gl.maximum(gl.cdiv(n, SPAN), 1), SPLITS)  # a row of at most SPAN: one program
+    o_k = gl.arange(0, K, layout=LH)
+    if (n <= K) & (part == 0):  # no selection: every position, then -1
+        pos = gl.where(o_k < n, o_k, -1)
+        gl.store(idx_ptr + i_r * stride_idx + o_k, pos)
+        if WRITE_SLOTS:
+            page = gl.load(pt_ptr + i_r * stride_pt + (o_k >> PAGE_BITS), mask=o_k < n, other=0)
+            gl.store(
+                slot_ptr + i_r * stride_slot + o_k,
+                gl.where(o_k < n, (page << PAGE_BITS) | (o_k & ((1 << PAGE_BITS) - 1)), -1),
+            )
     if (n > K) & (part < n_part):
         rows64 = i_r * 0 + n_rows
         p_bar = ws_ptr + 1 + i_r
@@ -174,27 +190,37 @@ def _gluon_split_topk_kernel(
             gl.store(p_cnt + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
             gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
             gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
+            if WRITE_SLOTS:  # every participant's winners are in (their stores came before their arrival)
+                pos = gl.load(p_idx + o_k, cache_modifier=".cg")  # [K] positions, ascending
+                page = gl.load(pt_ptr + i_r * stride_pt + (pos >> PAGE_BITS))
+                gl.store(slot_ptr + i_r * stride_slot + o_k, (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1)))
 
 
 _WS: dict = {}
 
 
 def gluon_split_topk(logits: torch.Tensor, lens: torch.Tensor, k: int, out: torch.Tensor, splits: int = 4,
-                     span: int = 16384, ch: int = 2048, num_warps: int = 8) -> torch.Tensor:  # fmt: skip
-    """Positions [rows, k] in ascending order of the top-``k`` of rows longer than ``k`` (the prototype's scope)."""
+                     span: int = 16384, ch: int = 2048, num_warps: int = 8, page_table: torch.Tensor | None = None,
+                     out_slots: torch.Tensor | None = None, page_size: int = 64) -> torch.Tensor:  # fmt: skip
+    """Positions [rows, k] of each row's top-``k`` among ``t < lens[row]`` in ascending order, -1 padded (ties at the
+    threshold to the smaller positions); with ``page_table`` also ``out_slots``, as the package's
+    ``indexer_topk_fwd(sorted=False)``. Rows of at most ``span`` positions take one program."""
     rows = logits.shape[0]
     need = 1 + rows * (1 + 4 * 256 + 2 * splits)
     ws = _WS.get(logits.device)
     if ws is None or ws.numel() < need:
         ws = _WS[logits.device] = torch.zeros(need, dtype=torch.int32, device=logits.device)
+    slots = out_slots if page_table is not None else out
+    pt = page_table if page_table is not None else lens
     _gluon_split_topk_kernel[(rows * splits,)](
-        logits, lens, out, ws, logits.stride(0), out.stride(0), logits.shape[1], rows,
-        K=k, SPLITS=splits, SPAN=span, CH=ch, NUM_WARPS=num_warps, num_warps=num_warps,
+        logits, lens, out, pt, slots, ws, logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0),
+        logits.shape[1], rows, K=k, WRITE_SLOTS=page_table is not None, PAGE_BITS=page_size.bit_length() - 1,
+        SPLITS=splits, SPAN=span, CH=ch, NUM_WARPS=num_warps, num_warps=num_warps,
     )  # fmt: skip
     return out
 
 
-SHAPES = "64x65536,32x65536,128x65536"
+SHAPES = "64x65536,32x65536,128x65536"  # the build adds CHECK_ROWS x 65536 (check)
 VARIANTS = {"w8": dict(num_warps=8), "w4": dict(num_warps=4), "w8_ch4k": dict(num_warps=8, ch=4096)}
 
 
@@ -204,12 +230,14 @@ def build(out: Path = Path(".gpu-cubins/gluon_span"), shapes: str = SHAPES, ks: 
     from benchmarks import prod_cubins
 
     def workload() -> None:
-        for shape in shapes.split(","):
+        for shape in [*shapes.split(","), f"{CHECK_ROWS}x{CAP}"]:
             b, _ctx = (int(x) for x in shape.split("x"))
             for k in (int(x) for x in ks.split(",")):
                 for kw in VARIANTS.values():
-                    gluon_split_topk(torch.empty(b, CAP), torch.empty(b, dtype=torch.int32), k,
-                                     torch.empty(b, k, dtype=torch.int32), **kw)  # fmt: skip
+                    o = torch.empty(b, k, dtype=torch.int32)
+                    gluon_split_topk(torch.empty(b, CAP), torch.empty(b, dtype=torch.int32), k, o,
+                                     page_table=torch.zeros(b, CAP // 64, dtype=torch.int32),
+                                     out_slots=torch.empty_like(o), **kw)  # fmt: skip
 
     added = prod_cubins.build(workload, out, "native")
     print(f"{len(added)} cubins added to {out} (Triton {triton.__version__})")
@@ -241,12 +269,13 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_span"), shapes: str = SHAPES, k
         for k in (int(x) for x in ks.split(",")):
             for name, kw in VARIANTS.items():
                 o = torch.full((b, k), -7, dtype=torch.int32, device=DEV)
+                slots = torch.full_like(o, -7)
                 row = dict(B=b, ctx=ctx, k=k, variant=name)
                 try:
                     with prod_cubins.replay(cubins, {"_gluon_split_topk_kernel"}):
 
-                        def fn(o=o, k=k, kw=kw, x=logits, lens=case.seq_lens) -> None:  # noqa: ANN001
-                            gluon_split_topk(x, lens, k, o, **kw)
+                        def fn(o=o, k=k, kw=kw, x=logits, c=case, sl=slots) -> None:  # noqa: ANN001
+                            gluon_split_topk(x, c.seq_lens, k, o, page_table=c.page_table, out_slots=sl, **kw)
 
                         fn()
                         torch.cuda.synchronize()
@@ -259,6 +288,65 @@ def bench(cubins: Path = Path(".gpu-cubins/gluon_span"), shapes: str = SHAPES, k
         meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, code=code,
                     kernel=f"Triton 3.8 cubins from {cubins}")  # fmt: skip
         out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
+
+
+CHECK_ROWS = 32  # the check's launch (a row count the build also compiles for: the same specialisation)
+
+
+def check_rows(k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """[CHECK_ROWS, CAP] fp32 rows and their lengths: 0, 1, k - 1, k, k + 1, around one program's span (16k) and
+    two, 64k; random, all equal, all -inf, many ties (half steps), tiny values, and a few larger keys in a flat row."""
+    lens = [0, 1, k - 1, k, k + 1, 3000, 4096, 16383, 16384, 16385, 20000, 40000, 65535, 65536]
+    lens += [65536] * 6 + [16384, 30000] * 6
+    rows = torch.randn(CHECK_ROWS, CAP, generator=generator)
+    rows[14] = 0.75  # all equal
+    rows[15] = float("-inf")
+    rows[16] = torch.round(torch.randn(CAP, generator=generator) * 2) / 2  # many ties
+    rows[17] = torch.randn(CAP, generator=generator) * 1e-30
+    rows[18] = 0.5
+    rows[18, torch.randperm(CAP, generator=generator)[:100]] = 2.0  # fewer larger keys than k
+    rows[19] = -torch.rand(CAP, generator=generator)
+    return rows, torch.tensor(lens[:CHECK_ROWS], dtype=torch.int32)
+
+
+def reference(rows: torch.Tensor, lens: torch.Tensor, k: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions (ascending, -1 padded) and page slots of each row's top-k, ties to the smaller positions."""
+    pos = torch.full((rows.shape[0], k), -1, dtype=torch.int64)
+    for i in range(rows.shape[0]):
+        n = int(lens[i])
+        top = torch.sort(rows[i, :n], descending=True, stable=True).indices[: min(k, n)].sort().values
+        pos[i, : top.numel()] = top
+    page = table.gather(1, (pos.clamp(min=0) >> 6)).long()
+    slots = torch.where(pos >= 0, (page << 6) | (pos & 63), -1)
+    return pos.to(torch.int32), slots.to(torch.int32)
+
+
+@app.command()
+def check(cubins: Path = Path(".gpu-cubins/gluon_span"), ks: str = "512,2048", out: Path = Path("")) -> None:
+    """GPU: the prototype's positions and page slots equal to the reference on the corner-case rows of
+    ``check_rows`` (outputs poisoned with -7 first; each launch twice, the second on the workspace the first left)."""
+    from benchmarks import prod_cubins
+
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    for k in (int(x) for x in ks.split(",")):
+        rows, lens = check_rows(k, gen)
+        table = torch.randint(0, 1 << 20, (CHECK_ROWS, CAP // 64), generator=gen, dtype=torch.int32)
+        ref_pos, ref_slots = reference(rows, lens, k, table)
+        for name, kw in VARIANTS.items():
+            for attempt in range(2):
+                o = torch.full((CHECK_ROWS, k), -7, dtype=torch.int32, device="cuda")
+                sl = torch.full_like(o, -7)
+                with prod_cubins.replay(cubins, {"_gluon_split_topk_kernel"}):
+                    gluon_split_topk(rows.cuda(), lens.cuda(), k, o, page_table=table.cuda(), out_slots=sl, **kw)
+                torch.cuda.synchronize()
+                same = (o.cpu() == ref_pos).all(dim=1) & (sl.cpu() == ref_slots).all(dim=1)
+                bad = [i for i in range(CHECK_ROWS) if not bool(same[i])]
+                r = dict(k=k, variant=name, launch=attempt, ok=not bad, bad_rows=[(i, int(lens[i])) for i in bad])
+                print(json.dumps(r), flush=True)
+                results.append(r)
+    if str(out):
+        out.write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(), rows=results), indent=1) + "\n")
 
 
 if __name__ == "__main__":
