@@ -386,6 +386,32 @@ def test_logits_config_per_code_path(arch):
     assert triton_mod.choose_logits_config(dev.INTERPRETER, 64, 1, 64).swap_ab is False
 
 
+def test_smem_spans_choice_and_refusals(monkeypatch):
+    """The spans in shared memory (topk_smem) by default only where SMEM_SPANS, position order, and the wide register
+    spans need two waves on an SM that holds three 66 KB programs (sm_90 / sm_100, not sm_89 / sm_120); an explicit
+    ``smem=True`` the kernel cannot honour (the interpreter, value order, rows past 64k, k outside the sizes) raises
+    ValueError with the reason; every target fits it ahead of time (tests/test_aot.py)."""
+    from sparsemla.kernels.indexer import topk_smem
+
+    assert topk.SMEM_SPANS is False  # off until the GPU tests and an A/B against the register spans
+    monkeypatch.setattr(topk, "SMEM_SPANS", True)
+    h100 = dev.TARGETS["sm_90"]
+    assert topk_smem.resident(h100) >= 3 and topk_smem.resident(dev.TARGETS["sm_89"]) == 1
+    assert topk.smem_spans(64, 65536, 512, h100) and topk.smem_spans(64, 65536, 2048, dev.TARGETS["sm_100"])
+    assert not topk.smem_spans(32, 65536, 512, h100)  # 128 register spans: one wave already
+    assert not topk.smem_spans(64, 16384, 512, h100)  # one program a row
+    assert not topk.smem_spans(64, 65536, 1024, h100)  # k = 1024: no wide launch
+    assert not topk.smem_spans(64, 65536, 512, dev.TARGETS["sm_89"])  # one 66 KB program an SM
+    assert not topk.smem_spans(64, 65536, 512, dev.INTERPRETER)
+    logits, lens = torch.randn(4, 1024), torch.full((4,), 1024, dtype=torch.int32)
+    for kw, why in ((dict(sorted=False), "interpreter"), (dict(sorted=True), "position order")):
+        with pytest.raises(ValueError, match=why):
+            topk.indexer_topk_fwd(logits, lens, 512, smem=True, **kw)
+    assert "capacity of 70000" in topk_smem.fits(64, 70000, 512, h100)
+    assert "k must be" in topk_smem.fits(64, 65536, 256, h100)
+    assert topk_smem.fits(64, 65536, 2048, h100) is None
+
+
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90", "sm_120"])
 def test_wide_launch_where_measured_faster(arch):
     """The wide launch (16-warp programs, 16k register tiles and spans) takes >= WIDE_MIN_ROWS rows of at most

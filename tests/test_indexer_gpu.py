@@ -321,6 +321,57 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
+@pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_topk_smem_spans(k, rows):
+    """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, around one
+    program's 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact positions in ascending order and
+    page slots, NaN-poisoned outputs fully written, two launches on the workspace the first left at zero, and a captured
+    graph replayed with new lengths equal to the reference."""
+    from sparsemla.kernels.indexer import topk_smem
+
+    info = topk.dev.device_info(torch.device(DEV))
+    if topk_smem.fits(rows, 65536, k, info):
+        pytest.skip(topk_smem.fits(rows, 65536, k, info))
+    cols = 65536
+    lengths = [0, 1, k - 1, k, k + 1, 4096, 16383, 16384, 16385, 30000, 40000, cols - 1, cols, cols]
+    lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
+    logits = _tied_rows(rows, cols, seed=k + rows)
+    logits[-2] = 0.25  # all equal: the first k positions win
+    logits[-1] = float("-inf")
+    g = torch.Generator().manual_seed(rows)
+    table = torch.randperm(rows * cols // 64, generator=g).view(rows, -1).to(torch.int32)
+    dl, dn, dt = logits.to(DEV), lengths.to(DEV), table.to(DEV)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    slots = torch.full_like(out, -7)
+
+    def call() -> None:
+        topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False,
+                              smem=True)  # fmt: skip
+
+    def check(lens: torch.Tensor) -> None:
+        expect = _by_position(indexer_topk_reference(logits, lens, k))
+        assert torch.equal(out.cpu(), expect)
+        p = expect.clamp(min=0).long()
+        assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64,
+                                                           -1))  # fmt: skip
+        ws = topk_smem._WS.bufs[torch.device(DEV, torch.cuda.current_device())]
+        assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
+
+    for _ in range(2):
+        call()
+        torch.cuda.synchronize()
+        check(lengths)
+    graph = _captured(call)
+    new = torch.randint(0, cols + 1, (rows,), generator=g, dtype=torch.int32)
+    dn.copy_(new)
+    out.fill_(-7)
+    slots.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(new)
+
+
 def test_sglang_topk_transform_contract():
     """sglang's topk_transform_paged contract: page-table slots (-1 padded) and raw positions; v2 raw mode."""
     g = torch.Generator().manual_seed(5)

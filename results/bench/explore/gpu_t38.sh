@@ -72,6 +72,9 @@ STREAMPF2_VARIANTS=default,spf,spf_b2048
 STREAMPF2_SHAPES=8x65536,64x65536,64x16384,1x65536
 STREAMPF2_KS=1024
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
+# session 43: the package's top-k spans in shared memory (topk_smem, smem=True) against the launcher's register spans
+SMEM_VARIANTS=default,smem
+SMEM_SHAPES=32x65536,48x65536,64x65536,96x65536,128x65536,64x16384
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with
@@ -491,7 +494,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2)  # the cubins of `streampf` / `streampf2` (EITHER_H100 modes of `either`)
+build-streampf|build-streampf2|build-smem)  # the cubins of `streampf` / `streampf2` / `smem`
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -499,6 +502,9 @@ build-wide)  # the cubins of `wide`
     ;;
 wide)  # the wide launch's A/B from 3.8 cubins
     ab_run wide topk_wide_ab-native-h200.json 300
+    ;;
+smem)  # session 43: the package's shared-memory spans against the register spans, from .gpu-cubins/smem
+    ab_run smem "topk_smem_ab-native-$(gpu_tag).json" 240
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150

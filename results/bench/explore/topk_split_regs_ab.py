@@ -145,6 +145,7 @@ for _s in (4, 8):
 # topk_slabs_ab-native-h100-1286052.json; no gain at B = 32 / 64 / 128, slower at B = 1 / 8: removed)
 # (session 43's `wpf` -- register-span participants prefetching the next wave's span into L2 after their search --
 # ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
+VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared memory (topk_smem, Gluon)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
@@ -225,7 +226,7 @@ replaying = contextlib.nullcontext({})
 if args.cubins:
     from benchmarks import prod_cubins
 
-    kernels = {"_indexer_topk_kernel"}
+    kernels = {"_indexer_topk_kernel", "_topk_smem_kernel"}
     if any(fused(name) for name in args.variants.split(",")):
         kernels.add("_indexer_logits_kernel")
     replaying = prod_cubins.replay(Path(args.cubins), kernels)

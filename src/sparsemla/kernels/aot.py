@@ -364,6 +364,8 @@ def cases(target: str | None = None) -> dict[str, Callable[[], object]]:
     for rows, cols in ((1, 4096), (8, 65536), (64, 16384), (256, 65536)):  # 8 rows: the 8-warp split launch
         for k in (512, 2048):
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
+    for k in (512, 2048):  # the spans in shared memory (topk_smem, Gluon), position order
+        out[f"topk{k} rows64 cols64k smem"] = _topk_case(64, 65536, k, smem=True, sorted=False)
     out.update(prefill_cases())
     out.update(decode_v32_cases(target))
     return out

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from sparsemla.kernels import device as dev
+from sparsemla.kernels.indexer import topk_smem
 from sparsemla.kernels.layouts import IDX_PAGE
 
 TOPK_SIZES = (512, 1024, 2048)
@@ -156,6 +157,12 @@ SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
 # 31.8 -> 23.1 / 34.0 -> 26.4; B = 128 16k 31.0 -> 18.7 / 32.1 -> 19.0; B = 8 lost (16k 11.5 -> 16.1: 8 SMs busy).
 # Longer rows (256k) were not measured this way and keep the launch before.
 WIDE_MIN_ROWS = 32
+# Position-order launches whose wide register spans take two waves may select with the spans in shared memory
+# (topk_smem: three participants an sm_90 SM, one wave). H100, 3.8 cubins, graph replay, the explore prototype
+# (results/bench/explore/topk_gluon_span-native-h100-1ab33b5.json): B = 64 x 64k 34.7 / 34.7 us at k = 512 / 2048
+# against 42.3 / 42.6; B = 32 x 64k (one wave either way) 28-29 against 22.1 / 25.2. Off until the package's kernel
+# passes the GPU tests and is measured against the register spans (smem_spans).
+SMEM_SPANS = False
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
@@ -1104,6 +1111,16 @@ def topk_wide(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> bool:
     )
 
 
+def smem_spans(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> bool:
+    """Whether a position-order launch takes the spans in shared memory by default (:data:`SMEM_SPANS`): where the
+    wide launch's register spans need more than one wave of participants (one per SM) and an SM holds three of the
+    shared-memory ones, so they run in one."""
+    if not SMEM_SPANS or not topk_wide(rows, n_cols, k, info) or topk_smem.fits(rows, n_cols, k, info):
+        return False
+    waves_in_registers = rows * -(-n_cols // WIDE_SPAN) > info.num_sms
+    return waves_in_registers and topk_smem.resident(info) >= 3
+
+
 def choose_topk_launch(rows: int, n_cols: int, k: int, info: dev.DeviceInfo, wide: bool | None = None) -> TopkLaunch:
     """The top-k kernel's launch for ``rows`` rows of capacity ``n_cols`` and ``k`` on ``info``: the wide shape
     where :func:`topk_wide` (or ``wide``, forced by tests and sweeps), else 8-warp programs with :func:`topk_splits`,
@@ -1167,6 +1184,7 @@ def indexer_topk_fwd(
     wide: bool | None = None,
     block: int | None = None,
     prefetch: bool | None = None,
+    smem: bool | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1181,7 +1199,9 @@ def indexer_topk_fwd(
     digits of the in-register searches (:func:`radix_bits`) and ``stream_bits`` those of the streaming passes
     (:data:`STREAM_BITS`), ``wide`` the launch shape (:func:`choose_topk_launch`: by default :func:`topk_wide`),
     ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
-    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path."""
+    (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path. ``smem``: the spans in shared memory
+    (:mod:`~sparsemla.kernels.indexer.topk_smem`, position order only; by default where :func:`smem_spans`);
+    ``smem=True`` where that kernel cannot run raises ValueError with the reason."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1208,6 +1228,14 @@ def indexer_topk_fwd(
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
     info = dev.launch_info(logits.device)
+    if smem:
+        why = (
+            "it writes position order only (sorted=False)" if sorted else topk_smem.fits(rows, logits.shape[1], k, info)
+        )
+        if why:
+            raise ValueError(f"smem=True: the shared-memory top-k cannot take this launch: {why}")
+    if smem or (smem is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
+        return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size)
     if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
         wide = False  # explicit knobs tune the 8-warp launch (tests and sweeps); ``wide=True`` with them: the wide one
     launch = choose_topk_launch(rows, logits.shape[1], k, info, wide)
