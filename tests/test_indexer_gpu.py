@@ -355,7 +355,7 @@ def test_topk_smem_spans(k, rows):
         p = expect.clamp(min=0).long()
         assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64,
                                                            -1))  # fmt: skip
-        ws = topk_smem._WS.bufs[torch.device(DEV, torch.cuda.current_device())]
+        ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
         assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
 
     for _ in range(2):

@@ -1235,7 +1235,8 @@ def indexer_topk_fwd(
         if why:
             raise ValueError(f"smem=True: the shared-memory top-k cannot take this launch: {why}")
     if smem or (smem is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
-        return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size)
+        ws = _SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
+        return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws)
     if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
         wide = False  # explicit knobs tune the 8-warp launch (tests and sweeps); ``wide=True`` with them: the wide one
     launch = choose_topk_launch(rows, logits.shape[1], k, info, wide)

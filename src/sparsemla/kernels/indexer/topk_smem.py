@@ -13,10 +13,11 @@ Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions 
 -1 padded, ties at the threshold to the smaller positions, and with a page table the page slots
 ``page_table[row, pos >> PAGE_BITS] << PAGE_BITS | pos & (page_size - 1)``. A row of at most SMEM_SPAN positions is
 selected by one program, a longer one by ``ceil(length / SMEM_SPAN)`` (at most SMEM_SPLITS) participants. The grid is
-``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit. Workspace (int32, zero
-between launches, :class:`SmemWorkspace`): [ticket | rows counters | rows x PASSES * 256 histograms | rows x 2 *
-SMEM_SPLITS counts]. No sort (Gluon has none): the launcher keeps ``sorted=True`` on the Triton kernel. Gluon does not
-run on Triton's interpreter; the GPU tests run it in both code paths.
+``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit. Workspace: the Triton
+kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by :func:`workspace_region`), laid out here as
+[ticket | rows counters | rows x PASSES * 256 histograms | rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon
+has none): the launcher keeps ``sorted=True`` on the Triton kernel. Gluon does not run on Triton's interpreter; the
+GPU tests run it in both code paths.
 """
 
 from __future__ import annotations
@@ -217,28 +218,9 @@ if _HAVE_GLUON:
                                                                              pos >= 0, PAGE_BITS))  # fmt: skip
 
 
-class SmemWorkspace:
-    """Grow-only, zero-filled int32 workspace per device (every launch leaves it at zero). Warm up every shape before
-    CUDA-graph capture; an outgrown buffer is kept alive, since a graph captured earlier may still use it."""
-
-    def __init__(self) -> None:
-        self.bufs: dict[torch.device, torch.Tensor] = {}
-        self.retired: list[torch.Tensor] = []
-
-    @staticmethod
-    def ints(rows: int) -> int:
-        return 1 + rows * (1 + RADIX_PASSES * RADIX_BINS + 2 * SMEM_SPLITS)
-
-    def get(self, device: torch.device, rows: int) -> torch.Tensor:
-        buf = self.bufs.get(device)
-        if buf is None or buf.numel() < self.ints(rows):
-            if buf is not None:
-                self.retired.append(buf)
-            buf = self.bufs[device] = torch.zeros(self.ints(rows), dtype=torch.int32, device=device)
-        return buf
-
-
-_WS = SmemWorkspace()
+def workspace_region() -> int:
+    """Histogram ints per row this kernel needs of the Triton kernel's split workspace (``hist_region`` there)."""
+    return RADIX_PASSES * RADIX_BINS
 
 
 def fits(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> str | None:
@@ -266,15 +248,16 @@ def topk_smem_fwd(
     page_table: torch.Tensor | None,
     out_slots: torch.Tensor | None,
     page_size: int,
+    ws: torch.Tensor,
 ) -> torch.Tensor:
     """Launches the kernel on arguments :func:`sparsemla.kernels.indexer.topk.indexer_topk_fwd` checked: ``logits``
     fp32 [rows, cols] (unit column stride), ``lengths`` int32 [rows], ``out`` int32 [rows, k]; with ``page_table``
-    int32 [rows, max_pages] also ``out_slots`` int32 [rows, k] (``page_size`` a power of two). Returns ``out``."""
+    int32 [rows, max_pages] also ``out_slots`` int32 [rows, k] (``page_size`` a power of two); ``ws`` the zeroed
+    split workspace, at least 1 + rows * (1 + :func:`workspace_region` + 2 * SMEM_SPLITS) ints. Returns ``out``."""
     rows = logits.shape[0]
     write_slots = page_table is not None
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
-    ws = _WS.get(logits.device, rows)
     _topk_smem_kernel[(rows * SMEM_SPLITS,)](
         logits, lengths, out, pt, slots, ws,
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
