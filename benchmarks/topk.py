@@ -85,7 +85,10 @@ T38 = "sparsemla_split_t38"
 FUSED_T38 = "sparsemla_fused_t38"
 # Kernels each Triton 3.8 provider launches from cubins: the split top-k alone (its logits come from the logits launch
 # before the timing), and the fused launch's logits kernel with the top-k it may start.
-T38_KERNELS = {T38: {"_indexer_topk_kernel"}, FUSED_T38: {"_indexer_logits_kernel", "_indexer_topk_kernel"}}
+T38_KERNELS = {
+    T38: {"_indexer_topk_kernel", "_topk_smem_kernel"},
+    FUSED_T38: {"_indexer_logits_kernel", "_indexer_topk_kernel", "_topk_smem_kernel"},
+}
 DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p not in T38_KERNELS)  # the 3.8 providers join with --cubins
 LOGITS_PROVIDERS = ("sparsemla_fused", "sparsemla_logits_topk", "sparsemla_logits")  # at FUSED_LENGTH only
 SGLANG_PROVIDERS = ("sglang_jit_v1", "sglang_jit_v2")

@@ -393,12 +393,13 @@ def test_smem_spans_choice_and_refusals(monkeypatch):
     ValueError with the reason; every target fits it ahead of time (tests/test_aot.py)."""
     from sparsemla.kernels.indexer import topk_smem
 
-    assert topk.SMEM_SPANS is False  # off until the GPU tests and an A/B against the register spans
-    monkeypatch.setattr(topk, "SMEM_SPANS", True)
+    assert topk.SMEM_SPANS is True  # on since the A/B against the register spans (topk_smem_ab-native-h100-3f258ff)
     h100 = dev.TARGETS["sm_90"]
     assert topk_smem.resident(h100) >= 3 and topk_smem.resident(dev.TARGETS["sm_89"]) == 1
     assert topk.smem_spans(64, 65536, 512, h100) and topk.smem_spans(64, 65536, 2048, dev.TARGETS["sm_100"])
-    assert not topk.smem_spans(32, 65536, 512, h100)  # 128 register spans: one wave already
+    assert topk.smem_spans(34, 65536, 512, h100)  # 136 register spans on 132 SMs: two waves
+    assert not topk.smem_spans(33, 65536, 512, h100)  # 132 register spans: one wave already
+    assert not topk.smem_spans(32, 65536, 512, h100)
     assert not topk.smem_spans(64, 16384, 512, h100)  # one program a row
     assert not topk.smem_spans(64, 65536, 1024, h100)  # k = 1024: no wide launch
     assert not topk.smem_spans(64, 65536, 512, dev.TARGETS["sm_89"])  # one 66 KB program an SM
@@ -410,6 +411,8 @@ def test_smem_spans_choice_and_refusals(monkeypatch):
     assert "capacity of 70000" in topk_smem.fits(64, 70000, 512, h100)
     assert "k must be" in topk_smem.fits(64, 65536, 256, h100)
     assert topk_smem.fits(64, 65536, 2048, h100) is None
+    monkeypatch.setattr(topk, "SMEM_SPANS", False)
+    assert not topk.smem_spans(64, 65536, 512, h100)
 
 
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90", "sm_120"])

@@ -292,9 +292,10 @@ def test_topk_split_many_rows_and_graph_replay():
 @pytest.mark.parametrize("k", [512, 2048])
 def test_topk_wide_launch(k, cols, sort):
     """The wide launch the launcher takes at >= WIDE_MIN_ROWS rows: 16-warp programs, rows of up to 16k in one
-    register tile, longer ones in 16k register spans. Lengths around k and the span edges, heavy ties, all-equal and
-    -inf rows; exact against the reference, the workspace left at zero, and a captured graph replayed with new
-    lengths equal to eager calls."""
+    register tile, longer ones in 16k register spans (``smem=False``: test_topk_smem_spans covers the spans in shared
+    memory that smem_spans picks for position order where these need two waves). Lengths around k and the span
+    edges, heavy ties, all-equal and -inf rows; exact against the reference, the workspace left at zero, and a
+    captured graph replayed with new lengths equal to eager calls."""
     info = topk.dev.device_info(torch.device(DEV))
     rows = topk.WIDE_MIN_ROWS + 3
     launch = topk.choose_topk_launch(rows, cols, k, info)
@@ -306,12 +307,12 @@ def test_topk_wide_launch(k, cols, sort):
     logits[-1] = float("-inf")
     out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
     dl, dn = logits.to(DEV), lengths.to(DEV)
-    topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort)
+    topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort, smem=False)
     ref = indexer_topk_reference(logits, lengths, k)
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
     ws = topk._SPLIT_WS.bufs.get(torch.device(DEV, torch.cuda.current_device()))
     assert ws is None or int(ws.abs().sum()) == 0
-    graph = _captured(lambda: topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort))
+    graph = _captured(lambda: topk.indexer_topk_fwd(dl, dn, k, out=out, sorted=sort, smem=False))
     new = torch.randint(0, cols + 1, (rows,), generator=torch.Generator().manual_seed(cols), dtype=torch.int32)
     dn.copy_(new)
     out.fill_(-7)

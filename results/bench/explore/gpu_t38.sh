@@ -73,8 +73,8 @@ STREAMPF2_SHAPES=8x65536,64x65536,64x16384,1x65536
 STREAMPF2_KS=1024
 WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # session 43: the package's top-k spans in shared memory (topk_smem, smem=True) against the launcher's register spans
-SMEM_VARIANTS=default,smem
-SMEM_SHAPES=32x65536,48x65536,64x65536,96x65536,128x65536,64x16384
+SMEM_VARIANTS=${SMEM_VARIANTS:-default,regs,smem}  # `default`: smem_spans' choice (SMEM_SPANS)
+SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x16384,8x65536}
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with

@@ -146,6 +146,7 @@ for _s in (4, 8):
 # (session 43's `wpf` -- register-span participants prefetching the next wave's span into L2 after their search --
 # ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
 VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared memory (topk_smem, Gluon)
+VARIANTS["regs"] = (new, dict(smem=False))  # session 44: the register spans once smem_spans picks shared memory
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
@@ -242,7 +243,7 @@ def save(rows: list, replayed: dict) -> None:
 
 
 gen = torch.Generator(device=DEV).manual_seed(0)
-kv = gpu_indexer_cache(64 * CAP // 64 + 64, DEV, gen)
+kv = gpu_indexer_cache(max(b * -(-ctx // 64) for b, ctx in SHAPES) + 64, DEV, gen)  # pages for the largest case
 rows = []
 replayed = replaying.__enter__()
 for b, ctx in SHAPES:

@@ -157,12 +157,12 @@ SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
 # 31.8 -> 23.1 / 34.0 -> 26.4; B = 128 16k 31.0 -> 18.7 / 32.1 -> 19.0; B = 8 lost (16k 11.5 -> 16.1: 8 SMs busy).
 # Longer rows (256k) were not measured this way and keep the launch before.
 WIDE_MIN_ROWS = 32
-# Position-order launches whose wide register spans take two waves may select with the spans in shared memory
-# (topk_smem: three participants an sm_90 SM, one wave). H100, 3.8 cubins, graph replay, the explore prototype
-# (results/bench/explore/topk_gluon_span-native-h100-1ab33b5.json): B = 64 x 64k 34.7 / 34.7 us at k = 512 / 2048
-# against 42.3 / 42.6; B = 32 x 64k (one wave either way) 28-29 against 22.1 / 25.2. Off until the package's kernel
-# passes the GPU tests and is measured against the register spans (smem_spans).
-SMEM_SPANS = False
+# Position-order launches whose wide register spans take more than one wave select with the spans in shared memory
+# (topk_smem: three participants an sm_90 SM; 132 SMs hold 99 rows of 64k at once, against 33 in registers). H100, 3.8
+# cubins, graph replay, the package's kernel (results/bench/explore/topk_smem_ab-native-h100-3f258ff.json), k = 512 /
+# 2048: B = 48 x 64k 43.3 -> 33.6 / 41.8 -> 35.5 us, B = 64 x 64k 42.3 -> 32.2 / 46.9 -> 36.7; B = 32 x 64k (one wave
+# either way) 22.0 -> 25.7 / 25.0 -> 29.3, so not there (smem_spans).
+SMEM_SPANS = True
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
