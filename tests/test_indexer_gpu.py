@@ -325,17 +325,17 @@ def test_topk_wide_launch(k, cols, sort):
 @pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_topk_smem_spans(k, rows):
-    """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, around one
-    program's 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact positions in ascending order and
-    page slots, NaN-poisoned outputs fully written, two launches on the workspace the first left at zero, and a captured
-    graph replayed with new lengths equal to the reference."""
+    """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, one to four
+    participants (SMEM_MIN_SPAN each), around 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact
+    positions in ascending order and page slots, poisoned outputs fully written, two launches on the workspace the
+    first left at zero, and a captured graph replayed with new lengths equal to the reference."""
     from sparsemla.kernels.indexer import topk_smem
 
     info = topk.dev.device_info(torch.device(DEV))
     if topk_smem.fits(rows, 65536, k, info):
         pytest.skip(topk_smem.fits(rows, 65536, k, info))
     cols = 65536
-    lengths = [0, 1, k - 1, k, k + 1, 4096, 16383, 16384, 16385, 30000, 40000, cols - 1, cols, cols]
+    lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 12289, 16383, 16384, 16385, 30000, 40000, cols - 1, cols, cols]
     lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
     logits = _tied_rows(rows, cols, seed=k + rows)
     logits[-2] = 0.25  # all equal: the first k positions win

@@ -11,8 +11,8 @@ results/bench/explore/topk_gluon_span-native-h100-1ab33b5.json).
 
 Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions [rows, K] int32 in ascending order,
 -1 padded, ties at the threshold to the smaller positions, and with a page table the page slots
-``page_table[row, pos >> PAGE_BITS] << PAGE_BITS | pos & (page_size - 1)``. A row of at most SMEM_SPAN positions is
-selected by one program, a longer one by ``ceil(length / SMEM_SPAN)`` (at most SMEM_SPLITS) participants. The grid is
+``page_table[row, pos >> PAGE_BITS] << PAGE_BITS | pos & (page_size - 1)``. A row of length n > K is selected by
+``min(ceil(n / SMEM_MIN_SPAN), SMEM_SPLITS)`` participants of equal spans (at most SMEM_SPAN keys each). The grid is
 ``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit. Workspace: the Triton
 kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by :func:`workspace_region`), laid out here as
 [ticket | rows counters | rows x PASSES * 256 histograms | rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon
@@ -38,6 +38,7 @@ from sparsemla.kernels import device as dev
 SMEM_SPAN = 16384  # keys a participant holds (64 KB)
 SMEM_CHUNK = 2048  # keys read back from shared memory at a time (8 a thread)
 SMEM_SPLITS = 4  # participants a row may have: rows up to SMEM_SPLITS * SMEM_SPAN positions
+SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SMEM_SPLITS)
 SMEM_WARPS = 8
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
@@ -111,6 +112,7 @@ if _HAVE_GLUON:
         SPLITS: gl.constexpr,
         SPAN: gl.constexpr,
         CHUNK: gl.constexpr,
+        MIN_SPAN: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
@@ -124,7 +126,8 @@ if _HAVE_GLUON:
         i_r = (ticket // SPLITS).to(gl.int64)
         part = ticket % SPLITS
         n = gl.minimum(gl.maximum(gl.load(lens_ptr + i_r), 0), n_cols)
-        n_part = gl.minimum(gl.maximum(gl.cdiv(n, SPAN), 1), SPLITS)
+        # participants: one per MIN_SPAN keys up to SPLITS (a short row still spreads over SMs; spans <= SPAN)
+        n_part = gl.minimum(gl.maximum(gl.cdiv(n, MIN_SPAN), 1), SPLITS)
         o_k = gl.arange(0, K, layout=LH)
         p_idx = idx_ptr + i_r * stride_idx
         if (n <= K) & (part == 0):  # no selection: every position, then -1
@@ -141,9 +144,10 @@ if _HAVE_GLUON:
             span = gl.cdiv(n, n_part)
             lo = part * span
             hi = gl.minimum(lo + span, n)
+            n_ch = gl.cdiv(hi - lo, CHUNK)  # chunks this span fills (<= NCH)
             o_c = gl.arange(0, CHUNK, layout=L1)
             o_h = gl.arange(0, NB, layout=LH)
-            for c in range(NCH):  # global -> order keys -> shared memory (a runtime loop: one chunk live at a time)
+            for c in range(n_ch):  # global -> order keys -> shared memory (a runtime loop: one chunk live at a time)
                 offs = lo + c * CHUNK + o_c
                 keys.index(c).store(_order_key(gl.load(src + offs, mask=offs < hi, other=0.0)))  # [CHUNK]
             _barrier()
@@ -160,7 +164,7 @@ if _HAVE_GLUON:
                 shift = top - 8  # this pass's digit: bits [shift, top)
                 if more != 0:
                     hist = gl.zeros([NB], gl.int32, layout=LH)
-                    for c in range(NCH):
+                    for c in range(n_ch):
                         u = keys.index(c).load(L1) ^ MIN_I32  # [CHUNK] sign flipped: digit order is key order
                         m = (lo + c * CHUNK + o_c) < hi
                         if p > 0:
@@ -191,7 +195,7 @@ if _HAVE_GLUON:
             gt_before = gl.sum(gl.load(p_cnt + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
             eq_before = gl.sum(gl.load(p_cnt + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
             thr = (prefix ^ MIN_I32) >> low  # the settled bits in signed order-key form
-            for c in range(NCH):  # the winners, a chunk at a time, at their position-order slots
+            for c in range(n_ch):  # the winners, a chunk at a time, at their position-order slots
                 offs = lo + c * CHUNK + o_c
                 valid = offs < hi
                 hk = keys.index(c).load(L1) >> low  # [CHUNK]
@@ -262,6 +266,6 @@ def topk_smem_fwd(
         logits, lengths, out, pt, slots, ws,
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
-        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
+        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
