@@ -171,10 +171,11 @@ if _HAVE_GLUON:
                             m = m & ((u >> top) == (prefix >> top))
                         hist += gl.histogram((u >> shift) & (NB - 1), NB, mask=m, layout=LH)  # [NB]
                     own = hist
-                    gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
-                    phase += 1
-                    _arrive_and_wait(p_bar, phase * n_part)
-                    hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
+                    if n_part > 1:  # the row's histogram, every participant's merged behind the row's barrier
+                        gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+                        phase += 1
+                        _arrive_and_wait(p_bar, phase * n_part)
+                        hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
                     ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
                     d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
                     above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
@@ -185,15 +186,17 @@ if _HAVE_GLUON:
                     prefix = prefix | (d << shift)
                     low = zero + shift
                     more = (in_bin != k_rem).to(gl.int32)
-            # the spans' counts above / at the threshold, exchanged: where this span's winners start
-            gl.store(p_cnt + part * 2, n_above)
-            gl.store(p_cnt + part * 2 + 1, n_in)
-            phase += 1
-            _arrive_and_wait(p_bar, phase * n_part)
             o_s = gl.arange(0, SPLITS, layout=LH)
-            earlier = o_s < part
-            gt_before = gl.sum(gl.load(p_cnt + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
-            eq_before = gl.sum(gl.load(p_cnt + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+            gt_before = zero  # winners above / at the threshold in earlier spans
+            eq_before = zero
+            if n_part > 1:  # the spans' counts above / at the threshold, exchanged: where this span's winners start
+                gl.store(p_cnt + part * 2, n_above)
+                gl.store(p_cnt + part * 2 + 1, n_in)
+                phase += 1
+                _arrive_and_wait(p_bar, phase * n_part)
+                earlier = o_s < part
+                gt_before = gl.sum(gl.load(p_cnt + o_s * 2, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
+                eq_before = gl.sum(gl.load(p_cnt + o_s * 2 + 1, mask=earlier, other=0, cache_modifier=".cg"), axis=0)
             thr = (prefix ^ MIN_I32) >> low  # the settled bits in signed order-key form
             for c in range(n_ch):  # the winners, a chunk at a time, at their position-order slots
                 offs = lo + c * CHUNK + o_c
@@ -209,14 +212,20 @@ if _HAVE_GLUON:
                 gl.store(p_idx + slot, offs, mask=take)
                 gt_before += gl.sum(gt, axis=0)
                 eq_before += gl.sum(eq, axis=0)
-            _barrier()
-            arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
-            if arrived == (phase + 1) * n_part:  # the last participant: every other one is past the row's workspace
-                gl.store(p_hist + gl.arange(0, PASSES * NB, layout=LH), gl.zeros([PASSES * NB], gl.int32, layout=LH))
-                gl.store(p_cnt + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
-                gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
-                gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
-                if WRITE_SLOTS:  # every participant's winners are in (their stores came before their arrival)
+            _barrier()  # every thread's winners stored before this program's arrival (or its own slot loads)
+            if n_part > 1:
+                arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
+                last = arrived == (phase + 1) * n_part
+                if last:  # the last participant: every other one is past the row's workspace
+                    gl.store(p_hist + gl.arange(0, PASSES * NB, layout=LH),
+                             gl.zeros([PASSES * NB], gl.int32, layout=LH))  # fmt: skip
+                    gl.store(p_cnt + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
+                    gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
+                    gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
+            else:  # one participant: no workspace touched beyond the ticket
+                last = n_part == 1
+            if WRITE_SLOTS:
+                if last:  # every participant's winners are in (their stores came before their arrival)
                     pos = gl.load(p_idx + o_k, cache_modifier=".cg")  # [K] ascending
                     gl.store(slot_ptr + i_r * stride_slot + o_k, _page_slots(pt_ptr + i_r * stride_pt, pos,
                                                                              pos >= 0, PAGE_BITS))  # fmt: skip
