@@ -555,6 +555,11 @@ for line in sys.stdin:
     ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
+    # sglang's JIT top-k (the k = 2048 targets' baseline) needs its sources and apache-tvm-ffi in the carried .gpu
+    if [ ! -d .gpu/sglang_src/sglang ] || ! compgen -G ".gpu/wheels/apache_tvm_ffi-*.whl" >/dev/null; then
+        echo "formal: .gpu lacks sglang_src or the apache-tvm-ffi wheel: run bash benchmarks/gpu-sglang-jit.sh here" >&2
+        exit 2
+    fi
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${FORMAL_LIMIT_S:-570}" python3 -m benchmarks.topk --paths "$2" --cubins .gpu-cubins/topk --git-sha "$SHA" \

@@ -158,10 +158,12 @@ SPLIT_REG_BITS = 5  # Triton < 3.8; see split_reg_bits
 # Longer rows (256k) were not measured this way and keep the launch before.
 WIDE_MIN_ROWS = 32
 # Position-order launches whose wide register spans take more than one wave select with the spans in shared memory
-# (topk_smem: three participants an sm_90 SM; 132 SMs hold 99 rows of 64k at once, against 33 in registers). H100, 3.8
-# cubins, graph replay, the package's kernel (results/bench/explore/topk_smem_ab-native-h100-3f258ff.json), k = 512 /
-# 2048: B = 48 x 64k 43.3 -> 33.6 / 41.8 -> 35.5 us, B = 64 x 64k 42.3 -> 32.2 / 46.9 -> 36.7; B = 32 x 64k (one wave
-# either way) 22.0 -> 25.7 / 25.0 -> 29.3, so not there (smem_spans).
+# (topk_smem: three participants an sm_90 SM; 132 SMs hold 99 rows of 64k at once, against 33 in registers). The choice
+# sees the capacity, not the lengths, so short rows pay. H100, 3.8 cubins, graph replay of 20, cap 64k, us at k = 512 /
+# 2048 (results/bench/explore/topk_smem_ab4-native-h100-e66452d.json), registers -> shared memory: B = 64 x 64k 44.8
+# -> 33.3 / 44.5 -> 36.3, B = 48 x 64k 42.5 -> 33.5 / 43.2 -> 35.2, B = 128 x 64k 85.7 -> 64.2 / 90.0 -> 64.5; lengths
+# 16k 15.6 -> 17.9 / 15.8 -> 18.5, 4k 7.0 -> 10.1 / 7.1 -> 10.6, 1k 6.6 -> 7.2 / 3.5 -> 2.6 at B = 64; B = 32 x 64k
+# (one wave either way) 24.8 -> 29.1, so not there (smem_spans).
 SMEM_SPANS = True
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384

@@ -12,12 +12,13 @@ results/bench/explore/topk_gluon_span-native-h100-1ab33b5.json).
 Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions [rows, K] int32 in ascending order,
 -1 padded, ties at the threshold to the smaller positions, and with a page table the page slots
 ``page_table[row, pos >> PAGE_BITS] << PAGE_BITS | pos & (page_size - 1)``. A row of length n > K is selected by
-``min(ceil(n / SMEM_MIN_SPAN), SMEM_SPLITS)`` participants of equal spans (at most SMEM_SPAN keys each). The grid is
-``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit. Workspace: the Triton
-kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by :func:`workspace_region`), laid out here as
-[ticket | rows counters | rows x PASSES * 256 histograms | rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon
-has none): the launcher keeps ``sorted=True`` on the Triton kernel. Gluon does not run on Triton's interpreter; the
-GPU tests run it in both code paths.
+``min(ceil(n / SMEM_MIN_SPAN), SMEM_SPLITS)`` participants of equal spans (at most SMEM_SPAN keys each); a row of
+one participant never touches the workspace beyond its ticket (no global histograms, barriers or count exchange).
+The grid is ``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit.
+Workspace: the Triton kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by
+:func:`workspace_region`), laid out here as [ticket | rows counters | rows x PASSES * 256 histograms |
+rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon has none): the launcher keeps ``sorted=True`` on the Triton
+kernel. Gluon does not run on Triton's interpreter; the GPU tests run it in both code paths.
 """
 
 from __future__ import annotations
