@@ -5,9 +5,9 @@ over order keys read back from shared memory one CHUNK at a time instead of held
 
 Why: a split participant of the Triton kernel holds its 16k-key span in registers (~128 a thread at 512 threads), so
 an SM holds one and B = 64 rows of 64k (256 participants) take two waves on 132 SMs. Here a participant is 8 warps with
-64-77 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
-three and the same launch runs in one wave (measurements: docs/performance.md; the prototype's,
-results/bench/explore/topk_gluon_span-native-h100-1ab33b5.json).
+73-83 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
+three and the same launch runs in one wave (measurements against the register spans:
+results/bench/explore/topk_smem_ab4-native-h100-e66452d.json).
 
 Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions [rows, K] int32 in ascending order,
 -1 padded, ties at the threshold to the smaller positions, and with a page table the page slots
@@ -54,8 +54,8 @@ def available() -> bool:
 
 
 def resident(info: dev.DeviceInfo) -> int:
-    """Participants one SM of ``info`` holds at once (shared memory and threads; 64-77 registers a thread never bind
-    below three)."""
+    """Participants one SM of ``info`` holds at once (shared memory and threads; 75-78 registers a thread on sm_90 /
+    sm_100 never bind below three)."""
     return dev.resident_blocks(info, SHARED_BYTES, 32 * SMEM_WARPS)
 
 
