@@ -75,6 +75,10 @@ WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # session 43: the package's top-k spans in shared memory (topk_smem, smem=True) against the launcher's register spans
 SMEM_VARIANTS=${SMEM_VARIANTS:-default,regs,smem}  # `default`: smem_spans' choice (SMEM_SPANS)
 SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x16384,8x65536}
+# session 44: the shared-memory spans' packed sums (topk_smem.SMEM_PACKED_SUMS) against one sum a count, and the
+# register spans, at the points of issue #15 (cap 64k) and the wave edges
+PACKED_VARIANTS=regs,smem_unpacked,smem_packed
+PACKED_SHAPES=64x1024,64x4096,64x16384,32x65536,48x65536,64x65536,128x65536
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with
@@ -494,7 +498,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-smem)  # the cubins of `streampf` / `streampf2` / `smem`
+build-streampf|build-streampf2|build-smem|build-packed)  # the cubins of `streampf` / `streampf2` / `smem` / `packed`
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -505,6 +509,9 @@ wide)  # the wide launch's A/B from 3.8 cubins
     ;;
 smem)  # session 43: the package's shared-memory spans against the register spans, from .gpu-cubins/smem
     ab_run smem "topk_smem_ab-native-$(gpu_tag).json" 240
+    ;;
+packed)  # session 44: the shared-memory spans' packed sums, from .gpu-cubins/packed
+    ab_run packed "topk_packed_ab-native-$(gpu_tag).json" 240
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150

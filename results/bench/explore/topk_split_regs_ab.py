@@ -147,6 +147,8 @@ for _s in (4, 8):
 # ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
 VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared memory (topk_smem, Gluon)
 VARIANTS["regs"] = (new, dict(smem=False))  # session 44: the register spans once smem_spans picks shared memory
+VARIANTS["smem_packed"] = (new, dict(smem=True, _smem_packed=True))  # session 44: topk_smem.SMEM_PACKED_SUMS
+VARIANTS["smem_unpacked"] = (new, dict(smem=True, _smem_packed=False))
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
@@ -158,6 +160,7 @@ MODS = {old, new} | {mod for mod, _ in VARIANTS.values()}
 WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
 WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
+SMEM_PACKED = new.topk_smem.SMEM_PACKED_SUMS  # the package's default, restored after a variant that sets it
 
 
 def fused(name: str) -> bool:
@@ -186,11 +189,13 @@ def variant(name: str, k: int) -> tuple:
     if hasattr(mod, "WIDE_WARPS"):  # a wide launch's (twenty-first session) warps: the same override
         mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
+    new.topk_smem.SMEM_PACKED_SUMS = kw.pop("_smem_packed", SMEM_PACKED)  # read at every launch
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
+    new.topk_smem.SMEM_PACKED_SUMS = SMEM_PACKED
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

@@ -40,6 +40,10 @@ SMEM_SPAN = 16384  # keys a participant holds (64 KB)
 SMEM_CHUNK = 2048  # keys read back from shared memory at a time (8 a thread)
 SMEM_SPLITS = 4  # participants a row may have: rows up to SMEM_SPLITS * SMEM_SPAN positions
 SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SMEM_SPLITS)
+# Each radix pass's four counts (the row's keys above the threshold bin and in it, this span's above and in it) and each
+# winners' chunk's two counts in one CTA-wide sum of packed fields instead of one sum each: 3 reductions fewer a pass, 1
+# a chunk (an 8-warp reduction is shuffles, a shared-memory round and a barrier). Off until the GPU tests and an A/B.
+SMEM_PACKED_SUMS = False
 SMEM_WARPS = 8
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
@@ -114,6 +118,7 @@ if _HAVE_GLUON:
         SPAN: gl.constexpr,
         CHUNK: gl.constexpr,
         MIN_SPAN: gl.constexpr,
+        PACKED: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
@@ -179,10 +184,22 @@ if _HAVE_GLUON:
                         hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
                     ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
                     d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
-                    above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
-                    in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
-                    n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
-                    n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
+                    if PACKED:  # int64 fields [0, 17) / [17, 32) / [32, 49) / [49, 64): row counts <= 64k, a span's
+                        # <= 16k, so no field carries into the next (the top one may set the sign bit: masked out)
+                        h64 = hist.to(gl.int64)
+                        o64 = own.to(gl.int64)
+                        packed = gl.where(o_h > d, h64 | (o64 << 17), 0)  # [NB] above bin d
+                        packed += gl.where(o_h == d, (h64 << 32) | (o64 << 49), 0)  # [NB] in bin d
+                        tot = gl.sum(packed, axis=0)
+                        above = (tot & 0x1FFFF).to(gl.int32)
+                        n_above += ((tot >> 17) & 0x7FFF).to(gl.int32)
+                        in_bin = ((tot >> 32) & 0x1FFFF).to(gl.int32)
+                        n_in = ((tot >> 49) & 0x7FFF).to(gl.int32)
+                    else:
+                        above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
+                        in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
+                        n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
+                        n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
                     k_rem -= above
                     prefix = prefix | (d << shift)
                     low = zero + shift
@@ -211,8 +228,13 @@ if _HAVE_GLUON:
                 take = (gt != 0) | ((eq != 0) & (eq_rank < k_rem))
                 slot = gt_before + (before & 0xFFFF) + gl.minimum(eq_rank, k_rem)  # winners before this one
                 gl.store(p_idx + slot, offs, mask=take)
-                gt_before += gl.sum(gt, axis=0)
-                eq_before += gl.sum(eq, axis=0)
+                if PACKED:
+                    tot = gl.sum(both, axis=0)  # this chunk's gt | eq << 16
+                    gt_before += tot & 0xFFFF
+                    eq_before += tot >> 16
+                else:
+                    gt_before += gl.sum(gt, axis=0)
+                    eq_before += gl.sum(eq, axis=0)
             _barrier()  # every thread's winners stored before this program's arrival (or its own slot loads)
             if n_part > 1:
                 arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
@@ -276,6 +298,7 @@ def topk_smem_fwd(
         logits, lengths, out, pt, slots, ws,
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
-        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
+        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS, NUM_WARPS=SMEM_WARPS,
+        num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
