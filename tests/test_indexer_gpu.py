@@ -322,18 +322,24 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["sums", "packed-sums"])
+@pytest.mark.parametrize(
+    ("packed", "direct"),
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["sums", "packed-sums", "direct-slots", "packed-direct-slots"],
+)
 @pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
 @pytest.mark.parametrize("k", [512, 1024, 2048])
-def test_topk_smem_spans(k, rows, packed, monkeypatch):
+def test_topk_smem_spans(k, rows, packed, direct, monkeypatch):
     """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, one to four
     participants (SMEM_MIN_SPAN each), around 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact
     positions in ascending order and page slots, poisoned outputs fully written, two launches on the workspace the
     first left at zero, and a captured graph replayed with new lengths equal to the reference; each count in its own
-    CTA-wide sum and packed into one (SMEM_PACKED_SUMS)."""
+    CTA-wide sum and packed into one (SMEM_PACKED_SUMS); page slots from the last participant and with the winners
+    (SMEM_DIRECT_SLOTS)."""
     from sparsemla.kernels.indexer import topk_smem
 
     monkeypatch.setattr(topk_smem, "SMEM_PACKED_SUMS", packed)
+    monkeypatch.setattr(topk_smem, "SMEM_DIRECT_SLOTS", direct)
     info = topk.dev.device_info(torch.device(DEV))
     if topk_smem.fits(rows, 65536, k, info):
         pytest.skip(topk_smem.fits(rows, 65536, k, info))

@@ -79,6 +79,10 @@ SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x1638
 # register spans, at the points of issue #15 (cap 64k) and the wave edges
 PACKED_VARIANTS=regs,smem_unpacked,smem_packed
 PACKED_SHAPES=64x1024,64x4096,64x16384,32x65536,48x65536,64x65536,128x65536
+# session 45: page slots written with the winners (SMEM_DIRECT_SLOTS) and a participant per 8k / 16k keys
+# (SMEM_MIN_SPAN), over the packed sums, next to the register spans and session 44's two
+DIRECT_VARIANTS=${DIRECT_VARIANTS:-regs,smem_unpacked,smem_packed,smem_packed_direct,smem_packed_direct_m8k,smem_packed_direct_m16k}
+DIRECT_SHAPES=${DIRECT_SHAPES:-64x1024,64x4096,64x16384,64x65536,128x65536}
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with
@@ -498,7 +502,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-smem|build-packed)  # the cubins of `streampf` / `streampf2` / `smem` / `packed`
+build-streampf|build-streampf2|build-smem|build-packed|build-direct)  # the cubins of that A/B
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -512,6 +516,9 @@ smem)  # session 43: the package's shared-memory spans against the register span
     ;;
 packed)  # session 44: the shared-memory spans' packed sums, from .gpu-cubins/packed
     ab_run packed "topk_packed_ab-native-$(gpu_tag).json" 240
+    ;;
+direct)  # session 45: direct page slots and the participants' minimum span, from .gpu-cubins/direct
+    ab_run direct "topk_direct_ab-native-$(gpu_tag).json" "${DIRECT_LIMIT_S:-420}"
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
@@ -573,7 +580,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-direct|direct|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -44,6 +44,10 @@ SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SM
 # winners' chunk's two counts in one CTA-wide sum of packed fields instead of one sum each: 3 reductions fewer a pass, 1
 # a chunk (an 8-warp reduction is shuffles, a shared-memory round and a barrier). Off until the GPU tests and an A/B.
 SMEM_PACKED_SUMS = False
+# Page slots written with the winners, by every participant at the slots it fills, instead of by a row's last
+# participant from the positions read back after the row's last arrival (a CTA barrier, an L2 round trip and a
+# dependent page-table gather on one program). Off until the GPU tests and an A/B.
+SMEM_DIRECT_SLOTS = False
 SMEM_WARPS = 8
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
@@ -119,6 +123,7 @@ if _HAVE_GLUON:
         CHUNK: gl.constexpr,
         MIN_SPAN: gl.constexpr,
         PACKED: gl.constexpr,
+        DIRECT_SLOTS: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
@@ -228,6 +233,10 @@ if _HAVE_GLUON:
                 take = (gt != 0) | ((eq != 0) & (eq_rank < k_rem))
                 slot = gt_before + (before & 0xFFFF) + gl.minimum(eq_rank, k_rem)  # winners before this one
                 gl.store(p_idx + slot, offs, mask=take)
+                if WRITE_SLOTS and DIRECT_SLOTS:  # the chunk's pages loaded for every valid key: no wait on ``take``
+                    page = gl.load(pt_ptr + i_r * stride_pt + (offs >> PAGE_BITS), mask=valid, other=0)  # [CHUNK]
+                    gl.store(slot_ptr + i_r * stride_slot + slot, (page << PAGE_BITS) | (offs & ((1 << PAGE_BITS) - 1)),
+                             mask=take)  # fmt: skip
                 if PACKED:
                     tot = gl.sum(both, axis=0)  # this chunk's gt | eq << 16
                     gt_before += tot & 0xFFFF
@@ -235,8 +244,8 @@ if _HAVE_GLUON:
                 else:
                     gt_before += gl.sum(gt, axis=0)
                     eq_before += gl.sum(eq, axis=0)
-            _barrier()  # every thread's winners stored before this program's arrival (or its own slot loads)
             if n_part > 1:
+                _barrier()  # every thread past the row's workspace (and its winners stored) before the arrival
                 arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
                 last = arrived == (phase + 1) * n_part
                 if last:  # the last participant: every other one is past the row's workspace
@@ -246,8 +255,10 @@ if _HAVE_GLUON:
                     gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
                     gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
             else:  # one participant: no workspace touched beyond the ticket
+                if WRITE_SLOTS and not DIRECT_SLOTS:
+                    _barrier()  # every thread's winners stored before the slot loads below
                 last = n_part == 1
-            if WRITE_SLOTS:
+            if WRITE_SLOTS and not DIRECT_SLOTS:
                 if last:  # every participant's winners are in (their stores came before their arrival)
                     pos = gl.load(p_idx + o_k, cache_modifier=".cg")  # [K] ascending
                     gl.store(slot_ptr + i_r * stride_slot + o_k, _page_slots(pt_ptr + i_r * stride_pt, pos,
@@ -298,7 +309,7 @@ def topk_smem_fwd(
         logits, lengths, out, pt, slots, ws,
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
-        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS, NUM_WARPS=SMEM_WARPS,
-        num_warps=SMEM_WARPS,
+        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS,
+        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
