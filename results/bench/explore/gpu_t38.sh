@@ -79,9 +79,11 @@ SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x1638
 # register spans, at the points of issue #15 (cap 64k) and the wave edges
 PACKED_VARIANTS=regs,smem_unpacked,smem_packed
 PACKED_SHAPES=64x1024,64x4096,64x16384,32x65536,48x65536,64x65536,128x65536
-# session 45: page slots written with the winners (SMEM_DIRECT_SLOTS) and a participant per 8k / 16k keys
-# (SMEM_MIN_SPAN), over the packed sums, next to the register spans and session 44's two
-DIRECT_VARIANTS=${DIRECT_VARIANTS:-regs,smem_unpacked,smem_packed,smem_packed_direct,smem_packed_direct_m8k,smem_packed_direct_m16k}
+# session 45: page slots written with the winners (SMEM_DIRECT_SLOTS), a participant per 8k / 16k keys (SMEM_MIN_SPAN)
+# and 5- to 7-bit radix digits (SMEM_DIGIT_BITS), over the packed sums, next to the register spans and session 44's two
+DIRECT_VARIANTS=regs,smem_unpacked,smem_packed,smem_packed_direct,smem_packed_direct_m8k,smem_packed_direct_m16k
+DIRECT_VARIANTS+=,smem_packed_direct_b5,smem_packed_direct_b6,smem_packed_direct_b7,smem_packed_direct_b6_m16k
+DIRECT_VARIANTS=${DIRECT_VARIANTS_ONLY:-$DIRECT_VARIANTS}
 DIRECT_SHAPES=${DIRECT_SHAPES:-64x1024,64x4096,64x16384,64x65536,128x65536}
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)

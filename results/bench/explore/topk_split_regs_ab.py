@@ -155,6 +155,12 @@ VARIANTS["smem_packed_direct"] = (new, dict(smem=True, _smem_packed=True, _smem_
 VARIANTS["smem_packed_direct_m8k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True, _smem_min_span=8192))
 VARIANTS["smem_packed_direct_m16k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True,
                                                  _smem_min_span=16384))  # fmt: skip
+# and radix digits of 5 / 6 / 7 bits (SMEM_DIGIT_BITS; 8 in the package): fewer histogram instructions, more passes
+for _bits in (5, 6, 7):
+    VARIANTS[f"smem_packed_direct_b{_bits}"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True,
+                                                          _smem_bits=_bits))  # fmt: skip
+VARIANTS["smem_packed_direct_b6_m16k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True, _smem_bits=6,
+                                                    _smem_min_span=16384))  # fmt: skip
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
@@ -169,6 +175,7 @@ WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
 SMEM_PACKED = new.topk_smem.SMEM_PACKED_SUMS  # the package's defaults, restored after a variant that sets them
 SMEM_DIRECT = new.topk_smem.SMEM_DIRECT_SLOTS
 SMEM_MIN_SPAN = new.topk_smem.SMEM_MIN_SPAN
+SMEM_BITS = new.topk_smem.SMEM_DIGIT_BITS
 
 
 def fused(name: str) -> bool:
@@ -200,6 +207,7 @@ def variant(name: str, k: int) -> tuple:
     new.topk_smem.SMEM_PACKED_SUMS = kw.pop("_smem_packed", SMEM_PACKED)  # read at every launch
     new.topk_smem.SMEM_DIRECT_SLOTS = kw.pop("_smem_direct", SMEM_DIRECT)
     new.topk_smem.SMEM_MIN_SPAN = kw.pop("_smem_min_span", SMEM_MIN_SPAN)
+    new.topk_smem.SMEM_DIGIT_BITS = kw.pop("_smem_bits", SMEM_BITS)
     return mod, kw
 
 
@@ -208,6 +216,7 @@ def restore(mod) -> None:  # noqa: ANN001
     new.topk_smem.SMEM_PACKED_SUMS = SMEM_PACKED
     new.topk_smem.SMEM_DIRECT_SLOTS = SMEM_DIRECT
     new.topk_smem.SMEM_MIN_SPAN = SMEM_MIN_SPAN
+    new.topk_smem.SMEM_DIGIT_BITS = SMEM_BITS
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

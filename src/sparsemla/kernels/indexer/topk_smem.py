@@ -16,7 +16,7 @@ Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions 
 one participant never touches the workspace beyond its ticket (no global histograms, barriers or count exchange).
 The grid is ``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit.
 Workspace: the Triton kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by
-:func:`workspace_region`), laid out here as [ticket | rows counters | rows x PASSES * 256 histograms |
+:func:`workspace_region`), laid out here as [ticket | rows counters | rows x HIST_ROW histograms |
 rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon has none): the launcher keeps ``sorted=True`` on the Triton
 kernel. Gluon does not run on Triton's interpreter; the GPU tests run it in both code paths.
 """
@@ -51,8 +51,12 @@ SMEM_DIRECT_SLOTS = False
 SMEM_WARPS = 8
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
-RADIX_BINS = 256  # 8-bit digits
-RADIX_PASSES = 4
+# Bits a radix pass settles (cdiv(32, bits) passes at most, the last one narrower). gl.histogram lowers to a warp ballot
+# per bit and, per lane, a mask-and-popcount for each of the 2 ** bits / 32 bins it owns: ~100 instructions per 32
+# keys at 8 bits, ~30 at 6, so narrower digits trade instructions against passes (each a CTA-wide scan and, in a row
+# of several participants, a barrier). Off-default widths until the GPU tests and an A/B.
+SMEM_DIGIT_BITS = 8
+HIST_ROW = 1024  # workspace ints a row's histograms may fill: passes * 2 ** bits for every width in 4..8
 
 
 def available() -> bool:
@@ -70,8 +74,7 @@ def resident(info: dev.DeviceInfo) -> int:
 if _HAVE_GLUON:
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton 3.8's name; 3.6 calls it thread_barrier
 
-    NB: gl.constexpr = gl.constexpr(RADIX_BINS)
-    PASSES: gl.constexpr = gl.constexpr(RADIX_PASSES)
+    HROW: gl.constexpr = gl.constexpr(HIST_ROW)
     MIN_I32: gl.constexpr = gl.constexpr(-2147483648)
 
     @gluon.jit
@@ -124,9 +127,12 @@ if _HAVE_GLUON:
         MIN_SPAN: gl.constexpr,
         PACKED: gl.constexpr,
         DIRECT_SLOTS: gl.constexpr,
+        BITS: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
+        NB: gl.constexpr = 1 << BITS  # bins a pass
+        PASSES: gl.constexpr = (32 + BITS - 1) // BITS
         L1: gl.constexpr = gl.BlockedLayout([4], [32], [NUM_WARPS], [0])  # a chunk: 4 contiguous keys a thread
         LH: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # histograms, counts, the K outputs
         keys = gl.allocate_shared_memory(gl.int32, [NCH, CHUNK], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # order keys
@@ -149,8 +155,8 @@ if _HAVE_GLUON:
         if (n > K) & (part < n_part):
             rows64 = i_r * 0 + n_rows  # int64: the regions' offsets grow with the row count
             p_bar = ws_ptr + 1 + i_r
-            p_hist = ws_ptr + 1 + rows64 + i_r * (PASSES * NB)
-            p_cnt = ws_ptr + 1 + rows64 * (1 + PASSES * NB) + i_r * (2 * SPLITS)
+            p_hist = ws_ptr + 1 + rows64 + i_r * HROW
+            p_cnt = ws_ptr + 1 + rows64 * (1 + HROW) + i_r * (2 * SPLITS)
             src = logits_ptr + i_r * stride_l
             span = gl.cdiv(n, n_part)
             lo = part * span
@@ -171,8 +177,10 @@ if _HAVE_GLUON:
             n_above = zero  # this span's keys above the settled bits / sharing them
             n_in = zero
             for p in gl.static_range(PASSES):
-                top = 32 - 8 * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
-                shift = top - 8  # this pass's digit: bits [shift, top)
+                top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
+                # this pass's digit: bits [shift, top); a narrower last digit (shift 0) also holds settled bits, the
+                # same in every key counted, so the OR into ``prefix`` below sets them again
+                shift = (top - BITS) * (top > BITS)
                 if more != 0:
                     hist = gl.zeros([NB], gl.int32, layout=LH)
                     for c in range(n_ch):
@@ -249,8 +257,8 @@ if _HAVE_GLUON:
                 arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
                 last = arrived == (phase + 1) * n_part
                 if last:  # the last participant: every other one is past the row's workspace
-                    gl.store(p_hist + gl.arange(0, PASSES * NB, layout=LH),
-                             gl.zeros([PASSES * NB], gl.int32, layout=LH))  # fmt: skip
+                    o_w = gl.arange(0, HROW, layout=LH)
+                    gl.store(p_hist + o_w, gl.zeros([HROW], gl.int32, layout=LH), mask=o_w < PASSES * NB)
                     gl.store(p_cnt + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
                     gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
                     gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
@@ -267,7 +275,7 @@ if _HAVE_GLUON:
 
 def workspace_region() -> int:
     """Histogram ints per row this kernel needs of the Triton kernel's split workspace (``hist_region`` there)."""
-    return RADIX_PASSES * RADIX_BINS
+    return HIST_ROW
 
 
 def fits(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> str | None:
@@ -310,6 +318,6 @@ def topk_smem_fwd(
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
         SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS,
-        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
+        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, BITS=SMEM_DIGIT_BITS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
