@@ -176,6 +176,7 @@ SMEM_PACKED = new.topk_smem.SMEM_PACKED_SUMS  # the package's defaults, restored
 SMEM_DIRECT = new.topk_smem.SMEM_DIRECT_SLOTS
 SMEM_MIN_SPAN = new.topk_smem.SMEM_MIN_SPAN
 SMEM_BITS = new.topk_smem.SMEM_DIGIT_BITS
+SMEM_SOLO_BITS = new.topk_smem.SMEM_SOLO_DIGIT_BITS
 
 
 def fused(name: str) -> bool:
@@ -207,7 +208,9 @@ def variant(name: str, k: int) -> tuple:
     new.topk_smem.SMEM_PACKED_SUMS = kw.pop("_smem_packed", SMEM_PACKED)  # read at every launch
     new.topk_smem.SMEM_DIRECT_SLOTS = kw.pop("_smem_direct", SMEM_DIRECT)
     new.topk_smem.SMEM_MIN_SPAN = kw.pop("_smem_min_span", SMEM_MIN_SPAN)
-    new.topk_smem.SMEM_DIGIT_BITS = kw.pop("_smem_bits", SMEM_BITS)
+    bits = kw.pop("_smem_bits", None)  # every row's digits (rows of one participant too)
+    new.topk_smem.SMEM_DIGIT_BITS = bits or SMEM_BITS
+    new.topk_smem.SMEM_SOLO_DIGIT_BITS = kw.pop("_smem_solo_bits", bits or SMEM_SOLO_BITS)
     return mod, kw
 
 
@@ -216,7 +219,7 @@ def restore(mod) -> None:  # noqa: ANN001
     new.topk_smem.SMEM_PACKED_SUMS = SMEM_PACKED
     new.topk_smem.SMEM_DIRECT_SLOTS = SMEM_DIRECT
     new.topk_smem.SMEM_MIN_SPAN = SMEM_MIN_SPAN
-    new.topk_smem.SMEM_DIGIT_BITS = SMEM_BITS
+    new.topk_smem.SMEM_DIGIT_BITS, new.topk_smem.SMEM_SOLO_DIGIT_BITS = SMEM_BITS, SMEM_SOLO_BITS
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

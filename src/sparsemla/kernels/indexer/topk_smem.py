@@ -56,6 +56,7 @@ SHARED_BYTES = SMEM_SPAN * 4 + 1024
 # keys at 8 bits, ~30 at 6, so narrower digits trade instructions against passes (each a CTA-wide scan and, in a row
 # of several participants, a barrier). Off-default widths until the GPU tests and an A/B.
 SMEM_DIGIT_BITS = 8
+SMEM_SOLO_DIGIT_BITS = 8  # the same for rows of one participant (no barriers: passes cost only their CTA-wide work)
 HIST_ROW = 1024  # workspace ints a row's histograms may fill: passes * 2 ** bits for every width in 4..8
 
 
@@ -105,6 +106,86 @@ if _HAVE_GLUON:
         return gl.where(ok, (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1)), -1)
 
     @gluon.jit
+    def _radix_search(
+        keys,
+        lo,
+        hi,
+        n_ch,
+        zero,
+        p_hist,
+        p_bar,
+        n_part,
+        K: gl.constexpr,
+        BITS: gl.constexpr,
+        MERGE: gl.constexpr,
+        PACKED: gl.constexpr,
+        CHUNK: gl.constexpr,
+        L1: gl.constexpr,
+        LH: gl.constexpr,
+    ):
+        """Radix search for the ``K``-th largest order key of a row whose span ``[lo, hi)`` this program holds in
+        ``keys`` (shared memory, [n_ch, CHUNK] int32): digits of ``BITS`` bits from the top (the last one narrower),
+        one ``gl.histogram`` of ``2 ** BITS`` bins a pass, ending early once the threshold bin holds exactly the keys
+        still to take. ``MERGE``: each pass's histogram is added into the row's (``p_hist`` [passes, 2 ** BITS]) and
+        read back after ``n_part`` arrivals at ``p_bar``, so every participant takes the same decisions. Returns
+        ``(prefix, low, k_rem, phase, n_above, n_in)``: the threshold's sign-flipped bits above ``low``, how many keys
+        sharing them win, the barrier phases used, and how many of this span's keys lie above / share the settled
+        bits. ``zero``: an int32 scalar 0."""
+        NB: gl.constexpr = 1 << BITS  # bins a pass
+        PASSES: gl.constexpr = (32 + BITS - 1) // BITS
+        o_c = gl.arange(0, CHUNK, layout=L1)
+        o_h = gl.arange(0, NB, layout=LH)
+        prefix = zero  # the threshold's sign-flipped bits, one digit at a time from the top
+        k_rem = zero + K  # keys still to take from the bin matching ``prefix``
+        low = zero + 32  # low bits of the threshold not determined yet
+        more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin
+        phase = zero
+        n_above = zero  # this span's keys above the settled bits / sharing them
+        n_in = zero
+        for p in gl.static_range(PASSES):
+            top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
+            # this pass's digit: bits [shift, top); a narrower last digit (shift 0) also holds settled bits, the
+            # same in every key counted, so the OR into ``prefix`` below sets them again
+            shift = (top - BITS) * (top > BITS)
+            if more != 0:
+                hist = gl.zeros([NB], gl.int32, layout=LH)
+                for c in range(n_ch):
+                    u = keys.index(c).load(L1) ^ MIN_I32  # [CHUNK] sign flipped: digit order is key order
+                    m = (lo + c * CHUNK + o_c) < hi
+                    if p > 0:
+                        m = m & ((u >> top) == (prefix >> top))
+                    hist += gl.histogram((u >> shift) & (NB - 1), NB, mask=m, layout=LH)  # [NB]
+                own = hist
+                if MERGE:  # the row's histogram, every participant's merged behind the row's barrier
+                    gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+                    phase += 1
+                    _arrive_and_wait(p_bar, phase * n_part)
+                    hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
+                ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
+                d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
+                if PACKED:  # int64 fields [0, 17) / [17, 32) / [32, 49) / [49, 64): row counts <= 64k, a span's
+                    # <= 16k, so no field carries into the next (the top one may set the sign bit: masked out)
+                    h64 = hist.to(gl.int64)
+                    o64 = own.to(gl.int64)
+                    packed = gl.where(o_h > d, h64 | (o64 << 17), 0)  # [NB] above bin d
+                    packed += gl.where(o_h == d, (h64 << 32) | (o64 << 49), 0)  # [NB] in bin d
+                    tot = gl.sum(packed, axis=0)
+                    above = (tot & 0x1FFFF).to(gl.int32)
+                    n_above += ((tot >> 17) & 0x7FFF).to(gl.int32)
+                    in_bin = ((tot >> 32) & 0x1FFFF).to(gl.int32)
+                    n_in = ((tot >> 49) & 0x7FFF).to(gl.int32)
+                else:
+                    above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
+                    in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
+                    n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
+                    n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
+                k_rem -= above
+                prefix = prefix | (d << shift)
+                low = zero + shift
+                more = (in_bin != k_rem).to(gl.int32)
+        return prefix, low, k_rem, phase, n_above, n_in
+
+    @gluon.jit
     def _topk_smem_kernel(
         logits_ptr,  # fp32 [rows, >= lengths], unit column stride
         lens_ptr,  # int32 [rows]
@@ -128,6 +209,7 @@ if _HAVE_GLUON:
         PACKED: gl.constexpr,
         DIRECT_SLOTS: gl.constexpr,
         BITS: gl.constexpr,
+        SOLO_BITS: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
@@ -163,60 +245,19 @@ if _HAVE_GLUON:
             hi = gl.minimum(lo + span, n)
             n_ch = gl.cdiv(hi - lo, CHUNK)  # chunks this span fills (<= NCH)
             o_c = gl.arange(0, CHUNK, layout=L1)
-            o_h = gl.arange(0, NB, layout=LH)
             for c in range(n_ch):  # global -> order keys -> shared memory (a runtime loop: one chunk live at a time)
                 offs = lo + c * CHUNK + o_c
                 keys.index(c).store(_order_key(gl.load(src + offs, mask=offs < hi, other=0.0)))  # [CHUNK]
             _barrier()
             zero = n * 0
-            prefix = zero  # the threshold's sign-flipped bits, one digit at a time from the top
-            k_rem = zero + K  # keys still to take from the bin matching ``prefix``
-            low = zero + 32  # low bits of the threshold not determined yet
-            more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin
-            phase = zero
-            n_above = zero  # this span's keys above the settled bits / sharing them
-            n_in = zero
-            for p in gl.static_range(PASSES):
-                top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
-                # this pass's digit: bits [shift, top); a narrower last digit (shift 0) also holds settled bits, the
-                # same in every key counted, so the OR into ``prefix`` below sets them again
-                shift = (top - BITS) * (top > BITS)
-                if more != 0:
-                    hist = gl.zeros([NB], gl.int32, layout=LH)
-                    for c in range(n_ch):
-                        u = keys.index(c).load(L1) ^ MIN_I32  # [CHUNK] sign flipped: digit order is key order
-                        m = (lo + c * CHUNK + o_c) < hi
-                        if p > 0:
-                            m = m & ((u >> top) == (prefix >> top))
-                        hist += gl.histogram((u >> shift) & (NB - 1), NB, mask=m, layout=LH)  # [NB]
-                    own = hist
-                    if n_part > 1:  # the row's histogram, every participant's merged behind the row's barrier
-                        gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
-                        phase += 1
-                        _arrive_and_wait(p_bar, phase * n_part)
-                        hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
-                    ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
-                    d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
-                    if PACKED:  # int64 fields [0, 17) / [17, 32) / [32, 49) / [49, 64): row counts <= 64k, a span's
-                        # <= 16k, so no field carries into the next (the top one may set the sign bit: masked out)
-                        h64 = hist.to(gl.int64)
-                        o64 = own.to(gl.int64)
-                        packed = gl.where(o_h > d, h64 | (o64 << 17), 0)  # [NB] above bin d
-                        packed += gl.where(o_h == d, (h64 << 32) | (o64 << 49), 0)  # [NB] in bin d
-                        tot = gl.sum(packed, axis=0)
-                        above = (tot & 0x1FFFF).to(gl.int32)
-                        n_above += ((tot >> 17) & 0x7FFF).to(gl.int32)
-                        in_bin = ((tot >> 32) & 0x1FFFF).to(gl.int32)
-                        n_in = ((tot >> 49) & 0x7FFF).to(gl.int32)
-                    else:
-                        above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
-                        in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
-                        n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
-                        n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
-                    k_rem -= above
-                    prefix = prefix | (d << shift)
-                    low = zero + shift
-                    more = (in_bin != k_rem).to(gl.int32)
+            if n_part > 1:  # the row's histograms merged behind its barrier, each pass
+                prefix, low, k_rem, phase, n_above, n_in = _radix_search(
+                    keys, lo, hi, n_ch, zero, p_hist, p_bar, n_part, K, BITS, True, PACKED, CHUNK, L1, LH
+                )
+            else:  # one participant: its histograms are the row's
+                prefix, low, k_rem, phase, n_above, n_in = _radix_search(
+                    keys, lo, hi, n_ch, zero, p_hist, p_bar, n_part, K, SOLO_BITS, False, PACKED, CHUNK, L1, LH
+                )
             o_s = gl.arange(0, SPLITS, layout=LH)
             gt_before = zero  # winners above / at the threshold in earlier spans
             eq_before = zero
@@ -318,6 +359,7 @@ def topk_smem_fwd(
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
         SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS,
-        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, BITS=SMEM_DIGIT_BITS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
+        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, BITS=SMEM_DIGIT_BITS,
+        SOLO_BITS=SMEM_SOLO_DIGIT_BITS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
