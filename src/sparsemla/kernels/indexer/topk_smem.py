@@ -5,7 +5,7 @@ over order keys read back from shared memory one CHUNK at a time instead of held
 
 Why: a split participant of the Triton kernel holds its 16k-key span in registers (~128 a thread at 512 threads), so
 an SM holds one and B = 64 rows of 64k (256 participants) take two waves on 132 SMs. Here a participant is 8 warps with
-73-83 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
+64-80 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
 three and the same launch runs in one wave (measurements against the register spans:
 results/bench/explore/topk_smem_ab4-native-h100-e66452d.json).
 
@@ -67,7 +67,7 @@ def available() -> bool:
 
 
 def resident(info: dev.DeviceInfo) -> int:
-    """Participants one SM of ``info`` holds at once (shared memory and threads; 75-78 registers a thread on sm_90 /
+    """Participants one SM of ``info`` holds at once (shared memory and threads; 75-80 registers a thread on sm_90 /
     sm_100 never bind below three)."""
     return dev.resident_blocks(info, SHARED_BYTES, 32 * SMEM_WARPS)
 
