@@ -322,29 +322,15 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
-@pytest.mark.parametrize(
-    ("packed", "direct", "bits", "solo_bits"),
-    [(False, False, 8, 8), (True, False, 8, 8), (False, True, 8, 8), (True, True, 8, 8), (True, True, 6, 6),
-     (False, True, 5, 5), (True, True, 7, 7), (True, True, 8, 5), (True, True, 6, 5)],
-    ids=["sums", "packed-sums", "direct-slots", "packed-direct-slots", "packed-direct-6bit", "direct-5bit",
-         "packed-direct-7bit", "packed-direct-8bit-solo-5bit", "packed-direct-6bit-solo-5bit"],
-)  # fmt: skip
 @pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
 @pytest.mark.parametrize("k", [512, 1024, 2048])
-def test_topk_smem_spans(k, rows, packed, direct, bits, solo_bits, monkeypatch):
+def test_topk_smem_spans(k, rows):
     """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, one to four
     participants (SMEM_MIN_SPAN each), around 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact
     positions in ascending order and page slots, poisoned outputs fully written, two launches on the workspace the
-    first left at zero, and a captured graph replayed with new lengths equal to the reference; each count in its own
-    CTA-wide sum and packed into one (SMEM_PACKED_SUMS); page slots from the last participant and with the winners
-    (SMEM_DIRECT_SLOTS); radix digits of 5 to 8 bits (SMEM_DIGIT_BITS: a narrower last digit below 8), in rows of
-    one participant on their own (SMEM_SOLO_DIGIT_BITS)."""
+    first left at zero, and a captured graph replayed with new lengths equal to the reference."""
     from sparsemla.kernels.indexer import topk_smem
 
-    monkeypatch.setattr(topk_smem, "SMEM_PACKED_SUMS", packed)
-    monkeypatch.setattr(topk_smem, "SMEM_DIRECT_SLOTS", direct)
-    monkeypatch.setattr(topk_smem, "SMEM_DIGIT_BITS", bits)
-    monkeypatch.setattr(topk_smem, "SMEM_SOLO_DIGIT_BITS", solo_bits)
     info = topk.dev.device_info(torch.device(DEV))
     if topk_smem.fits(rows, 65536, k, info):
         pytest.skip(topk_smem.fits(rows, 65536, k, info))

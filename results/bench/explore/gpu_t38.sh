@@ -75,16 +75,9 @@ WIDE_SHAPES=64x4096,64x16384,64x65536,32x16384,32x65536,128x16384,8x16384
 # session 43: the package's top-k spans in shared memory (topk_smem, smem=True) against the launcher's register spans
 SMEM_VARIANTS=${SMEM_VARIANTS:-default,regs,smem}  # `default`: smem_spans' choice (SMEM_SPANS)
 SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x16384,8x65536}
-# session 44: the shared-memory spans' packed sums (topk_smem.SMEM_PACKED_SUMS) against one sum a count, and the
-# register spans, at the points of issue #15 (cap 64k) and the wave edges
-PACKED_VARIANTS=regs,smem_unpacked,smem_packed
-PACKED_SHAPES=64x1024,64x4096,64x16384,32x65536,48x65536,64x65536,128x65536
-# session 45: page slots written with the winners (SMEM_DIRECT_SLOTS), a participant per 8k / 16k keys (SMEM_MIN_SPAN)
-# and 5- to 7-bit radix digits (SMEM_DIGIT_BITS), over the packed sums, next to the register spans and session 44's two
-DIRECT_VARIANTS=regs,smem_unpacked,smem_packed,smem_packed_direct,smem_packed_direct_m8k,smem_packed_direct_m16k
-DIRECT_VARIANTS+=,smem_packed_direct_b5,smem_packed_direct_b6,smem_packed_direct_b7,smem_packed_direct_b6_m16k
-DIRECT_VARIANTS=${DIRECT_VARIANTS_ONLY:-$DIRECT_VARIANTS}
-DIRECT_SHAPES=${DIRECT_SHAPES:-64x1024,64x4096,64x16384,64x65536,128x65536}
+# (session 44-45's `packed` / `direct` A/Bs -- the shared-memory spans' counts packed into one CTA-wide sum, page slots
+# written with the winners, a participant per 8k / 16k keys, 5- to 7-bit radix digits -- ran at e2b3370 with the code
+# of that commit: topk_direct_ab-native-h100-e2b3370.json; each slower than the kernel before; removed)
 # (session 43's `lanes` A/B -- the first radix pass in sub-histograms by lane -- ran at 729449b:
 # topk_lanes_ab-native-h100-729449b.json, slower; removed)
 # (session 43's `slabs` A/B -- histograms through per-participant slabs, the second pass ahead -- ran at 1286052 with
@@ -504,7 +497,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-smem|build-packed|build-direct)  # the cubins of that A/B
+build-streampf|build-streampf2|build-smem)  # the cubins of `streampf` / `streampf2` / `smem`
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -515,12 +508,6 @@ wide)  # the wide launch's A/B from 3.8 cubins
     ;;
 smem)  # session 43: the package's shared-memory spans against the register spans, from .gpu-cubins/smem
     ab_run smem "topk_smem_ab-native-$(gpu_tag).json" 240
-    ;;
-packed)  # session 44: the shared-memory spans' packed sums, from .gpu-cubins/packed
-    ab_run packed "topk_packed_ab-native-$(gpu_tag).json" 240
-    ;;
-direct)  # session 45: direct page slots and the participants' minimum span, from .gpu-cubins/direct
-    ab_run direct "topk_direct_ab-native-$(gpu_tag).json" "${DIRECT_LIMIT_S:-420}"
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
@@ -582,7 +569,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-direct|direct|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|formal native|sm89" >&2
     exit 2
     ;;
 esac

@@ -147,20 +147,8 @@ for _s in (4, 8):
 # ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
 VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared memory (topk_smem, Gluon)
 VARIANTS["regs"] = (new, dict(smem=False))  # session 44: the register spans once smem_spans picks shared memory
-VARIANTS["smem_packed"] = (new, dict(smem=True, _smem_packed=True))  # session 44: topk_smem.SMEM_PACKED_SUMS
-VARIANTS["smem_unpacked"] = (new, dict(smem=True, _smem_packed=False))
-# session 45: page slots written with the winners (topk_smem.SMEM_DIRECT_SLOTS), and a participant per 8k / 16k keys
-# (SMEM_MIN_SPAN; 4k in the package) over the packed sums
-VARIANTS["smem_packed_direct"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True))
-VARIANTS["smem_packed_direct_m8k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True, _smem_min_span=8192))
-VARIANTS["smem_packed_direct_m16k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True,
-                                                 _smem_min_span=16384))  # fmt: skip
-# and radix digits of 5 / 6 / 7 bits (SMEM_DIGIT_BITS; 8 in the package): fewer histogram instructions, more passes
-for _bits in (5, 6, 7):
-    VARIANTS[f"smem_packed_direct_b{_bits}"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True,
-                                                          _smem_bits=_bits))  # fmt: skip
-VARIANTS["smem_packed_direct_b6_m16k"] = (new, dict(smem=True, _smem_packed=True, _smem_direct=True, _smem_bits=6,
-                                                    _smem_min_span=16384))  # fmt: skip
+# (sessions 44-45's `smem_packed*` / `smem_unpacked` -- topk_smem's packed sums, direct page slots, SMEM_MIN_SPAN 8k /
+# 16k, 5- to 7-bit digits -- ran at e2b3370: topk_direct_ab-native-h100-e2b3370.json; all slower; removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
 VARIANTS["spf_b2048"] = (new, dict(prefetch=True, block=2048))
 
@@ -172,11 +160,6 @@ MODS = {old, new} | {mod for mod, _ in VARIANTS.values()}
 WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
 WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
-SMEM_PACKED = new.topk_smem.SMEM_PACKED_SUMS  # the package's defaults, restored after a variant that sets them
-SMEM_DIRECT = new.topk_smem.SMEM_DIRECT_SLOTS
-SMEM_MIN_SPAN = new.topk_smem.SMEM_MIN_SPAN
-SMEM_BITS = new.topk_smem.SMEM_DIGIT_BITS
-SMEM_SOLO_BITS = new.topk_smem.SMEM_SOLO_DIGIT_BITS
 
 
 def fused(name: str) -> bool:
@@ -205,21 +188,11 @@ def variant(name: str, k: int) -> tuple:
     if hasattr(mod, "WIDE_WARPS"):  # a wide launch's (twenty-first session) warps: the same override
         mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
-    new.topk_smem.SMEM_PACKED_SUMS = kw.pop("_smem_packed", SMEM_PACKED)  # read at every launch
-    new.topk_smem.SMEM_DIRECT_SLOTS = kw.pop("_smem_direct", SMEM_DIRECT)
-    new.topk_smem.SMEM_MIN_SPAN = kw.pop("_smem_min_span", SMEM_MIN_SPAN)
-    bits = kw.pop("_smem_bits", None)  # every row's digits (rows of one participant too)
-    new.topk_smem.SMEM_DIGIT_BITS = bits or SMEM_BITS
-    new.topk_smem.SMEM_SOLO_DIGIT_BITS = kw.pop("_smem_solo_bits", bits or SMEM_SOLO_BITS)
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
-    new.topk_smem.SMEM_PACKED_SUMS = SMEM_PACKED
-    new.topk_smem.SMEM_DIRECT_SLOTS = SMEM_DIRECT
-    new.topk_smem.SMEM_MIN_SPAN = SMEM_MIN_SPAN
-    new.topk_smem.SMEM_DIGIT_BITS, new.topk_smem.SMEM_SOLO_DIGIT_BITS = SMEM_BITS, SMEM_SOLO_BITS
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

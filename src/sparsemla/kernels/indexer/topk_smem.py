@@ -5,7 +5,7 @@ over order keys read back from shared memory one CHUNK at a time instead of held
 
 Why: a split participant of the Triton kernel holds its 16k-key span in registers (~128 a thread at 512 threads), so
 an SM holds one and B = 64 rows of 64k (256 participants) take two waves on 132 SMs. Here a participant is 8 warps with
-64-80 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
+73-83 registers a thread and SMEM_SPAN * 4 B of keys (66,560 B ahead of time on sm_90), so an sm_90 / sm_100 SM holds
 three and the same launch runs in one wave (measurements against the register spans:
 results/bench/explore/topk_smem_ab4-native-h100-e66452d.json).
 
@@ -16,7 +16,7 @@ Contract: :func:`topk_smem_fwd` = ``indexer_topk_fwd(sorted=False)``: positions 
 one participant never touches the workspace beyond its ticket (no global histograms, barriers or count exchange).
 The grid is ``rows * SMEM_SPLITS`` programs whatever the lengths (graph-safe); programs without a span exit.
 Workspace: the Triton kernel's (int32, zero between launches, ``topk._SPLIT_WS`` sized by
-:func:`workspace_region`), laid out here as [ticket | rows counters | rows x HIST_ROW histograms |
+:func:`workspace_region`), laid out here as [ticket | rows counters | rows x PASSES * 256 histograms |
 rows x 2 * SMEM_SPLITS counts | unused]. No sort (Gluon has none): the launcher keeps ``sorted=True`` on the Triton
 kernel. Gluon does not run on Triton's interpreter; the GPU tests run it in both code paths.
 """
@@ -40,24 +40,11 @@ SMEM_SPAN = 16384  # keys a participant holds (64 KB)
 SMEM_CHUNK = 2048  # keys read back from shared memory at a time (8 a thread)
 SMEM_SPLITS = 4  # participants a row may have: rows up to SMEM_SPLITS * SMEM_SPAN positions
 SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SMEM_SPLITS)
-# Each radix pass's four counts (the row's keys above the threshold bin and in it, this span's above and in it) and each
-# winners' chunk's two counts in one CTA-wide sum of packed fields instead of one sum each: 3 reductions fewer a pass, 1
-# a chunk (an 8-warp reduction is shuffles, a shared-memory round and a barrier). Off until the GPU tests and an A/B.
-SMEM_PACKED_SUMS = False
-# Page slots written with the winners, by every participant at the slots it fills, instead of by a row's last
-# participant from the positions read back after the row's last arrival (a CTA barrier, an L2 round trip and a
-# dependent page-table gather on one program). Off until the GPU tests and an A/B.
-SMEM_DIRECT_SLOTS = False
 SMEM_WARPS = 8
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
-# Bits a radix pass settles (cdiv(32, bits) passes at most, the last one narrower). gl.histogram lowers to a warp ballot
-# per bit and, per lane, a mask-and-popcount for each of the 2 ** bits / 32 bins it owns: ~100 instructions per 32
-# keys at 8 bits, ~30 at 6, so narrower digits trade instructions against passes (each a CTA-wide scan and, in a row
-# of several participants, a barrier). Off-default widths until the GPU tests and an A/B.
-SMEM_DIGIT_BITS = 8
-SMEM_SOLO_DIGIT_BITS = 8  # the same for rows of one participant (no barriers: passes cost only their CTA-wide work)
-HIST_ROW = 1024  # workspace ints a row's histograms may fill: passes * 2 ** bits for every width in 4..8
+RADIX_BINS = 256  # 8-bit digits
+RADIX_PASSES = 4
 
 
 def available() -> bool:
@@ -67,7 +54,7 @@ def available() -> bool:
 
 
 def resident(info: dev.DeviceInfo) -> int:
-    """Participants one SM of ``info`` holds at once (shared memory and threads; 75-80 registers a thread on sm_90 /
+    """Participants one SM of ``info`` holds at once (shared memory and threads; 75-78 registers a thread on sm_90 /
     sm_100 never bind below three)."""
     return dev.resident_blocks(info, SHARED_BYTES, 32 * SMEM_WARPS)
 
@@ -75,7 +62,8 @@ def resident(info: dev.DeviceInfo) -> int:
 if _HAVE_GLUON:
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton 3.8's name; 3.6 calls it thread_barrier
 
-    HROW: gl.constexpr = gl.constexpr(HIST_ROW)
+    NB: gl.constexpr = gl.constexpr(RADIX_BINS)
+    PASSES: gl.constexpr = gl.constexpr(RADIX_PASSES)
     MIN_I32: gl.constexpr = gl.constexpr(-2147483648)
 
     @gluon.jit
@@ -106,86 +94,6 @@ if _HAVE_GLUON:
         return gl.where(ok, (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1)), -1)
 
     @gluon.jit
-    def _radix_search(
-        keys,
-        lo,
-        hi,
-        n_ch,
-        zero,
-        p_hist,
-        p_bar,
-        n_part,
-        K: gl.constexpr,
-        BITS: gl.constexpr,
-        MERGE: gl.constexpr,
-        PACKED: gl.constexpr,
-        CHUNK: gl.constexpr,
-        L1: gl.constexpr,
-        LH: gl.constexpr,
-    ):
-        """Radix search for the ``K``-th largest order key of a row whose span ``[lo, hi)`` this program holds in
-        ``keys`` (shared memory, [n_ch, CHUNK] int32): digits of ``BITS`` bits from the top (the last one narrower),
-        one ``gl.histogram`` of ``2 ** BITS`` bins a pass, ending early once the threshold bin holds exactly the keys
-        still to take. ``MERGE``: each pass's histogram is added into the row's (``p_hist`` [passes, 2 ** BITS]) and
-        read back after ``n_part`` arrivals at ``p_bar``, so every participant takes the same decisions. Returns
-        ``(prefix, low, k_rem, phase, n_above, n_in)``: the threshold's sign-flipped bits above ``low``, how many keys
-        sharing them win, the barrier phases used, and how many of this span's keys lie above / share the settled
-        bits. ``zero``: an int32 scalar 0."""
-        NB: gl.constexpr = 1 << BITS  # bins a pass
-        PASSES: gl.constexpr = (32 + BITS - 1) // BITS
-        o_c = gl.arange(0, CHUNK, layout=L1)
-        o_h = gl.arange(0, NB, layout=LH)
-        prefix = zero  # the threshold's sign-flipped bits, one digit at a time from the top
-        k_rem = zero + K  # keys still to take from the bin matching ``prefix``
-        low = zero + 32  # low bits of the threshold not determined yet
-        more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin
-        phase = zero
-        n_above = zero  # this span's keys above the settled bits / sharing them
-        n_in = zero
-        for p in gl.static_range(PASSES):
-            top = 32 - BITS * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
-            # this pass's digit: bits [shift, top); a narrower last digit (shift 0) also holds settled bits, the
-            # same in every key counted, so the OR into ``prefix`` below sets them again
-            shift = (top - BITS) * (top > BITS)
-            if more != 0:
-                hist = gl.zeros([NB], gl.int32, layout=LH)
-                for c in range(n_ch):
-                    u = keys.index(c).load(L1) ^ MIN_I32  # [CHUNK] sign flipped: digit order is key order
-                    m = (lo + c * CHUNK + o_c) < hi
-                    if p > 0:
-                        m = m & ((u >> top) == (prefix >> top))
-                    hist += gl.histogram((u >> shift) & (NB - 1), NB, mask=m, layout=LH)  # [NB]
-                own = hist
-                if MERGE:  # the row's histogram, every participant's merged behind the row's barrier
-                    gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
-                    phase += 1
-                    _arrive_and_wait(p_bar, phase * n_part)
-                    hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
-                ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
-                d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
-                if PACKED:  # int64 fields [0, 17) / [17, 32) / [32, 49) / [49, 64): row counts <= 64k, a span's
-                    # <= 16k, so no field carries into the next (the top one may set the sign bit: masked out)
-                    h64 = hist.to(gl.int64)
-                    o64 = own.to(gl.int64)
-                    packed = gl.where(o_h > d, h64 | (o64 << 17), 0)  # [NB] above bin d
-                    packed += gl.where(o_h == d, (h64 << 32) | (o64 << 49), 0)  # [NB] in bin d
-                    tot = gl.sum(packed, axis=0)
-                    above = (tot & 0x1FFFF).to(gl.int32)
-                    n_above += ((tot >> 17) & 0x7FFF).to(gl.int32)
-                    in_bin = ((tot >> 32) & 0x1FFFF).to(gl.int32)
-                    n_in = ((tot >> 49) & 0x7FFF).to(gl.int32)
-                else:
-                    above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
-                    in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
-                    n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
-                    n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
-                k_rem -= above
-                prefix = prefix | (d << shift)
-                low = zero + shift
-                more = (in_bin != k_rem).to(gl.int32)
-        return prefix, low, k_rem, phase, n_above, n_in
-
-    @gluon.jit
     def _topk_smem_kernel(
         logits_ptr,  # fp32 [rows, >= lengths], unit column stride
         lens_ptr,  # int32 [rows]
@@ -206,15 +114,9 @@ if _HAVE_GLUON:
         SPAN: gl.constexpr,
         CHUNK: gl.constexpr,
         MIN_SPAN: gl.constexpr,
-        PACKED: gl.constexpr,
-        DIRECT_SLOTS: gl.constexpr,
-        BITS: gl.constexpr,
-        SOLO_BITS: gl.constexpr,
         NUM_WARPS: gl.constexpr,
     ):
         NCH: gl.constexpr = SPAN // CHUNK
-        NB: gl.constexpr = 1 << BITS  # bins a pass
-        PASSES: gl.constexpr = (32 + BITS - 1) // BITS
         L1: gl.constexpr = gl.BlockedLayout([4], [32], [NUM_WARPS], [0])  # a chunk: 4 contiguous keys a thread
         LH: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # histograms, counts, the K outputs
         keys = gl.allocate_shared_memory(gl.int32, [NCH, CHUNK], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # order keys
@@ -237,27 +139,54 @@ if _HAVE_GLUON:
         if (n > K) & (part < n_part):
             rows64 = i_r * 0 + n_rows  # int64: the regions' offsets grow with the row count
             p_bar = ws_ptr + 1 + i_r
-            p_hist = ws_ptr + 1 + rows64 + i_r * HROW
-            p_cnt = ws_ptr + 1 + rows64 * (1 + HROW) + i_r * (2 * SPLITS)
+            p_hist = ws_ptr + 1 + rows64 + i_r * (PASSES * NB)
+            p_cnt = ws_ptr + 1 + rows64 * (1 + PASSES * NB) + i_r * (2 * SPLITS)
             src = logits_ptr + i_r * stride_l
             span = gl.cdiv(n, n_part)
             lo = part * span
             hi = gl.minimum(lo + span, n)
             n_ch = gl.cdiv(hi - lo, CHUNK)  # chunks this span fills (<= NCH)
             o_c = gl.arange(0, CHUNK, layout=L1)
+            o_h = gl.arange(0, NB, layout=LH)
             for c in range(n_ch):  # global -> order keys -> shared memory (a runtime loop: one chunk live at a time)
                 offs = lo + c * CHUNK + o_c
                 keys.index(c).store(_order_key(gl.load(src + offs, mask=offs < hi, other=0.0)))  # [CHUNK]
             _barrier()
             zero = n * 0
-            if n_part > 1:  # the row's histograms merged behind its barrier, each pass
-                prefix, low, k_rem, phase, n_above, n_in = _radix_search(
-                    keys, lo, hi, n_ch, zero, p_hist, p_bar, n_part, K, BITS, True, PACKED, CHUNK, L1, LH
-                )
-            else:  # one participant: its histograms are the row's
-                prefix, low, k_rem, phase, n_above, n_in = _radix_search(
-                    keys, lo, hi, n_ch, zero, p_hist, p_bar, n_part, K, SOLO_BITS, False, PACKED, CHUNK, L1, LH
-                )
+            prefix = zero  # the threshold's sign-flipped bits, one digit at a time from the top
+            k_rem = zero + K  # keys still to take from the bin matching ``prefix``
+            low = zero + 32  # low bits of the threshold not determined yet
+            more = zero + 1  # 0 once a pass leaves exactly k_rem keys in its threshold bin
+            phase = zero
+            n_above = zero  # this span's keys above the settled bits / sharing them
+            n_in = zero
+            for p in gl.static_range(PASSES):
+                top = 32 - 8 * p  # bits at and above ``top`` are settled (constexpr: p is a static index)
+                shift = top - 8  # this pass's digit: bits [shift, top)
+                if more != 0:
+                    hist = gl.zeros([NB], gl.int32, layout=LH)
+                    for c in range(n_ch):
+                        u = keys.index(c).load(L1) ^ MIN_I32  # [CHUNK] sign flipped: digit order is key order
+                        m = (lo + c * CHUNK + o_c) < hi
+                        if p > 0:
+                            m = m & ((u >> top) == (prefix >> top))
+                        hist += gl.histogram((u >> shift) & (NB - 1), NB, mask=m, layout=LH)  # [NB]
+                    own = hist
+                    if n_part > 1:  # the row's histogram, every participant's merged behind the row's barrier
+                        gl.atomic_add(p_hist + p * NB + o_h, hist, mask=hist > 0, sem="relaxed", scope="gpu")
+                        phase += 1
+                        _arrive_and_wait(p_bar, phase * n_part)
+                        hist = gl.load(p_hist + p * NB + o_h, cache_modifier=".cg")  # [NB] the whole row's
+                    ge = gl.associative_scan(hist, 0, _add, reverse=True)  # [NB] keys at or above each bin
+                    d = gl.sum((ge >= k_rem).to(gl.int32), axis=0) - 1  # the bin of the k_rem-th largest key
+                    above = gl.sum(gl.where(o_h > d, hist, 0), axis=0)
+                    in_bin = gl.sum(gl.where(o_h == d, hist, 0), axis=0)
+                    n_above += gl.sum(gl.where(o_h > d, own, 0), axis=0)
+                    n_in = gl.sum(gl.where(o_h == d, own, 0), axis=0)
+                    k_rem -= above
+                    prefix = prefix | (d << shift)
+                    low = zero + shift
+                    more = (in_bin != k_rem).to(gl.int32)
             o_s = gl.arange(0, SPLITS, layout=LH)
             gt_before = zero  # winners above / at the threshold in earlier spans
             eq_before = zero
@@ -282,32 +211,21 @@ if _HAVE_GLUON:
                 take = (gt != 0) | ((eq != 0) & (eq_rank < k_rem))
                 slot = gt_before + (before & 0xFFFF) + gl.minimum(eq_rank, k_rem)  # winners before this one
                 gl.store(p_idx + slot, offs, mask=take)
-                if WRITE_SLOTS and DIRECT_SLOTS:  # the chunk's pages loaded for every valid key: no wait on ``take``
-                    page = gl.load(pt_ptr + i_r * stride_pt + (offs >> PAGE_BITS), mask=valid, other=0)  # [CHUNK]
-                    gl.store(slot_ptr + i_r * stride_slot + slot, (page << PAGE_BITS) | (offs & ((1 << PAGE_BITS) - 1)),
-                             mask=take)  # fmt: skip
-                if PACKED:
-                    tot = gl.sum(both, axis=0)  # this chunk's gt | eq << 16
-                    gt_before += tot & 0xFFFF
-                    eq_before += tot >> 16
-                else:
-                    gt_before += gl.sum(gt, axis=0)
-                    eq_before += gl.sum(eq, axis=0)
+                gt_before += gl.sum(gt, axis=0)
+                eq_before += gl.sum(eq, axis=0)
+            _barrier()  # every thread's winners stored before this program's arrival (or its own slot loads)
             if n_part > 1:
-                _barrier()  # every thread past the row's workspace (and its winners stored) before the arrival
                 arrived = gl.atomic_add(p_bar, 1, sem="acq_rel", scope="gpu") + 1
                 last = arrived == (phase + 1) * n_part
                 if last:  # the last participant: every other one is past the row's workspace
-                    o_w = gl.arange(0, HROW, layout=LH)
-                    gl.store(p_hist + o_w, gl.zeros([HROW], gl.int32, layout=LH), mask=o_w < PASSES * NB)
+                    gl.store(p_hist + gl.arange(0, PASSES * NB, layout=LH),
+                             gl.zeros([PASSES * NB], gl.int32, layout=LH))  # fmt: skip
                     gl.store(p_cnt + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
                     gl.store(p_cnt + SPLITS + o_s, gl.zeros([SPLITS], gl.int32, layout=LH))
                     gl.atomic_xchg(p_bar, 0, sem="relaxed", scope="gpu")
             else:  # one participant: no workspace touched beyond the ticket
-                if WRITE_SLOTS and not DIRECT_SLOTS:
-                    _barrier()  # every thread's winners stored before the slot loads below
                 last = n_part == 1
-            if WRITE_SLOTS and not DIRECT_SLOTS:
+            if WRITE_SLOTS:
                 if last:  # every participant's winners are in (their stores came before their arrival)
                     pos = gl.load(p_idx + o_k, cache_modifier=".cg")  # [K] ascending
                     gl.store(slot_ptr + i_r * stride_slot + o_k, _page_slots(pt_ptr + i_r * stride_pt, pos,
@@ -316,7 +234,7 @@ if _HAVE_GLUON:
 
 def workspace_region() -> int:
     """Histogram ints per row this kernel needs of the Triton kernel's split workspace (``hist_region`` there)."""
-    return HIST_ROW
+    return RADIX_PASSES * RADIX_BINS
 
 
 def fits(rows: int, n_cols: int, k: int, info: dev.DeviceInfo) -> str | None:
@@ -358,8 +276,6 @@ def topk_smem_fwd(
         logits, lengths, out, pt, slots, ws,
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
-        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, PACKED=SMEM_PACKED_SUMS,
-        DIRECT_SLOTS=SMEM_DIRECT_SLOTS, BITS=SMEM_DIGIT_BITS,
-        SOLO_BITS=SMEM_SOLO_DIGIT_BITS, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
+        SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
     return out
