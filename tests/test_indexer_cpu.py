@@ -452,6 +452,33 @@ def test_topk_wide_launch_on_the_interpreter(tri):
     assert torch.equal(out, torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1))
 
 
+def test_topk_length_max_leaves_longer_rows(tri):
+    """``length_max`` (topk.LENGTH_SPLIT's register launch): rows of at most that many positions exact in position
+    order, page slots included, longer rows' outputs untouched (another launch writes them); the launch is chosen for
+    the shorter rows only (the interpreter runs the forced wide launch's 16k tile), bad values refused."""
+    k, cut, cols = 512, 16384, 40960
+    lengths = [0, 1, k - 1, k, k + 1, 4097, 9000, cut, cut + 1, 30000, cols]
+    logits = _hard_rows(lengths, cols, k, seed=11)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    table = torch.randperm(len(lengths) * cols // 64, generator=torch.Generator().manual_seed(3)).view(len(lengths), -1)
+    table = table.to(torch.int32)
+    out = torch.full((len(lengths), k), -7, dtype=torch.int32)
+    slots = torch.full_like(out, -7)
+    topk.indexer_topk_fwd(logits, lens, k, out=out, page_table=table, page_size=64, out_slots=slots, sorted=False,
+                          wide=True, length_max=cut)  # fmt: skip
+    ref = indexer_topk_reference(logits, lens, k)
+    expect = torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+    mine = lens <= cut
+    assert torch.equal(out[mine], expect[mine])
+    p = expect[mine].clamp(min=0).long()
+    want = torch.where(expect[mine] >= 0, table[mine].long().gather(1, p // 64) * 64 + p % 64, -1)
+    assert torch.equal(slots[mine].long(), want)
+    assert bool((out[~mine] == -7).all()) and bool((slots[~mine] == -7).all())
+    for kw in (dict(length_max=-1), dict(length_max=cut, smem=True)):
+        with pytest.raises(ValueError, match="length_max"):
+            topk.indexer_topk_fwd(logits, lens, k, sorted=False, **kw)
+
+
 def test_filter_tiles_are_checked():
     assert topk._filter_tiles(512, 4096, None) == topk.FILTER_TILES[512]
     assert topk._filter_tiles(2048, 4096, (8192, 4096)) == (4096, 4096)  # groups never exceed the register tile

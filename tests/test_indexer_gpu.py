@@ -322,20 +322,29 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["smem", "length-split"])
 @pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
 @pytest.mark.parametrize("k", [512, 1024, 2048])
-def test_topk_smem_spans(k, rows):
+def test_topk_smem_spans(k, rows, split, monkeypatch):
     """The spans in shared memory (topk_smem, Gluon; ``smem=True``): lengths 0, 1, k - 1 .. k + 1, one to four
     participants (SMEM_MIN_SPAN each), around 16k and the 64k capacity, heavy ties, all-equal and -inf rows; exact
     positions in ascending order and page slots, poisoned outputs fully written, two launches on the workspace the
-    first left at zero, and a captured graph replayed with new lengths equal to the reference."""
+    first left at zero, and a captured graph replayed with new lengths equal to the reference. ``length-split``: the
+    launcher's default where smem_spans holds, with LENGTH_SPLIT (rows up to 16k in the register launch, longer ones
+    in shared memory on a forked stream, in one captured graph)."""
     from sparsemla.kernels.indexer import topk_smem
 
     info = topk.dev.device_info(torch.device(DEV))
-    if topk_smem.fits(rows, 65536, k, info):
-        pytest.skip(topk_smem.fits(rows, 65536, k, info))
     cols = 65536
+    if topk_smem.fits(rows, cols, k, info):
+        pytest.skip(topk_smem.fits(rows, cols, k, info))
+    if split and not topk.smem_spans(rows, cols, k, info):
+        pytest.skip(f"smem_spans does not take {rows} rows of {cols} at k = {k} on {info.name}")
+    monkeypatch.setattr(topk, "LENGTH_SPLIT", split)
+    forks = []
+    monkeypatch.setattr(topk, "_length_split", lambda *a, f=topk._length_split: forks.append(1) or f(*a))
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 12289, 16383, 16384, 16385, 30000, 40000, cols - 1, cols, cols]
+    lengths += [-3, cols + 5]  # clamped to 0 and to the capacity by both kernels alike
     lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
     logits = _tied_rows(rows, cols, seed=k + rows)
     logits[-2] = 0.25  # all equal: the first k positions win
@@ -348,7 +357,7 @@ def test_topk_smem_spans(k, rows):
 
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False,
-                              smem=True)  # fmt: skip
+                              smem=None if split else True)  # fmt: skip
 
     def check(lens: torch.Tensor) -> None:
         expect = _by_position(indexer_topk_reference(logits, lens, k))
@@ -361,8 +370,8 @@ def test_topk_smem_spans(k, rows):
 
     for _ in range(2):
         call()
-        torch.cuda.synchronize()
-        check(lengths)
+        check(lengths)  # no device-wide sync: the copies to the host wait for the current stream only (and its join)
+    assert len(forks) == (2 if split else 0)
     graph = _captured(call)
     new = torch.randint(0, cols + 1, (rows,), generator=g, dtype=torch.int32)
     dn.copy_(new)
@@ -371,6 +380,25 @@ def test_topk_smem_spans(k, rows):
     graph.replay()
     torch.cuda.synchronize()
     check(new)
+    if split:  # each kernel alone leaves the other's rows poisoned: no row is written twice
+        short = (new.clamp(0, cols) <= topk.WIDE_SPAN).to(DEV)
+        expect_new = _by_position(indexer_topk_reference(logits, new, k))
+        ws = topk._SPLIT_WS.get(dl.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
+
+        def smem_alone() -> None:
+            topk_smem.topk_smem_fwd(dl, dn, k, out, dt, slots, 64, ws, len_min=topk.WIDE_SPAN)
+
+        def regs_alone() -> None:
+            topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False,
+                                  smem=False, length_max=topk.WIDE_SPAN)  # fmt: skip
+
+        for launch, untouched in ((smem_alone, short), (regs_alone, ~short)):
+            out.fill_(-7)
+            slots.fill_(-7)
+            launch()
+            assert bool((out[untouched] == -7).all()) and bool((slots[untouched] == -7).all())
+            written = (~untouched).cpu()
+            assert torch.equal(out.cpu()[written], expect_new[written])
 
 
 def test_sglang_topk_transform_contract():

@@ -147,6 +147,8 @@ for _s in (4, 8):
 # ran at 154e919: topk_wpf_ab-native-h100-154e919.json, 1 % slower at 64 x 64k; removed)
 VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared memory (topk_smem, Gluon)
 VARIANTS["regs"] = (new, dict(smem=False))  # session 44: the register spans once smem_spans picks shared memory
+# session 45: rows up to 16k in the register launch, longer ones in shared memory on a forked stream (LENGTH_SPLIT)
+VARIANTS["split"] = (new, dict(_length_split=True))
 # (sessions 44-45's `smem_packed*` / `smem_unpacked` -- topk_smem's packed sums, direct page slots, SMEM_MIN_SPAN 8k /
 # 16k, 5- to 7-bit digits -- ran at e2b3370: topk_direct_ab-native-h100-e2b3370.json; all slower; removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
@@ -160,6 +162,7 @@ MODS = {old, new} | {mod for mod, _ in VARIANTS.values()}
 WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, restored after a 4-warp variant
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
 WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
+LENGTH_SPLIT = new.LENGTH_SPLIT  # the package's default, restored after the `split` variant
 
 
 def fused(name: str) -> bool:
@@ -188,11 +191,13 @@ def variant(name: str, k: int) -> tuple:
     if hasattr(mod, "WIDE_WARPS"):  # a wide launch's (twenty-first session) warps: the same override
         mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
+    new.LENGTH_SPLIT = kw.pop("_length_split", LENGTH_SPLIT)  # read at every launch
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
+    new.LENGTH_SPLIT = LENGTH_SPLIT
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

@@ -165,6 +165,12 @@ WIDE_MIN_ROWS = 32
 # 16k 15.6 -> 17.9 / 15.8 -> 18.5, 4k 7.0 -> 10.1 / 7.1 -> 10.6, 1k 6.6 -> 7.2 / 3.5 -> 2.6 at B = 64; B = 32 x 64k
 # (one wave either way) 24.8 -> 29.1, so not there (smem_spans).
 SMEM_SPANS = True
+# Where smem_spans picks the shared-memory spans, split the rows by length instead (graph-safe: each kernel reads the
+# lengths on the device and leaves the other's rows untouched): rows of at most WIDE_SPAN positions in the register
+# launch (one 16-warp program each, ~3 us faster at 4k-16k), longer ones in the shared-memory spans, the two kernels
+# on two streams forked from the caller's and joined back (two branches of a captured graph), so a launch costs about
+# the slower of the two. Off until the GPU tests and an A/B.
+LENGTH_SPLIT = False
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
@@ -842,6 +848,7 @@ def _indexer_topk_kernel(
     stride_slot,
     n_cols,
     n_rows,
+    len_max,  # rows longer than this are another launch's (LENGTH_SPLIT): left untouched
     K: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_SMALL: tl.constexpr,
@@ -879,8 +886,8 @@ def _indexer_topk_kernel(
             tl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
         i_r = (ticket // SPLITS).to(tl.int64)
         part = ticket % SPLITS
-    n = tl.load(lens_ptr + i_r)
-    n = tl.minimum(tl.maximum(n, 0), n_cols)
+    n = tl.minimum(tl.maximum(tl.load(lens_ptr + i_r), 0), n_cols)
+    mine = n <= len_max
     src = logits_ptr + i_r * stride_l
     p_idx = idx_ptr + i_r * stride_idx
     p_slot = slot_ptr + i_r * stride_slot
@@ -888,7 +895,7 @@ def _indexer_topk_kernel(
     p_cand = cand_ptr + i_r * stride_cand
     # rows of at most SPLIT_ROW positions stay in one program whatever the span (SPLIT_SPAN by default, see topk_span)
     n_part = tl.where(n > SPLIT_ROW, tl.minimum(tl.maximum(tl.cdiv(n, SPAN), 1), SPLITS), 1)
-    if (n <= K) | (n_part == 1):
+    if ((n <= K) | (n_part == 1)) & mine:
         if part < 0:
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
@@ -897,7 +904,7 @@ def _indexer_topk_kernel(
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
                           PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, PREFETCH)  # fmt: skip
-    elif (part >= 0) & (part < n_part):
+    elif (part >= 0) & (part < n_part) & mine:
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
         p_hist = ws_ptr + 1 + rows64 + i_r * HIST_REGION
@@ -1187,6 +1194,7 @@ def indexer_topk_fwd(
     block: int | None = None,
     prefetch: bool | None = None,
     smem: bool | None = None,
+    length_max: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
     with ``sorted``, else by ascending position (the same set).
@@ -1203,7 +1211,9 @@ def indexer_topk_fwd(
     ``block`` the streaming loops' piece (:func:`_topk_block`) and ``prefetch`` whether they load a piece ahead
     (:data:`STREAM_PREFETCH`); tests and sweeps use these to reach every path. ``smem``: the spans in shared memory
     (:mod:`~sparsemla.kernels.indexer.topk_smem`, position order only; by default where :func:`smem_spans`);
-    ``smem=True`` where that kernel cannot run raises ValueError with the reason."""
+    ``smem=True`` where that kernel cannot run raises ValueError with the reason. ``length_max``: rows longer than
+    this are left untouched (another launch writes them, see :data:`LENGTH_SPLIT`); the launch is chosen for rows of
+    at most that many positions."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1229,6 +1239,8 @@ def indexer_topk_fwd(
         return out
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
+    if length_max is not None and (smem or length_max < 0):
+        raise ValueError(f"length_max must be >= 0 and takes the Triton kernel (smem=False), got {length_max}")
     info = dev.launch_info(logits.device)
     if smem:
         why = (
@@ -1236,12 +1248,15 @@ def indexer_topk_fwd(
         )
         if why:
             raise ValueError(f"smem=True: the shared-memory top-k cannot take this launch: {why}")
-    if smem or (smem is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
+    if smem or (smem is None and length_max is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
         ws = _SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
+        if smem is None and LENGTH_SPLIT:
+            return _length_split(logits, lengths, k, out, page_table, out_slots, page_size, ws)
         return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws)
+    cols = logits.shape[1] if length_max is None else min(logits.shape[1], length_max)  # what the launch is chosen for
     if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
         wide = False  # explicit knobs tune the 8-warp launch (tests and sweeps); ``wide=True`` with them: the wide one
-    launch = choose_topk_launch(rows, logits.shape[1], k, info, wide)
+    launch = choose_topk_launch(rows, cols, k, info, wide)
     n_split = launch.splits if splits is None else splits
     if n_split < 1 or n_split & (n_split - 1) or (n_split > 1 and info is dev.INTERPRETER):
         raise ValueError(f"splits must be a power of two >= 1 (1 under the interpreter), got {n_split}")
@@ -1256,8 +1271,8 @@ def indexer_topk_fwd(
     if reg_span < 0 or reg_span & (reg_span - 1) or reg_span > 32768:
         raise ValueError(f"reg_span must be 0 or a power of two <= 32768, got {reg_span}")
     tiles = row_tiles or launch.row_tiles
-    row_small, row_max, stream = _topk_paths(k, logits.shape[1], tiles)
-    groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, logits.shape[1] > span, info,
+    row_small, row_max, stream = _topk_paths(k, cols, tiles)
+    groups, cands, min_span = _filter_choice(k, rows, n_split, row_max, stream, cols > span, info,
                                              filter_tiles, launch.wide)  # fmt: skip
     bits = radix_bits(k, groups) if bits is None else bits
     _check_bits(bits=bits, reg_bits=reg_bits, stream_bits=stream_bits)
@@ -1285,6 +1300,7 @@ def indexer_topk_fwd(
         slots.stride(0),
         logits.shape[1],
         rows,
+        logits.shape[1] if length_max is None else length_max,
         K=k,
         BLOCK=block,
         ROW_SMALL=row_small,
@@ -1309,6 +1325,43 @@ def indexer_topk_fwd(
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
+    return out
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _length_split(
+    logits: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+    page_table: torch.Tensor | None,
+    out_slots: torch.Tensor | None,
+    page_size: int,
+    ws: torch.Tensor,
+) -> torch.Tensor:
+    """:data:`LENGTH_SPLIT`: rows longer than WIDE_SPAN in the shared-memory spans on a side stream forked from the
+    current one, the others in the register launch on the current stream, joined back before returning (inputs and
+    outputs are freed, if ever, on the current stream after the join). The side stream is a high-priority one (the
+    callers' streams, a graph's capture stream included, are not), created at the first, eager, call."""
+    if logits.shape[1] <= WIDE_SPAN:  # no row for the shared-memory spans (smem_spans took it for its row count)
+        return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
+                                out_slots=out_slots, sorted=False, smem=False)  # fmt: skip
+    if logits.device.type != "cuda":  # ahead-of-time compiles (compile-only, CPU tensors): the two launches in order
+        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
+        return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
+                                out_slots=out_slots, sorted=False, smem=False, length_max=WIDE_SPAN)  # fmt: skip
+    main = torch.cuda.current_stream(logits.device)
+    side = _SIDE_STREAMS.get(logits.device)
+    if side is None:
+        side = _SIDE_STREAMS[logits.device] = torch.cuda.Stream(logits.device, priority=-1)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
+    indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size, out_slots=out_slots,
+                     sorted=False, smem=False, length_max=WIDE_SPAN)  # fmt: skip
+    main.wait_stream(side)
     return out
 
 

@@ -107,6 +107,7 @@ if _HAVE_GLUON:
         stride_slot,
         n_cols,
         n_rows,
+        len_min,  # rows of at most this many positions are another launch's (topk.LENGTH_SPLIT): left untouched
         K: gl.constexpr,
         WRITE_SLOTS: gl.constexpr,
         PAGE_BITS: gl.constexpr,
@@ -131,12 +132,13 @@ if _HAVE_GLUON:
         n_part = gl.minimum(gl.maximum(gl.cdiv(n, MIN_SPAN), 1), SPLITS)
         o_k = gl.arange(0, K, layout=LH)
         p_idx = idx_ptr + i_r * stride_idx
-        if (n <= K) & (part == 0):  # no selection: every position, then -1
+        mine = n > len_min
+        if (n <= K) & (part == 0) & mine:  # no selection: every position, then -1
             gl.store(p_idx + o_k, gl.where(o_k < n, o_k, -1))
             if WRITE_SLOTS:
                 gl.store(slot_ptr + i_r * stride_slot + o_k, _page_slots(pt_ptr + i_r * stride_pt, o_k, o_k < n,
                                                                          PAGE_BITS))  # fmt: skip
-        if (n > K) & (part < n_part):
+        if (n > K) & (part < n_part) & mine:
             rows64 = i_r * 0 + n_rows  # int64: the regions' offsets grow with the row count
             p_bar = ws_ptr + 1 + i_r
             p_hist = ws_ptr + 1 + rows64 + i_r * (PASSES * NB)
@@ -263,18 +265,20 @@ def topk_smem_fwd(
     out_slots: torch.Tensor | None,
     page_size: int,
     ws: torch.Tensor,
+    len_min: int = -1,
 ) -> torch.Tensor:
     """Launches the kernel on arguments :func:`sparsemla.kernels.indexer.topk.indexer_topk_fwd` checked: ``logits``
     fp32 [rows, cols] (unit column stride), ``lengths`` int32 [rows], ``out`` int32 [rows, k]; with ``page_table``
     int32 [rows, max_pages] also ``out_slots`` int32 [rows, k] (``page_size`` a power of two); ``ws`` the zeroed
-    split workspace, at least 1 + rows * (1 + :func:`workspace_region` + 2 * SMEM_SPLITS) ints. Returns ``out``."""
+    split workspace, at least 1 + rows * (1 + :func:`workspace_region` + 2 * SMEM_SPLITS) ints. Rows of at most
+    ``len_min`` positions are left untouched (another launch writes them). Returns ``out``."""
     rows = logits.shape[0]
     write_slots = page_table is not None
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
     _topk_smem_kernel[(rows * SMEM_SPLITS,)](
         logits, lengths, out, pt, slots, ws,
-        logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows,
+        logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows, len_min,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
         SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
     )  # fmt: skip
