@@ -78,7 +78,7 @@ SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x1638
 # session 45: rows up to 16k in the register launch and longer ones in shared memory on a forked stream
 # (topk.LENGTH_SPLIT) against each kernel alone, at issue #15's B = 64 points (cap 64k) and B = 128 x 64k
 SPLIT_VARIANTS=${SPLIT_VARIANTS:-regs,smem,split}
-SPLIT_SHAPES=${SPLIT_SHAPES:-64x4096,64x16384,64x65536,128x65536,64x1024}
+SPLIT_SHAPES=${SPLIT_SHAPES:-64x4096,64x16384,64x65536,128x65536,64x65536r,128x65536r,64x1024}  # r: lengths 1..ctx
 # (session 44-45's `packed` / `direct` A/Bs -- the shared-memory spans' counts packed into one CTA-wide sum, page slots
 # written with the winners, a participant per 8k / 16k keys, 5- to 7-bit radix digits -- ran at e2b3370 with the code
 # of that commit: topk_direct_ab-native-h100-e2b3370.json; each slower than the kernel before; removed)

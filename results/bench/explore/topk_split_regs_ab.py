@@ -202,7 +202,8 @@ def restore(mod) -> None:  # noqa: ANN001
         mod.WIDE_WARPS = WIDE[mod]
 
 
-SHAPES = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
+# BxCTX: every row at CTX positions; BxCTXr (session 45): lengths drawn uniformly from 1 .. CTX (a mixed decode batch)
+SHAPES = [(*(int(x) for x in shape.rstrip("r").split("x")), shape.endswith("r")) for shape in args.shapes.split(",")]
 KS = [int(x) for x in args.ks.split(",")]
 if args.build_cubins:  # here, no GPU: the same launches on CPU tensors of the same shapes, compiled for sm_90
     from benchmarks import prod_cubins
@@ -210,7 +211,7 @@ if args.build_cubins:  # here, no GPU: the same launches on CPU tensors of the s
     from benchmarks.indexer import Case, unfilled_indexer_cache
 
     def workload() -> None:
-        for b, ctx in SHAPES:
+        for b, ctx, _ in SHAPES:
             lens = torch.full((b,), ctx, dtype=torch.int32)
             table = torch.zeros(b, CAP // 64, dtype=torch.int32)
             q = torch.empty(b, 1, 64, 128, dtype=torch.float8_e4m3fn)
@@ -250,11 +251,13 @@ def save(rows: list, replayed: dict) -> None:
 
 
 gen = torch.Generator(device=DEV).manual_seed(0)
-kv = gpu_indexer_cache(max(b * -(-ctx // 64) for b, ctx in SHAPES) + 64, DEV, gen)  # pages for the largest case
+kv = gpu_indexer_cache(max(b * -(-ctx // 64) for b, ctx, _ in SHAPES) + 64, DEV, gen)  # pages for the largest case
 rows = []
 replayed = replaying.__enter__()
-for b, ctx in SHAPES:
+for b, ctx, mixed in SHAPES:
     case = make_case(b, ctx, CAP, kv, gen)
+    if mixed:
+        case.seq_lens = torch.randint(1, ctx + 1, (b,), generator=gen, device=DEV, dtype=torch.int32)
     logits = tri.indexer_logits_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, CAP, True)
     info = new.dev.launch_info(DEV)
     for k in KS:
@@ -277,7 +280,8 @@ for b, ctx in SHAPES:
             launch = new.choose_topk_launch(b, CAP, k, info, kw.get("wide"))  # the launcher's, unless the variant's
             splits = kw.get("splits", launch.splits)
             span = kw.get("span", launch.span if "splits" not in kw else new.topk_span(b, splits, info))
-            row = dict(path=args.path, B=b, ctx=ctx, k=k, variant=name, us_graph=us1 and round(us1, 2),
+            row = dict(path=args.path, B=b, ctx=ctx, lengths="1..ctx" if mixed else "ctx", k=k, variant=name,
+                       us_graph=us1 and round(us1, 2),
                        us_graph20=us20 and round(us20, 2), exact=exact, splits=splits, span=span,
                        wide=launch.wide, error=err)  # fmt: skip
             print(json.dumps(row), flush=True)
