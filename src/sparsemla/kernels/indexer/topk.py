@@ -1300,7 +1300,7 @@ def indexer_topk_fwd(
         slots.stride(0),
         logits.shape[1],
         rows,
-        logits.shape[1] if length_max is None else length_max,
+        cols,  # rows past it are another launch's (a row's length never exceeds logits.shape[1])
         K=k,
         BLOCK=block,
         ROW_SMALL=row_small,
@@ -1345,22 +1345,27 @@ def _length_split(
     current one, the others in the register launch on the current stream, joined back before returning (inputs and
     outputs are freed, if ever, on the current stream after the join). The side stream is a high-priority one (the
     callers' streams, a graph's capture stream included, are not), created at the first, eager, call."""
-    if logits.shape[1] <= WIDE_SPAN:  # no row for the shared-memory spans (smem_spans took it for its row count)
+
+    def registers(length_max: int | None) -> torch.Tensor:
         return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
-                                out_slots=out_slots, sorted=False, smem=False)  # fmt: skip
-    if logits.device.type != "cuda":  # ahead-of-time compiles (compile-only, CPU tensors): the two launches in order
+                                out_slots=out_slots, sorted=False, smem=False, length_max=length_max)  # fmt: skip
+
+    def shared_memory() -> None:
         topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
-        return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
-                                out_slots=out_slots, sorted=False, smem=False, length_max=WIDE_SPAN)  # fmt: skip
+
+    if logits.shape[1] <= WIDE_SPAN:  # no row for the shared-memory spans (smem_spans took it for its row count)
+        return registers(None)
+    if logits.device.type != "cuda":  # ahead-of-time compiles (compile-only, CPU tensors): the two launches in order
+        shared_memory()
+        return registers(WIDE_SPAN)
     main = torch.cuda.current_stream(logits.device)
     side = _SIDE_STREAMS.get(logits.device)
     if side is None:
         side = _SIDE_STREAMS[logits.device] = torch.cuda.Stream(logits.device, priority=-1)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
-    indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size, out_slots=out_slots,
-                     sorted=False, smem=False, length_max=WIDE_SPAN)  # fmt: skip
+        shared_memory()
+    registers(WIDE_SPAN)
     main.wait_stream(side)
     return out
 
