@@ -169,8 +169,8 @@ SMEM_SPANS = True
 # lengths on the device and leaves the other's rows untouched): rows of at most WIDE_SPAN positions in the register
 # launch (one 16-warp program each, ~3 us faster at 4k-16k), longer ones in the shared-memory spans, the two kernels
 # on two streams forked from the caller's and joined back (two branches of a captured graph), so a launch costs about
-# the slower of the two. Off until the GPU tests and an A/B.
-LENGTH_SPLIT = False
+# the slower of the two.
+LENGTH_SPLIT = True
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
