@@ -80,16 +80,18 @@ def test_clean_logits_and_per_row_lengths(tri):
 
 
 def test_topk_exact_with_ties(tri):
-    """Top-512 equals the reference exactly (order too) with many tied values, -0.0 vs +0.0, short and empty rows."""
+    """Top-512 equals the reference exactly (order too) with many tied values, -0.0 vs +0.0, short and empty rows;
+    a negative length counts as 0 and one past the capacity as the capacity, in the kernel and the reference alike."""
     g = torch.Generator().manual_seed(3)
-    logits = torch.round(torch.randn(4, 1400, generator=g) * 4) / 4  # heavy ties
+    logits = torch.round(torch.randn(6, 1400, generator=g) * 4) / 4  # heavy ties
     logits[1, :200] = 0.0
     logits[1, 200:400] = -0.0
-    lengths = torch.tensor([1400, 700, 300, 0], dtype=torch.int32)
-    out = torch.full((4, 512), -7, dtype=torch.int32)
+    lengths = torch.tensor([1400, 700, 300, 0, -3, 1405], dtype=torch.int32)
+    out = torch.full((6, 512), -7, dtype=torch.int32)
     topk.indexer_topk_fwd(logits, lengths, 512, out=out)
     assert torch.equal(out, indexer_topk_reference(logits, lengths, 512))
-    assert (out[2, 300:] == -1).all() and (out[3] == -1).all()
+    assert (out[2, 300:] == -1).all() and (out[3] == -1).all() and (out[4] == -1).all()
+    assert torch.equal(out[5], indexer_topk_reference(logits[5:], torch.tensor([1400]), 512)[0])
 
 
 def _digit_cases() -> list:

@@ -73,11 +73,11 @@ def indexer_logits_reference(
 
 def indexer_topk_reference(logits: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
     """``[rows, k]`` int32 positions of the top-k logits among ``t < lengths[row]`` (desc. value, then asc. position),
-    ``-1``-padded."""
+    ``-1``-padded. A length past the row's capacity (``logits.shape[1]``) counts as the capacity, as in the kernels."""
     rows = logits.shape[0]
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     for r in range(rows):
-        n = int(lengths[r])
+        n = min(int(lengths[r]), logits.shape[1])
         if n <= 0:
             continue
         vals = logits[r, :n].double()

@@ -169,7 +169,11 @@ SMEM_SPANS = True
 # lengths on the device and leaves the other's rows untouched): rows of at most WIDE_SPAN positions in the register
 # launch (one 16-warp program each, ~3 us faster at 4k-16k), longer ones in the shared-memory spans, the two kernels
 # on two streams forked from the caller's and joined back (two branches of a captured graph), so a launch costs about
-# the slower of the two.
+# the slower of the two. H100, 3.8 cubins, graph replay of 20, cap 64k, every output exact, us at k = 512 / 2048
+# (results/bench/explore/topk_split_ab-native-h100-89ae9a3.json), shared memory alone -> split (register launch
+# alone): B = 64 x 4k 10.0 -> 7.6 / 10.5 -> 8.4 (7.0 / 7.7), 16k 17.6 -> 16.5 / 18.5 -> 16.7 (15.7 / 15.8), 64k 32.3
+# -> 32.4 / 35.7 -> 35.9, B = 128 x 64k 63.8 -> 64.0 / 65.7 -> 66.2; lengths drawn from 1..64k: B = 64 31.7 -> 31.8 /
+# 32.4 -> 32.4, B = 128 47.3 -> 40.8 / 48.4 -> 41.2. The fork and join cost ~0.7 us over the register launch alone.
 LENGTH_SPLIT = True
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
