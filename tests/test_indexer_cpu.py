@@ -482,10 +482,18 @@ def test_topk_length_max_leaves_longer_rows(tri):
 
 
 @pytest.mark.parametrize("tiles", [(4096, 4096), (1024, 4096)], ids=["one-tile", "two-tiles"])
-def test_topk_direct_slots_equal_the_read_back(tri, tiles):
+def test_topk_direct_slots_equal_the_read_back(tri, tiles, monkeypatch):
     """``direct_slots`` (topk.DIRECT_SLOTS): rows selected in registers write positions and page slots in the
     compaction; lengths 0 .. k + 1 and past the register tile (streamed, then _finish_row) keep theirs. Equal to the
-    launch without it and to the reference, every output written."""
+    launch without it and to the reference, every output written; the kernel gets it only with page slots in
+    position order."""
+    real, seen = topk._indexer_topk_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            return lambda *a, **kw: seen.append(kw["DIRECT"]) or real[grid](*a, **kw)
+
+    monkeypatch.setattr(topk, "_indexer_topk_kernel", Spy())
     k, cols = 512, 5000
     lengths = [0, 1, k - 1, k, k + 1, 1024, 1025, 3000, 4096, 4097, cols, 2 * cols, -3]
     logits = _hard_rows([min(max(n, 0), cols) for n in lengths], cols, k, seed=5)
@@ -506,6 +514,12 @@ def test_topk_direct_slots_equal_the_read_back(tri, tiles):
     for out, slots in got.values():
         assert torch.equal(out, expect)
         assert torch.equal(slots.long(), want)
+    assert seen == [False, True]
+    two_slots = torch.empty(2, k, dtype=torch.int32)
+    topk.indexer_topk_fwd(logits[:2], lens[:2], k, page_table=table[:2], page_size=64, out_slots=two_slots,
+                          row_tiles=tiles, direct_slots=True)  # fmt: skip
+    topk.indexer_topk_fwd(logits[:2], lens[:2], k, sorted=False, row_tiles=tiles, direct_slots=True)
+    assert seen == [False, True, False, False]  # sorted, no page table: the read-back
 
 
 def test_filter_tiles_are_checked():

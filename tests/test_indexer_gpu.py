@@ -322,6 +322,47 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
+@pytest.mark.parametrize("shape", [(37, 16384), (8, 16384), (64, 65536)], ids=["wide", "8-warp", "default-64k"])
+@pytest.mark.parametrize("k", [512, 2048])
+def test_topk_direct_slots(k, shape, monkeypatch):
+    """topk.DIRECT_SLOTS: rows selected in one program's registers write positions and page slots in the compaction
+    (the wide launch's 16k tile, the 8-warp launch's tiles with longer rows streamed, and the launcher's default at
+    64 x 64k: the length split or the register spans). Lengths -3 .. cap + 5; exact positions in ascending order and
+    page slots, poisoned outputs fully written, eager and a captured graph replayed with new lengths."""
+    rows, cols = shape
+    monkeypatch.setattr(topk, "DIRECT_SLOTS", True)
+    lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, -3, cols + 5]
+    lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
+    logits = _tied_rows(rows, cols, seed=k + rows)
+    logits[-1] = float("-inf")
+    g = torch.Generator().manual_seed(rows)
+    table = torch.randperm(rows * cols // 64, generator=g).view(rows, -1).to(torch.int32)
+    dl, dn, dt = logits.to(DEV), lengths.to(DEV), table.to(DEV)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    slots = torch.full_like(out, -7)
+
+    def call() -> None:
+        topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False)
+
+    def check(lens: torch.Tensor) -> None:
+        expect = _by_position(indexer_topk_reference(logits, lens, k))
+        assert torch.equal(out.cpu(), expect)
+        p = expect.clamp(min=0).long()
+        assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64,
+                                                           -1))  # fmt: skip
+
+    call()
+    check(lengths)
+    graph = _captured(call)
+    new = torch.randint(0, cols + 1, (rows,), generator=g, dtype=torch.int32)
+    dn.copy_(new)
+    out.fill_(-7)
+    slots.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(new)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["smem", "length-split"])
 @pytest.mark.parametrize("rows", [64, 37], ids=["64-rows", "37-rows"])
 @pytest.mark.parametrize("k", [512, 1024, 2048])

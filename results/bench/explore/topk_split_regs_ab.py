@@ -189,6 +189,13 @@ def run_variant(mod, kw: dict, fuse: bool, case, logits, k: int, out, slots) -> 
                              out_slots=slots, page_size=64, **kw)  # fmt: skip
 
 
+def slots_match(out: torch.Tensor, slots: torch.Tensor, case) -> bool:  # noqa: ANN001
+    """The page slots equal the positions' transform through ``case.page_table`` (64-token pages), -1 where none."""
+    pos = out.clamp(min=0).long()
+    want = case.page_table.long().gather(1, pos // 64) * 64 + pos % 64
+    return bool(torch.equal(slots.long(), torch.where(out >= 0, want, -1)))
+
+
 def variant(name: str, k: int) -> tuple:
     """(module, launcher keywords) of a variant, its module-level knobs set (restore with ``restore``)."""
     mod, kw = VARIANTS[name]
@@ -285,7 +292,7 @@ for b, ctx, mixed in SHAPES:
 
             try:
                 call()
-                exact = same_set(out, logits, case.seq_lens, k)
+                exact = same_set(out, logits, case.seq_lens, k) and (fused(name) or slots_match(out, slots, case))
                 us1, us20 = graph_us(call), graph_us(call, 20)
                 err = None
             except Exception as exc:  # a variant that fails to compile or launch is a row, not the end of the run

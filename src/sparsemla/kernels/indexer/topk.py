@@ -414,27 +414,12 @@ def _scatter_store(ptr, value, mask):
 
 
 @triton.jit
-def _write_winners(
-    key,
-    valid,
-    payload,
-    prefix,
-    low,
-    k_rem,
-    gt_before,
-    eq_before,
-    idx_out_ptr,
-    slot_out_ptr,
-    pt_row_ptr,
-    PAGE_BITS: tl.constexpr,
-    DIRECT: tl.constexpr,
-):
+def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
     row. ``gt_before`` / ``eq_before`` keys above / equal to it come earlier in the row (other spans), so a winner's
     slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits).
-    ``DIRECT`` (:data:`DIRECT_SLOTS`): ``payload`` are positions, and each winner's page slot
-    ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask`` goes to the same slot of ``slot_out_ptr``."""
+    Returns each key's ``(slot, take)`` (:func:`_write_page_slots` writes more at the same slots)."""
     hi = key >> low
     thr = prefix >> low
     gt = valid & (hi > thr)
@@ -445,9 +430,16 @@ def _write_winners(
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
     _scatter_store(idx_out_ptr + slot, payload, take)
-    if DIRECT:
-        page = tl.load(pt_row_ptr + (payload >> PAGE_BITS), mask=take, other=0)  # the winners' pages
-        _scatter_store(slot_out_ptr + slot, (page << PAGE_BITS) | (payload & ((1 << PAGE_BITS) - 1)), take)
+    return slot, take
+
+
+@triton.jit
+def _write_page_slots(pos, slot, take, slot_out_ptr, pt_row_ptr, PAGE_BITS: tl.constexpr):
+    """:data:`DIRECT_SLOTS`: the page slots ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask`` of the
+    winners ``take`` among positions ``pos`` at their compaction ``slot`` of ``slot_out_ptr`` (a gather of the
+    winners' pages only)."""
+    page = tl.load(pt_row_ptr + (pos >> PAGE_BITS), mask=take, other=0)
+    _scatter_store(slot_out_ptr + slot, (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1)), take)
 
 
 @triton.jit
@@ -467,11 +459,14 @@ def _select_keys(
 ):
     """Writes ``payload`` of the top-``K`` of the register keys ``key`` [ROW] (``valid`` of them, at least ``K``) to
     ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices (``DIRECT``: and their page
-    slots, see :func:`_write_winners`)."""
+    slots, see :func:`_write_page_slots`)."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
     prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW, BITS)
-    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr, slot_out_ptr, pt_row_ptr,
-                   PAGE_BITS, DIRECT)  # fmt: skip
+    if DIRECT:
+        slot, take = _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
+        _write_page_slots(payload, slot, take, slot_out_ptr, pt_row_ptr, PAGE_BITS)
+    else:
+        _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
 
 
 @triton.jit
@@ -490,7 +485,7 @@ def _select_in_registers(
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers. ``DIRECT``: the page slots too (:func:`_write_winners`)."""
+    held in registers. ``DIRECT``: the page slots too (:func:`_write_page_slots`)."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
@@ -825,8 +820,7 @@ def _select_split_registers(
     prefix = prefix ^ (-2147483647 - 1)
     phase += 1
     gt_before, eq_before = _exchange_counts(n_gt, n_eq, cnt_ptr, part, bar_ptr, phase * n_part, SPLITS)
-    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr, idx_out_ptr, idx_out_ptr,
-                   0, False)  # fmt: skip
+    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)
     return phase
 
 
@@ -1320,7 +1314,7 @@ def indexer_topk_fwd(
     if smem or (smem is None and length_max is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
         ws = _SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
         if smem is None and LENGTH_SPLIT:
-            return _length_split(logits, lengths, k, out, page_table, out_slots, page_size, ws)
+            return _length_split(logits, lengths, k, out, page_table, out_slots, page_size, ws, direct_slots)
         return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws)
     cols = logits.shape[1] if length_max is None else min(logits.shape[1], length_max)  # what the launch is chosen for
     if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
@@ -1410,6 +1404,7 @@ def _length_split(
     out_slots: torch.Tensor | None,
     page_size: int,
     ws: torch.Tensor,
+    direct_slots: bool | None = None,
 ) -> torch.Tensor:
     """:data:`LENGTH_SPLIT`: rows longer than WIDE_SPAN in the shared-memory spans on a side stream forked from the
     current one, the others in the register launch on the current stream, joined back before returning (inputs and
@@ -1419,7 +1414,8 @@ def _length_split(
 
     def registers(length_max: int | None) -> torch.Tensor:
         return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
-                                out_slots=out_slots, sorted=False, smem=False, length_max=length_max)  # fmt: skip
+                                out_slots=out_slots, sorted=False, smem=False, length_max=length_max,
+                                direct_slots=direct_slots)  # fmt: skip
 
     def shared_memory() -> None:
         topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
