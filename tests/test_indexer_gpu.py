@@ -322,6 +322,27 @@ def test_topk_wide_launch(k, cols, sort):
     assert torch.equal(out.cpu(), ref if sort else _by_position(ref))
 
 
+def _slot_rows(rows: int, cols: int, k: int, lengths: list[int]) -> tuple:
+    """Position-order top-k inputs with page slots: CPU ``(logits, lengths, table)`` (tied rows, an all-equal and a
+    -inf row last; lengths cycled over the rows), their device copies and NaN-like poisoned outputs (-7)."""
+    lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
+    logits = _tied_rows(rows, cols, seed=k + rows)
+    logits[-2] = 0.25  # all equal: the first k positions win
+    logits[-1] = float("-inf")
+    g = torch.Generator().manual_seed(rows)
+    table = torch.randperm(rows * cols // 64, generator=g).view(rows, -1).to(torch.int32)
+    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
+    return logits, lengths, table, logits.to(DEV), lengths.to(DEV), table.to(DEV), out, torch.full_like(out, -7)
+
+
+def _check_slot_rows(out, slots, logits, table, lens, k) -> None:  # noqa: ANN001
+    """``out`` holds the reference top-k positions in ascending order and ``slots`` their 64-token page slots."""
+    expect = _by_position(indexer_topk_reference(logits, lens, k))
+    assert torch.equal(out.cpu(), expect)
+    p = expect.clamp(min=0).long()
+    assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
+
+
 @pytest.mark.parametrize("shape", [(37, 16384), (8, 16384), (64, 65536)], ids=["wide", "8-warp", "default-64k"])
 @pytest.mark.parametrize("k", [512, 2048])
 def test_topk_direct_slots(k, shape, monkeypatch):
@@ -332,35 +353,21 @@ def test_topk_direct_slots(k, shape, monkeypatch):
     rows, cols = shape
     monkeypatch.setattr(topk, "DIRECT_SLOTS", True)
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, -3, cols + 5]
-    lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
-    logits = _tied_rows(rows, cols, seed=k + rows)
-    logits[-1] = float("-inf")
-    g = torch.Generator().manual_seed(rows)
-    table = torch.randperm(rows * cols // 64, generator=g).view(rows, -1).to(torch.int32)
-    dl, dn, dt = logits.to(DEV), lengths.to(DEV), table.to(DEV)
-    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
-    slots = torch.full_like(out, -7)
+    logits, lengths, table, dl, dn, dt, out, slots = _slot_rows(rows, cols, k, lengths)
 
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False)
 
-    def check(lens: torch.Tensor) -> None:
-        expect = _by_position(indexer_topk_reference(logits, lens, k))
-        assert torch.equal(out.cpu(), expect)
-        p = expect.clamp(min=0).long()
-        assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64,
-                                                           -1))  # fmt: skip
-
     call()
-    check(lengths)
+    _check_slot_rows(out, slots, logits, table, lengths, k)
     graph = _captured(call)
-    new = torch.randint(0, cols + 1, (rows,), generator=g, dtype=torch.int32)
+    new = torch.randint(0, cols + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
     dn.copy_(new)
     out.fill_(-7)
     slots.fill_(-7)
     graph.replay()
     torch.cuda.synchronize()
-    check(new)
+    _check_slot_rows(out, slots, logits, table, new, k)
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["smem", "length-split"])
@@ -386,26 +393,15 @@ def test_topk_smem_spans(k, rows, split, monkeypatch):
     monkeypatch.setattr(topk, "_length_split", lambda *a, f=topk._length_split: forks.append(1) or f(*a))
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 12289, 16383, 16384, 16385, 30000, 40000, cols - 1, cols, cols]
     lengths += [-3, cols + 5]  # clamped to 0 and to the capacity by both kernels alike
-    lengths = torch.tensor((lengths * 5)[:rows], dtype=torch.int32)
-    logits = _tied_rows(rows, cols, seed=k + rows)
-    logits[-2] = 0.25  # all equal: the first k positions win
-    logits[-1] = float("-inf")
+    logits, lengths, table, dl, dn, dt, out, slots = _slot_rows(rows, cols, k, lengths)
     g = torch.Generator().manual_seed(rows)
-    table = torch.randperm(rows * cols // 64, generator=g).view(rows, -1).to(torch.int32)
-    dl, dn, dt = logits.to(DEV), lengths.to(DEV), table.to(DEV)
-    out = torch.full((rows, k), -7, dtype=torch.int32, device=DEV)
-    slots = torch.full_like(out, -7)
 
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False,
                               smem=None if split else True)  # fmt: skip
 
     def check(lens: torch.Tensor) -> None:
-        expect = _by_position(indexer_topk_reference(logits, lens, k))
-        assert torch.equal(out.cpu(), expect)
-        p = expect.clamp(min=0).long()
-        assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64,
-                                                           -1))  # fmt: skip
+        _check_slot_rows(out, slots, logits, table, lens, k)
         ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
         assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
 
