@@ -188,9 +188,7 @@ def test_topk_page_transform(tri):
     topk.indexer_topk_fwd(logits, lengths, 512, out=pos, page_table=table, page_size=64, out_slots=slots)
     ref = indexer_topk_reference(logits, lengths, 512)
     assert torch.equal(pos, ref)
-    p = ref.clamp(min=0).long()
-    expect = torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
-    assert torch.equal(slots.long(), expect)
+    assert torch.equal(slots.long(), _page_slots(ref, table))
 
 
 def test_fused_logits_topk(tri):
@@ -202,6 +200,17 @@ def test_fused_logits_topk(tri):
     logits = tri.indexer_logits_fwd(q, kv, w, seq_lens, pt, cap, True)
     assert torch.equal(out, indexer_topk_reference(logits, row_lengths(seq_lens, 2, 1, cap), 512))
     assert int(tri._WORKSPACE.counters[q.device].sum()) == 0
+
+
+def _by_position(ref: torch.Tensor) -> torch.Tensor:
+    """The reference's positions in ascending order per row (``sorted=False``), -1 padded."""
+    return torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+
+
+def _page_slots(pos: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """int64 page slots of positions ``pos`` through ``table`` (64-token pages), -1 where ``pos`` is."""
+    p = pos.clamp(min=0).long()
+    return torch.where(pos >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
 
 
 def _hard_rows(lengths: list[int], cols: int, k: int, seed: int) -> torch.Tensor:
@@ -321,7 +330,7 @@ def test_topk_filter_path_and_its_fallback(tri, k, tiles, filt):
     for srt in (True, False):
         out = torch.full((7, k), -7, dtype=torch.int32)
         topk.indexer_topk_fwd(logits, lengths, k, out=out, row_tiles=tiles, filter_tiles=filt, sorted=srt)
-        expect = ref if srt else torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+        expect = ref if srt else _by_position(ref)
         assert torch.equal(out, expect), f"sorted={srt}"
 
 
@@ -451,7 +460,7 @@ def test_topk_wide_launch_on_the_interpreter(tri):
     ref = indexer_topk_reference(logits, lens, k)
     out = torch.full((len(lengths), k), -7, dtype=torch.int32)
     topk.indexer_topk_fwd(logits, lens, k, out=out, wide=True, sorted=False)
-    assert torch.equal(out, torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1))
+    assert torch.equal(out, _by_position(ref))
 
 
 def test_topk_length_max_leaves_longer_rows(tri):
@@ -468,13 +477,10 @@ def test_topk_length_max_leaves_longer_rows(tri):
     slots = torch.full_like(out, -7)
     topk.indexer_topk_fwd(logits, lens, k, out=out, page_table=table, page_size=64, out_slots=slots, sorted=False,
                           wide=True, length_max=cut)  # fmt: skip
-    ref = indexer_topk_reference(logits, lens, k)
-    expect = torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
+    expect = _by_position(indexer_topk_reference(logits, lens, k))
     mine = lens <= cut
     assert torch.equal(out[mine], expect[mine])
-    p = expect[mine].clamp(min=0).long()
-    want = torch.where(expect[mine] >= 0, table[mine].long().gather(1, p // 64) * 64 + p % 64, -1)
-    assert torch.equal(slots[mine].long(), want)
+    assert torch.equal(slots[mine].long(), _page_slots(expect[mine], table[mine]))
     assert bool((out[~mine] == -7).all()) and bool((slots[~mine] == -7).all())
     for kw in (dict(length_max=-1), dict(length_max=cut, smem=True)):
         with pytest.raises(ValueError, match="length_max"):
@@ -507,10 +513,8 @@ def test_topk_direct_slots_equal_the_read_back(tri, tiles, monkeypatch):
         topk.indexer_topk_fwd(logits, lens, k, out=out, page_table=table, page_size=64, out_slots=slots,
                               sorted=False, row_tiles=tiles, direct_slots=direct)  # fmt: skip
         got[direct] = (out, slots)
-    ref = indexer_topk_reference(logits, lens, k)
-    expect = torch.where(ref >= 0, ref, 1 << 30).sort(dim=1).values.masked_fill(ref < 0, -1)
-    p = expect.clamp(min=0).long()
-    want = torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1)
+    expect = _by_position(indexer_topk_reference(logits, lens, k))
+    want = _page_slots(expect, table)
     for out, slots in got.values():
         assert torch.equal(out, expect)
         assert torch.equal(slots.long(), want)
@@ -544,8 +548,7 @@ def test_topk_register_path_k1024_slots(tri):
     topk.indexer_topk_fwd(logits, lengths, k, out=pos, page_table=table, out_slots=slots, row_tiles=(2048, 4096))
     ref = indexer_topk_reference(logits, lengths, k)
     assert torch.equal(pos, ref)
-    p = ref.clamp(min=0).long()
-    assert torch.equal(slots.long(), torch.where(ref >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
+    assert torch.equal(slots.long(), _page_slots(ref, table))
 
 
 def test_fused_topk_every_path(tri):

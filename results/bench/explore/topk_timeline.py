@@ -110,8 +110,8 @@ EDITS = [
         "    trace = trace_ptr + pid.to(tl.int64) * 64\n    _stamp(trace, 0, pid)\n    if SPLITS == 1:",
     ),
     (
-        "    n = tl.load(lens_ptr + i_r)\n",
-        "    n = tl.load(lens_ptr + i_r)\n"
+        "    n = tl.minimum(tl.maximum(tl.load(lens_ptr + i_r), 0), n_cols)\n",
+        "    n = tl.minimum(tl.maximum(tl.load(lens_ptr + i_r), 0), n_cols)\n"
         '    smid = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [n], dtype=tl.int32, is_pure=False, '
         "pack=1)\n"
         "    tl.store(trace + 30, smid.to(tl.int64))\n"
@@ -149,8 +149,8 @@ EDITS = [
         "    if TRACE:\n        _stamp(trace, 14, tl.max(before, axis=0))\n",
     ),
     (
-        "    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
-        "    _write_winners(zero, False, key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+        "= _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+        "= _write_winners(zero, False, key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
     ),
     (
         "    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)",

@@ -462,11 +462,9 @@ def _select_keys(
     slots, see :func:`_write_page_slots`)."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
     prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW, BITS)
+    slot, take = _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
     if DIRECT:
-        slot, take = _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
         _write_page_slots(payload, slot, take, slot_out_ptr, pt_row_ptr, PAGE_BITS)
-    else:
-        _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
 
 
 @triton.jit
@@ -696,11 +694,10 @@ def _topk_row(
                 if done == 0:
                     _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS, PREFETCH)
         tl.debug_barrier()
+    written = length * 0  # DIRECT: rows whose compaction wrote their positions and page slots
     if DIRECT:
-        if (length <= K) | (length > ROW_MAX):  # else written by the compaction
-            _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX,
-                        PAGE_BITS, FROM_L2)  # fmt: skip
-    else:
+        written = ((length > K) & (length <= ROW_MAX)).to(tl.int32)
+    if written == 0:
         _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
                     FROM_L2)  # fmt: skip
 
