@@ -487,45 +487,6 @@ def test_topk_length_max_leaves_longer_rows(tri):
             topk.indexer_topk_fwd(logits, lens, k, sorted=False, **kw)
 
 
-@pytest.mark.parametrize("tiles", [(4096, 4096), (1024, 4096)], ids=["one-tile", "two-tiles"])
-def test_topk_direct_slots_equal_the_read_back(tri, tiles, monkeypatch):
-    """``direct_slots`` (topk.DIRECT_SLOTS): rows selected in registers write positions and page slots in the
-    compaction; lengths 0 .. k + 1 and past the register tile (streamed, then _finish_row) keep theirs. Equal to the
-    launch without it and to the reference, every output written; the kernel gets it only with page slots in
-    position order."""
-    real, seen = topk._indexer_topk_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):  # noqa: ANN001, ANN204
-            return lambda *a, **kw: seen.append(kw["DIRECT"]) or real[grid](*a, **kw)
-
-    monkeypatch.setattr(topk, "_indexer_topk_kernel", Spy())
-    k, cols = 512, 5000
-    lengths = [0, 1, k - 1, k, k + 1, 1024, 1025, 3000, 4096, 4097, cols, 2 * cols, -3]
-    logits = _hard_rows([min(max(n, 0), cols) for n in lengths], cols, k, seed=5)
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    table = torch.randperm(len(lengths) * 80, generator=torch.Generator().manual_seed(4)).view(len(lengths), -1)
-    table = table.to(torch.int32)
-    got = {}
-    for direct in (False, True):
-        out = torch.full((len(lengths), k), -7, dtype=torch.int32)
-        slots = torch.full_like(out, -7)
-        topk.indexer_topk_fwd(logits, lens, k, out=out, page_table=table, page_size=64, out_slots=slots,
-                              sorted=False, row_tiles=tiles, direct_slots=direct)  # fmt: skip
-        got[direct] = (out, slots)
-    expect = _by_position(indexer_topk_reference(logits, lens, k))
-    want = _page_slots(expect, table)
-    for out, slots in got.values():
-        assert torch.equal(out, expect)
-        assert torch.equal(slots.long(), want)
-    assert seen == [False, True]
-    two_slots = torch.empty(2, k, dtype=torch.int32)
-    topk.indexer_topk_fwd(logits[:2], lens[:2], k, page_table=table[:2], page_size=64, out_slots=two_slots,
-                          row_tiles=tiles, direct_slots=True)  # fmt: skip
-    topk.indexer_topk_fwd(logits[:2], lens[:2], k, sorted=False, row_tiles=tiles, direct_slots=True)
-    assert seen == [False, True, False, False]  # sorted, no page table: the read-back
-
-
 def test_filter_tiles_are_checked():
     assert topk._filter_tiles(512, 4096, None) == topk.FILTER_TILES[512]
     assert topk._filter_tiles(2048, 4096, (8192, 4096)) == (4096, 4096)  # groups never exceed the register tile

@@ -343,31 +343,56 @@ def _check_slot_rows(out, slots, logits, table, lens, k) -> None:  # noqa: ANN00
     assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
 
 
-@pytest.mark.parametrize("shape", [(37, 16384), (8, 16384), (64, 65536)], ids=["wide", "8-warp", "default-64k"])
+@pytest.mark.parametrize("longest", [16384, 65536], ids=["no-long-row", "long-rows"])
 @pytest.mark.parametrize("k", [512, 2048])
-def test_topk_direct_slots(k, shape, monkeypatch):
-    """topk.DIRECT_SLOTS: rows selected in one program's registers write positions and page slots in the compaction
-    (the wide launch's 16k tile, the 8-warp launch's tiles with longer rows streamed, and the launcher's default at
-    64 x 64k: the length split or the register spans). Lengths -3 .. cap + 5; exact positions in ascending order and
-    page slots, poisoned outputs fully written, eager and a captured graph replayed with new lengths."""
-    rows, cols = shape
-    monkeypatch.setattr(topk, "DIRECT_SLOTS", True)
+def test_topk_length_split_scan(k, longest, monkeypatch):
+    """topk.LENGTH_SPLIT_SCAN: the length split's shared-memory programs read every length first and take no start
+    ticket where no row is longer than WIDE_SPAN (``no-long-row``: lengths up to 16k at a 64k capacity) and take
+    them as before where one is. 64 rows x 64k (the launcher's default there is the split), lengths -3 .. cap + 5;
+    exact positions in ascending order and page slots, poisoned outputs fully written, the workspace (start ticket
+    included) left at zero, and a captured graph replayed with new lengths of the other kind equal to the reference."""
+    from sparsemla.kernels.indexer import topk_smem
+
+    rows, cols = 64, 65536
+    info = topk.dev.device_info(torch.device(DEV))
+    if not topk.smem_spans(rows, cols, k, info):
+        pytest.skip(f"the launcher does not split {rows} rows of {cols} at k = {k} on {info.name}")
+    monkeypatch.setattr(topk, "LENGTH_SPLIT", True)
+    monkeypatch.setattr(topk, "LENGTH_SPLIT_SCAN", True)
+    seen = []
+    real = topk_smem._topk_smem_kernel
+
+    class Spy:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            return lambda *a, **kw: seen.append(kw["SCAN_ROWS"]) or real[grid](*a, **kw)
+
+    monkeypatch.setattr(topk_smem, "_topk_smem_kernel", Spy())
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, -3, cols + 5]
+    lengths = [min(n, longest) for n in lengths]
     logits, lengths, table, dl, dn, dt, out, slots = _slot_rows(rows, cols, k, lengths)
 
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False)
 
+    def workspace_clear() -> bool:
+        ws = topk._SPLIT_WS.bufs.get(torch.device(DEV, torch.cuda.current_device()))
+        return ws is None or int(ws.abs().sum()) == 0
+
     call()
+    torch.cuda.synchronize()
+    assert seen and set(seen) == {topk_smem.SMEM_SCAN_ROWS}
     _check_slot_rows(out, slots, logits, table, lengths, k)
+    assert workspace_clear()
     graph = _captured(call)
-    new = torch.randint(0, cols + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
+    other = 16384 if longest > 16384 else cols  # replayed with lengths of the other kind
+    new = torch.randint(0, other + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
     dn.copy_(new)
     out.fill_(-7)
     slots.fill_(-7)
     graph.replay()
     torch.cuda.synchronize()
     _check_slot_rows(out, slots, logits, table, new, k)
+    assert workspace_clear()
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["smem", "length-split"])

@@ -79,11 +79,14 @@ SMEM_SHAPES=${SMEM_SHAPES:-32x65536,48x65536,64x65536,96x65536,128x65536,64x1638
 # (topk.LENGTH_SPLIT) against each kernel alone, at issue #15's B = 64 points (cap 64k) and B = 128 x 64k
 SPLIT_VARIANTS=${SPLIT_VARIANTS:-regs,smem,split}
 SPLIT_SHAPES=${SPLIT_SHAPES:-64x4096,64x16384,64x65536,128x65536,64x65536r,128x65536r,64x1024}  # r: lengths 1..ctx
-# `fork` (session 46): the split's fork at normal priority or with the register launch on the forked stream, and the
-# register rows' page slots written by the compaction (DIRECT_SLOTS), against the register launch alone
-FORK_VARIANTS=${FORK_VARIANTS:-regs,split,split_p0,split_rside,split_rside_p0,direct,split_direct}
-FORK_SHAPES=${FORK_SHAPES:-64x16384,64x4096,64x65536,128x65536r}
-FORK_KS=${FORK_KS:-2048,512}
+# (`fork`, session 46's A/B of the split's fork and DIRECT_SLOTS, ran at 1d4ce53: topk_fork_ab-native-h200-1d4ce53.json;
+# concluded and removed)
+# `scan` (session 47): the split's shared-memory programs read every length before their start ticket and exit where
+# no row is theirs (topk.LENGTH_SPLIT_SCAN), against the split and the register launch alone; 64x65536r: lengths
+# 1..64k, so the scan's extra load sits before the ticket of a launch with work
+SCAN_VARIANTS=${SCAN_VARIANTS:-regs,split,split_scan}
+SCAN_SHAPES=${SCAN_SHAPES:-64x16384,64x4096,64x1024,64x65536,64x65536r,128x65536r}
+SCAN_KS=${SCAN_KS:-2048,512}
 # (session 44-45's `packed` / `direct` A/Bs -- the shared-memory spans' counts packed into one CTA-wide sum, page slots
 # written with the winners, a participant per 8k / 16k keys, 5- to 7-bit radix digits -- ran at e2b3370 with the code
 # of that commit: topk_direct_ab-native-h100-e2b3370.json; each slower than the kernel before; removed)
@@ -506,7 +509,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-smem|build-split|build-fork)  # the cubins of those A/Bs
+build-streampf|build-streampf2|build-smem|build-split|build-scan)  # the cubins of those A/Bs
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -521,8 +524,8 @@ smem)  # session 43: the package's shared-memory spans against the register span
 split)  # session 45: the length split (LENGTH_SPLIT) against each kernel alone, from .gpu-cubins/split
     ab_run split "topk_split_ab-native-$(gpu_tag).json" "${SPLIT_LIMIT_S:-200}"
     ;;
-fork)  # session 46: the split's fork and DIRECT_SLOTS (FORK_VARIANTS), from .gpu-cubins/fork
-    ab_run fork "topk_fork_ab-native-$(gpu_tag).json" "${FORK_LIMIT_S:-200}"
+scan)  # session 47: LENGTH_SPLIT_SCAN (SCAN_VARIANTS), from .gpu-cubins/scan
+    ab_run scan "topk_scan_ab-native-$(gpu_tag).json" "${SCAN_LIMIT_S:-200}"
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
@@ -584,7 +587,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-fork|fork|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|formal native|sm89" >&2
     exit 2
     ;;
 esac

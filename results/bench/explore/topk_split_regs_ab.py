@@ -149,13 +149,13 @@ VARIANTS["smem"] = (new, dict(smem=True))  # session 43: the spans in shared mem
 VARIANTS["regs"] = (new, dict(smem=False))  # session 44: the register spans once smem_spans picks shared memory
 # session 45: rows up to 16k in the register launch, longer ones in shared memory on a forked stream (LENGTH_SPLIT)
 VARIANTS["split"] = (new, dict(_length_split=True))
-# session 46: the fork's cost -- the side stream at normal priority, the register launch on the side stream instead;
-# and the register rows' page slots written by the compaction (DIRECT_SLOTS), alone and in the split
-VARIANTS["split_p0"] = (new, dict(_length_split=True, _split_prio=0))
-VARIANTS["split_rside"] = (new, dict(_length_split=True, _split_side="registers"))
-VARIANTS["split_rside_p0"] = (new, dict(_length_split=True, _split_side="registers", _split_prio=0))
-VARIANTS["direct"] = (new, dict(smem=False, direct_slots=True))
-VARIANTS["split_direct"] = (new, dict(_length_split=True, _direct=True))
+# (session 46's `fork` A/B -- the split's side stream at normal priority, the register launch on the side stream, the
+# register rows' page slots written by the compaction (DIRECT_SLOTS) alone and in the split -- ran at 1d4ce53 with the
+# code of that commit: topk_fork_ab-native-h200-1d4ce53.json; the register launch first won 0.5-0.9 us at 4k-16k and
+# lost 6-9 us at 64k, the rest tied or lost; removed)
+# session 47: the split's shared-memory programs read every length first and exit without a start ticket where no
+# row is longer than WIDE_SPAN (topk.LENGTH_SPLIT_SCAN)
+VARIANTS["split_scan"] = (new, dict(_length_split=True, _scan=True))
 # (sessions 44-45's `smem_packed*` / `smem_unpacked` -- topk_smem's packed sums, direct page slots, SMEM_MIN_SPAN 8k /
 # 16k, 5- to 7-bit digits -- ran at e2b3370: topk_direct_ab-native-h100-e2b3370.json; all slower; removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
@@ -170,8 +170,7 @@ WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, rest
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
 WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
 LENGTH_SPLIT = new.LENGTH_SPLIT  # the package's default, restored after the `split` variant
-SPLIT_KNOBS = {"LENGTH_SPLIT_SIDE": new.LENGTH_SPLIT_SIDE, "LENGTH_SPLIT_PRIORITY": new.LENGTH_SPLIT_PRIORITY,
-               "DIRECT_SLOTS": new.DIRECT_SLOTS}  # fmt: skip
+LENGTH_SPLIT_SCAN = new.LENGTH_SPLIT_SCAN  # restored after `split_scan`
 
 
 def fused(name: str) -> bool:
@@ -208,17 +207,13 @@ def variant(name: str, k: int) -> tuple:
         mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
     new.LENGTH_SPLIT = kw.pop("_length_split", LENGTH_SPLIT)  # read at every launch
-    new.LENGTH_SPLIT_SIDE = kw.pop("_split_side", SPLIT_KNOBS["LENGTH_SPLIT_SIDE"])
-    new.LENGTH_SPLIT_PRIORITY = kw.pop("_split_prio", SPLIT_KNOBS["LENGTH_SPLIT_PRIORITY"])
-    new.DIRECT_SLOTS = kw.pop("_direct", SPLIT_KNOBS["DIRECT_SLOTS"])
+    new.LENGTH_SPLIT_SCAN = kw.pop("_scan", LENGTH_SPLIT_SCAN)
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
-    new.LENGTH_SPLIT = LENGTH_SPLIT
-    for name, value in SPLIT_KNOBS.items():
-        setattr(new, name, value)
+    new.LENGTH_SPLIT, new.LENGTH_SPLIT_SCAN = LENGTH_SPLIT, LENGTH_SPLIT_SCAN
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

@@ -149,8 +149,8 @@ EDITS = [
         "    if TRACE:\n        _stamp(trace, 14, tl.max(before, axis=0))\n",
     ),
     (
-        "= _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
-        "= _write_winners(zero, False, key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+        "    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
+        "    _write_winners(zero, False, key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)",
     ),
     (
         "    _write_winners(key, valid, offs, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr)",
@@ -176,7 +176,7 @@ def traced_source(src: Path = SRC) -> str:
             raise SystemExit(f"anchor found {n} times (topk.py changed?): {anchor[:90]!r}")
         text = text.replace(anchor, new)
     # solo programs (one per row): the end of their selection and finish
-    anchor = " " * 26 + "DIRECT)  # fmt: skip\n"  # the solo program's call in a split launch (session 46)
+    anchor = " " * 26 + "PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, PREFETCH)  # fmt: skip\n"
     if text.count(anchor) != 1:
         raise SystemExit("anchor of the solo row in a split launch not found")
     text = text.replace(anchor, anchor + "                tl.debug_barrier()\n                _stamp(trace, 13, n)\n")

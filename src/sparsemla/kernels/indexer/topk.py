@@ -175,14 +175,16 @@ SMEM_SPANS = True
 # -> 32.4 / 35.7 -> 35.9, B = 128 x 64k 63.8 -> 64.0 / 65.7 -> 66.2; lengths drawn from 1..64k: B = 64 31.7 -> 31.8 /
 # 32.4 -> 32.4, B = 128 47.3 -> 40.8 / 48.4 -> 41.2. The fork and join cost ~0.7 us over the register launch alone.
 LENGTH_SPLIT = True
-# Which launch takes the forked stream ("smem" or "registers") and that stream's priority (-1: high, 0: normal);
-# session 46's A/B of the fork's cost at 4k-16k.
-LENGTH_SPLIT_SIDE = "smem"
-LENGTH_SPLIT_PRIORITY = -1
-# One-program rows held in registers, position order with page slots: each winner's page slot written with its
-# position by the compaction's scatter (a page-table gather of the winners), instead of the positions read back
-# from global memory and transformed after a CTA barrier (_finish_row). Session 46's A/B; off until measured.
-DIRECT_SLOTS = False
+# (Session 46's A/B on an H200 at 1d4ce53, results/bench/explore/topk_fork_ab-native-h200-1d4ce53.json, us at
+# k = 512 / 2048: the register launch on the forked stream instead, 64 x 4k 7.5 -> 6.7 / 7.6 -> 6.8, 16k 16.5 -> 15.6
+# / 16.7 -> 15.9, but 64k 32.0 -> 40.5 / 35.1 -> 41.8 and 128 x 1..64k 40.9 -> 50.6 / 42.2 -> 51.1; the side stream at
+# normal priority within 0.5 us of high; each register row's page slots written by its compaction 16k +1.1 / +1.1
+# alone and +0.9 / +1.1 in the split (4k alone 7.0 -> 6.9 / 7.3 -> 6.9). Concluded: the knobs and DIRECT_SLOTS were
+# removed.) Our reading, not measured directly: the launch enqueued first is dispatched first, and at 4k-16k the
+# shared-memory launch's 256 programs (three an SM, each taking a start ticket, then reading its row's length, before
+# it finds nothing to do) hold the SMs that the 16-warp register programs need whole. LENGTH_SPLIT_SCAN: those
+# programs read every length first and exit without a ticket where no row is longer than WIDE_SPAN (session 47's A/B).
+LENGTH_SPLIT_SCAN = False
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
@@ -418,8 +420,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
     row. ``gt_before`` / ``eq_before`` keys above / equal to it come earlier in the row (other spans), so a winner's
-    slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits).
-    Returns each key's ``(slot, take)`` (:func:`_write_page_slots` writes more at the same slots)."""
+    slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits)."""
     hi = key >> low
     thr = prefix >> low
     gt = valid & (hi > thr)
@@ -430,64 +431,28 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
     _scatter_store(idx_out_ptr + slot, payload, take)
-    return slot, take
 
 
 @triton.jit
-def _write_page_slots(pos, slot, take, slot_out_ptr, pt_row_ptr, PAGE_BITS: tl.constexpr):
-    """:data:`DIRECT_SLOTS`: the page slots ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask`` of the
-    winners ``take`` among positions ``pos`` at their compaction ``slot`` of ``slot_out_ptr`` (a gather of the
-    winners' pages only)."""
-    page = tl.load(pt_row_ptr + (pos >> PAGE_BITS), mask=take, other=0)
-    _scatter_store(slot_out_ptr + slot, (page << PAGE_BITS) | (pos & ((1 << PAGE_BITS) - 1)), take)
-
-
-@triton.jit
-def _select_keys(
-    key,
-    valid,
-    payload,
-    zero,
-    idx_out_ptr,
-    K: tl.constexpr,
-    ROW: tl.constexpr,
-    BITS: tl.constexpr,
-    slot_out_ptr,
-    pt_row_ptr,
-    PAGE_BITS: tl.constexpr,
-    DIRECT: tl.constexpr,
-):
+def _select_keys(key, valid, payload, zero, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, BITS: tl.constexpr):
     """Writes ``payload`` of the top-``K`` of the register keys ``key`` [ROW] (``valid`` of them, at least ``K``) to
-    ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices (``DIRECT``: and their page
-    slots, see :func:`_write_page_slots`)."""
+    ``idx_out_ptr[0:K]`` in index order; ties at the threshold go to the smaller indices."""
     tl.static_assert(ROW <= 32768, "the compaction scan packs two 16-bit counts")
     prefix, low, k_rem = _threshold_prefix(key, valid, zero, K, ROW, BITS)
-    slot, take = _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
-    if DIRECT:
-        _write_page_slots(payload, slot, take, slot_out_ptr, pt_row_ptr, PAGE_BITS)
+    _write_winners(key, valid, payload, prefix, low, k_rem, zero, zero, idx_out_ptr)
 
 
 @triton.jit
 def _select_in_registers(
-    src_ptr,
-    length,
-    idx_out_ptr,
-    K: tl.constexpr,
-    ROW: tl.constexpr,
-    FROM_L2: tl.constexpr,
-    BITS: tl.constexpr,
-    slot_out_ptr,
-    pt_row_ptr,
-    PAGE_BITS: tl.constexpr,
-    DIRECT: tl.constexpr,
+    src_ptr, length, idx_out_ptr, K: tl.constexpr, ROW: tl.constexpr, FROM_L2: tl.constexpr, BITS: tl.constexpr
 ):
     """Writes the positions of the top-``K`` keys of ``src_ptr[0:length]`` (``K < length <= ROW``) to
     ``idx_out_ptr[0:K]`` in position order. The row is loaded once; every radix pass is a histogram of the keys
-    held in registers. ``DIRECT``: the page slots too (:func:`_write_page_slots`)."""
+    held in registers."""
     o_r = tl.arange(0, ROW)
     valid = o_r < length
     key = _order_key(_load_row(src_ptr + o_r, valid, FROM_L2))  # [ROW]
-    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS, slot_out_ptr, pt_row_ptr, PAGE_BITS, DIRECT)
+    _select_keys(key, valid, o_r, length * 0, idx_out_ptr, K, ROW, BITS)
 
 
 @triton.jit
@@ -663,7 +628,6 @@ def _topk_row(
     BITS: tl.constexpr,
     STREAM_BITS: tl.constexpr,
     PREFETCH: tl.constexpr = False,
-    DIRECT: tl.constexpr = False,
 ):
     """Top-``K`` positions of ``src_ptr[0:length]`` (fp32, contiguous), -1 padded, in one program.
 
@@ -674,16 +638,13 @@ def _topk_row(
     :func:`_stream_piece`) when it is 0 or the candidates overflow it; ``BITS``: the digits of the register searches.
     ``idx_out_ptr`` [K] int32 receives positions (it is also the selection's scratch, so it is always written); with
     ``WRITE_SLOTS`` ``slot_out_ptr`` [K] receives ``pt_row[pos >> PAGE_BITS] << PAGE_BITS | pos & page_mask``.
-    Order: see :func:`_finish_row`. ``DIRECT`` (position order with page slots, :data:`DIRECT_SLOTS`): rows selected
-    in registers write their positions and page slots in the compaction, without :func:`_finish_row`."""
+    Order: see :func:`_finish_row`."""
     if length > K:
         if length <= ROW_SMALL:
-            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS, slot_out_ptr, pt_row_ptr,
-                                 PAGE_BITS, DIRECT)  # fmt: skip
+            _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_SMALL, FROM_L2, BITS)
         if ROW_MAX > ROW_SMALL:
             if (length > ROW_SMALL) & (length <= ROW_MAX):
-                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS, slot_out_ptr,
-                                     pt_row_ptr, PAGE_BITS, DIRECT)  # fmt: skip
+                _select_in_registers(src_ptr, length, idx_out_ptr, K, ROW_MAX, FROM_L2, BITS)
         if STREAM:
             if length > ROW_MAX:
                 done = length * 0
@@ -694,12 +655,8 @@ def _topk_row(
                 if done == 0:
                     _select_streaming(src_ptr, length, idx_out_ptr, K, BLOCK, FROM_L2, STREAM_BITS, PREFETCH)
         tl.debug_barrier()
-    written = length * 0  # DIRECT: rows whose compaction wrote their positions and page slots
-    if DIRECT:
-        written = ((length > K) & (length <= ROW_MAX)).to(tl.int32)
-    if written == 0:
-        _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
-                    FROM_L2)  # fmt: skip
+    _finish_row(src_ptr, length, idx_out_ptr, slot_out_ptr, pt_row_ptr, K, SORT, WRITE_SLOTS, WRITE_IDX, PAGE_BITS,
+                FROM_L2)  # fmt: skip
 
 
 @triton.jit
@@ -883,7 +840,7 @@ def _select_candidates(
     ok = o_c < n_cand
     pos = tl.load(cand_ptr + o_c, mask=ok, other=0, cache_modifier=".cg")  # [CANDS]
     key = tl.where(ok, _order_key(_load_row(src_ptr + pos, ok, False)), -2147483647 - 1)
-    _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS, BITS, idx_out_ptr, idx_out_ptr, 0, False)
+    _select_keys(key, ok, pos, n_cand * 0, idx_out_ptr, K, CANDS, BITS)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -927,7 +884,6 @@ def _indexer_topk_kernel(
     STREAM_BITS: tl.constexpr,
     HIST_REGION: tl.constexpr,
     PREFETCH: tl.constexpr,
-    DIRECT: tl.constexpr,  # DIRECT_SLOTS, only with WRITE_SLOTS and position order
 ):
     # part -1: a solo program (every program of a one-program launch; the first n_rows of a split launch, see the
     # module docstring); split participants take (row, part) from a start ticket.
@@ -958,11 +914,10 @@ def _indexer_topk_kernel(
             if SPLITS == 1:
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
                           PAGE_BITS, False, SORT, p_cand, GROUPS, CANDS, UNROLL, RADIX, STREAM_BITS,
-                          PREFETCH, DIRECT)  # fmt: skip
+                          PREFETCH)  # fmt: skip
             else:  # a split launch filters only split rows (its span gate does not apply to one program)
                 _topk_row(src, n, p_idx, p_slot, p_pt, K, BLOCK, ROW_SMALL, ROW_MAX, STREAM, WRITE_SLOTS, True,
-                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, PREFETCH,
-                          DIRECT)  # fmt: skip
+                          PAGE_BITS, False, SORT, p_cand, 0, 1, 1, RADIX, STREAM_BITS, PREFETCH)  # fmt: skip
     elif (part >= 0) & (part < n_part) & mine:
         rows64 = i_r * 0 + n_rows  # int64: the region offsets grow with the row count
         p_bar = ws_ptr + 1 + i_r
@@ -1253,7 +1208,6 @@ def indexer_topk_fwd(
     block: int | None = None,
     prefetch: bool | None = None,
     smem: bool | None = None,
-    direct_slots: bool | None = None,
     length_max: int | None = None,
 ) -> torch.Tensor:
     """Top-``k`` positions ``[rows, k]`` int32 among ``t < lengths[row]``, -1 padded: by (value desc, position asc)
@@ -1273,7 +1227,7 @@ def indexer_topk_fwd(
     (:mod:`~sparsemla.kernels.indexer.topk_smem`, position order only; by default where :func:`smem_spans`);
     ``smem=True`` where that kernel cannot run raises ValueError with the reason. ``length_max``: rows longer than
     this are left untouched (another launch writes them, see :data:`LENGTH_SPLIT`); the launch is chosen for rows of
-    at most that many positions. ``direct_slots``: :data:`DIRECT_SLOTS` for this launch."""
+    at most that many positions."""
     _check_k(k)
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
         got = f"{logits.dtype} {list(logits.shape)}"
@@ -1311,7 +1265,7 @@ def indexer_topk_fwd(
     if smem or (smem is None and length_max is None and not sorted and smem_spans(rows, logits.shape[1], k, info)):
         ws = _SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
         if smem is None and LENGTH_SPLIT:
-            return _length_split(logits, lengths, k, out, page_table, out_slots, page_size, ws, direct_slots)
+            return _length_split(logits, lengths, k, out, page_table, out_slots, page_size, ws)
         return topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws)
     cols = logits.shape[1] if length_max is None else min(logits.shape[1], length_max)  # what the launch is chosen for
     if wide is None and any(x is not None for x in (splits, span, reg_span, split_row, row_tiles)):
@@ -1382,14 +1336,13 @@ def indexer_topk_fwd(
         STREAM_BITS=stream_bits,
         HIST_REGION=region,
         PREFETCH=prefetch,
-        DIRECT=(DIRECT_SLOTS if direct_slots is None else direct_slots) and write_slots and not sorted,
         num_warps=launch.num_warps,
         maxnreg=TOPK_MAXNREG if n_split > 1 and reg_span > 0 else None,
     )
     return out
 
 
-_SIDE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _length_split(
@@ -1401,21 +1354,19 @@ def _length_split(
     out_slots: torch.Tensor | None,
     page_size: int,
     ws: torch.Tensor,
-    direct_slots: bool | None = None,
 ) -> torch.Tensor:
     """:data:`LENGTH_SPLIT`: rows longer than WIDE_SPAN in the shared-memory spans on a side stream forked from the
     current one, the others in the register launch on the current stream, joined back before returning (inputs and
-    outputs are freed, if ever, on the current stream after the join). :data:`LENGTH_SPLIT_SIDE` swaps the two
-    launches' streams; the side stream has :data:`LENGTH_SPLIT_PRIORITY` (-1: high; the callers' streams, a graph's
-    capture stream included, are not), created at the first, eager, call."""
+    outputs are freed, if ever, on the current stream after the join). The side stream is a high-priority one (the
+    callers' streams, a graph's capture stream included, are not), created at the first, eager, call."""
 
     def registers(length_max: int | None) -> torch.Tensor:
         return indexer_topk_fwd(logits, lengths, k, out=out, page_table=page_table, page_size=page_size,
-                                out_slots=out_slots, sorted=False, smem=False, length_max=length_max,
-                                direct_slots=direct_slots)  # fmt: skip
+                                out_slots=out_slots, sorted=False, smem=False, length_max=length_max)  # fmt: skip
 
     def shared_memory() -> None:
-        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
+        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN,
+                                scan=LENGTH_SPLIT_SCAN)  # fmt: skip
 
     if logits.shape[1] <= WIDE_SPAN:  # no row for the shared-memory spans (smem_spans took it for its row count)
         return registers(None)
@@ -1423,19 +1374,13 @@ def _length_split(
         shared_memory()
         return registers(WIDE_SPAN)
     main = torch.cuda.current_stream(logits.device)
-    key = (logits.device, LENGTH_SPLIT_PRIORITY)
-    side = _SIDE_STREAMS.get(key)
+    side = _SIDE_STREAMS.get(logits.device)
     if side is None:
-        side = _SIDE_STREAMS[key] = torch.cuda.Stream(logits.device, priority=LENGTH_SPLIT_PRIORITY)
+        side = _SIDE_STREAMS[logits.device] = torch.cuda.Stream(logits.device, priority=-1)
     side.wait_stream(main)
-    if LENGTH_SPLIT_SIDE == "registers":
-        with torch.cuda.stream(side):
-            registers(WIDE_SPAN)
+    with torch.cuda.stream(side):
         shared_memory()
-    else:
-        with torch.cuda.stream(side):
-            shared_memory()
-        registers(WIDE_SPAN)
+    registers(WIDE_SPAN)
     main.wait_stream(side)
     return out
 
