@@ -49,7 +49,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +91,7 @@ T38_KERNELS = {
 DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p not in T38_KERNELS)  # the 3.8 providers join with --cubins
 LOGITS_PROVIDERS = ("sparsemla_fused", "sparsemla_logits_topk", "sparsemla_logits")  # at FUSED_LENGTH only
 SGLANG_PROVIDERS = ("sglang_jit_v1", "sglang_jit_v2")
+PARTIAL_DIR = "topk-partial"  # under --out-dir while a run measures: each code path's rows so far
 PATH_INDEPENDENT = ("torch_topk", *SGLANG_PROVIDERS)  # the same code in every path: timed in the native one only
 SGLANG_V1_MAX_K = 1024  # topk_v1.cuh: kMaxTopK = 1024
 BATCHES = (1, 8, 64)
@@ -596,6 +596,7 @@ def run_path(
     run = PathRun(path, out)
     shapes: list[Shape] = []
     n_shapes = len(bs) * len(lengths) * len(ks)
+    t0 = time.monotonic()
     with Progress() as progress:
         task = progress.add_task(f"[{path}] top-k", total=n_shapes * (2 if sgl_wanted else 1))
         for batch in bs:
@@ -610,6 +611,8 @@ def run_path(
                     time_ours(run, shape, chosen, replayers)
                     progress.advance(task)
                     run.save()
+                    if not sys.stdout.isatty():  # rich draws nothing there until the end: a line per shape instead
+                        print(f"[{path}] B={batch} length={length} k={k}: {time.monotonic() - t0:.0f} s", flush=True)
                 if length == FUSED_LENGTH and "sparsemla_logits" in chosen:
                     run.add("sparsemla_logits", shapes[-1], None, functools.partial(indexer_logits_fwd, *args))
         if build_proc is not None:
@@ -803,17 +806,22 @@ def main(
         run_path(path_list[0], chosen, cfg, seed, sglang_src, child_out, cubins)
         return
     rows, metas = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in path_list:
-            out = Path(tmp) / f"{path}.json"
-            proc = subprocess.run(_child_argv(sys.argv[1:], path, out), env=child_env(path))
-            if out.exists():  # a child that died part-way still leaves the rows it measured
-                data = json.loads(out.read_text())
-                rows += data["rows"]
-                metas.append(data["meta"])
-            if proc.returncode:
-                metas.append({"path": path, "error": f"child exited with {proc.returncode}"})
+    # each path's rows as they are measured, next to the result: a run stopped from outside (the device call's limit)
+    # still leaves them there; removed once the result is written
+    partial = out_dir / PARTIAL_DIR
+    partial.mkdir(parents=True, exist_ok=True)
+    for path in path_list:
+        out = partial / f"{path}.json"
+        out.unlink(missing_ok=True)
+        proc = subprocess.run(_child_argv(sys.argv[1:], path, out), env=child_env(path))
+        if out.exists():  # a child that died part-way still leaves the rows it measured
+            data = json.loads(out.read_text())
+            rows += data["rows"]
+            metas.append(data["meta"])
+        if proc.returncode:
+            metas.append({"path": path, "error": f"child exited with {proc.returncode}"})
     written = _write(out_dir, rows, metas, git_sha, path_list, cfg)
+    shutil.rmtree(partial, ignore_errors=True)
     print_table(rows)
     print_targets(evaluate_targets(rows))
     print(f"wrote {written}")
