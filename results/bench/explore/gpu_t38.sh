@@ -87,6 +87,12 @@ SPLIT_SHAPES=${SPLIT_SHAPES:-64x4096,64x16384,64x65536,128x65536,64x65536r,128x6
 SCAN_VARIANTS=${SCAN_VARIANTS:-regs,split,split_scan}
 SCAN_SHAPES=${SCAN_SHAPES:-64x16384,64x4096,64x1024,64x65536,64x65536r,128x65536r}
 SCAN_KS=${SCAN_KS:-2048,512}
+# `w2d` (session 47): the winners' compaction ranked over a [ROW / C, C] view (topk_winners2d.py, C = 32 and 128, a
+# generated copy of topk.py run as the A/B's `old`) against the package's one scan over the row
+W2D_COLS=${W2D_COLS:-32 128}
+W2D_VARIANTS=${W2D_VARIANTS:-default,old}
+W2D_SHAPES=${W2D_SHAPES:-64x16384,64x4096,64x1024,8x16384,1x16384,64x65536r,128x65536r}
+W2D_KS=${W2D_KS:-2048,512}
 # (session 44-45's `packed` / `direct` A/Bs -- the shared-memory spans' counts packed into one CTA-wide sum, page slots
 # written with the winners, a participant per 8k / 16k keys, 5- to 7-bit radix digits -- ran at e2b3370 with the code
 # of that commit: topk_direct_ab-native-h100-e2b3370.json; each slower than the kernel before; removed)
@@ -524,6 +530,25 @@ smem)  # session 43: the package's shared-memory spans against the register span
 split)  # session 45: the length split (LENGTH_SPLIT) against each kernel alone, from .gpu-cubins/split
     ab_run split "topk_split_ab-native-$(gpu_tag).json" "${SPLIT_LIMIT_S:-200}"
     ;;
+build-w2d)  # here: each C's copy of topk.py and its cubins into .gpu-cubins/w2d<C> (the copy travels with them)
+    for c in $W2D_COLS; do
+        mkdir -p ".gpu-cubins/w2d$c"
+        PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_winners2d.py write --cols "$c" \
+            --out ".gpu-cubins/w2d$c/topk_w2d.py"
+        PYTHONPATH=src:. .venv/bin/python results/bench/explore/topk_split_regs_ab.py --old ".gpu-cubins/w2d$c/topk_w2d.py" \
+            --build-cubins ".gpu-cubins/w2d$c" --ks "$W2D_KS" --variants "$W2D_VARIANTS" --shapes "$W2D_SHAPES"
+    done
+    ;;
+w2d)  # session 47: the [ROW / C, C] winners' ranks (W2D_COLS), one A/B per C, from .gpu-cubins/w2d<C>
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    bash benchmarks/gpu-setup.sh >/dev/null 2>&1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    for c in $W2D_COLS; do
+        timeout "${W2D_LIMIT_S:-150}" python3 results/bench/explore/topk_split_regs_ab.py --old ".gpu-cubins/w2d$c/topk_w2d.py" \
+            --cubins ".gpu-cubins/w2d$c" --ks "$W2D_KS" --variants "$W2D_VARIANTS" --shapes "$W2D_SHAPES" --code "$SHA" \
+            --out "$OUT/topk_w2d${c}_ab-native-$(gpu_tag).json" | cut -c1-200
+    done
+    ;;
 scan)  # session 47: LENGTH_SPLIT_SCAN (SCAN_VARIANTS), from .gpu-cubins/scan
     ab_run scan "topk_scan_ab-native-$(gpu_tag).json" "${SCAN_LIMIT_S:-200}"
     ;;
@@ -587,7 +612,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|build-w2d|w2d|formal native|sm89" >&2
     exit 2
     ;;
 esac
