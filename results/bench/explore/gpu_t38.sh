@@ -549,6 +549,13 @@ w2d)  # session 47: the [ROW / C, C] winners' ranks (W2D_COLS), one A/B per C, f
             --out "$OUT/topk_w2d${c}_ab-native-$(gpu_tag).json" | cut -c1-200
     done
     ;;
+levers47)  # session 47's two prepared levers in one call (~7 min on a fresh machine): `scan`, `w2d`, then the scan's
+    # GPU test in both code paths. carry: .gpu-cubins/scan, .gpu-cubins/w2d32, .gpu-cubins/w2d128, .gpu
+    SCAN_LIMIT_S=${SCAN_LIMIT_S:-150} bash "$0" scan
+    W2D_LIMIT_S=${W2D_LIMIT_S:-110} bash "$0" w2d
+    OUT="$OUT/gpu-tests" PATH_LIMIT_S=${LEVERS_TESTS_S:-100} bash benchmarks/gpu-tests.sh both tests/test_indexer_gpu.py \
+        -k length_split_scan 2>&1 | grep -E "passed|failed|error|rc=" | tail -6
+    ;;
 scan)  # session 47: LENGTH_SPLIT_SCAN (SCAN_VARIANTS), from .gpu-cubins/scan
     ab_run scan "topk_scan_ab-native-$(gpu_tag).json" "${SCAN_LIMIT_S:-200}"
     ;;
@@ -612,7 +619,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|build-w2d|w2d|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|build-w2d|w2d|levers47|formal native|sm89" >&2
     exit 2
     ;;
 esac
