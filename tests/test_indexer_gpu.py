@@ -343,14 +343,15 @@ def _check_slot_rows(out, slots, logits, table, lens, k) -> None:  # noqa: ANN00
     assert torch.equal(slots.cpu().long(), torch.where(expect >= 0, table.long().gather(1, p // 64) * 64 + p % 64, -1))
 
 
-@pytest.mark.parametrize("longest", [16384, 65536], ids=["no-long-row", "long-rows"])
+@pytest.mark.parametrize("kind", ["no-long-row", "long-rows", "one-long-row"])
 @pytest.mark.parametrize("k", [512, 2048])
-def test_topk_length_split_scan(k, longest, monkeypatch):
+def test_topk_length_split_scan(k, kind, monkeypatch):
     """topk.LENGTH_SPLIT_SCAN: the length split's shared-memory programs read every length first and take no start
     ticket where no row is longer than WIDE_SPAN (``no-long-row``: lengths up to 16k at a 64k capacity) and take
-    them as before where one is. 64 rows x 64k (the launcher's default there is the split), lengths -3 .. cap + 5;
-    exact positions in ascending order and page slots, poisoned outputs fully written, the workspace (start ticket
-    included) left at zero, and a captured graph replayed with new lengths of the other kind equal to the reference."""
+    them as before where one is (``one-long-row``: only a row near the end). 64 rows x 64k (the launcher's default
+    there is the split), lengths -3 .. cap + 5; exact positions in ascending order and page slots, poisoned outputs
+    fully written, the workspace (start ticket included) left at zero, and a captured graph replayed with new lengths
+    of another kind equal to the reference."""
     from sparsemla.kernels.indexer import topk_smem
 
     rows, cols = 64, 65536
@@ -367,16 +368,20 @@ def test_topk_length_split_scan(k, longest, monkeypatch):
             return lambda *a, **kw: seen.append(kw["SCAN_ROWS"]) or real[grid](*a, **kw)
 
     monkeypatch.setattr(topk_smem, "_topk_smem_kernel", Spy())
+    long_row = rows - 3  # a random row (the last two are all-equal and -inf)
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, -3, cols + 5]
-    lengths = [min(n, longest) for n in lengths]
+    if kind != "long-rows":
+        lengths = [min(n, topk.WIDE_SPAN) for n in lengths]
     logits, lengths, table, dl, dn, dt, out, slots = _slot_rows(rows, cols, k, lengths)
+    if kind == "one-long-row":
+        lengths[long_row] = cols - 1
+        dn[long_row] = cols - 1
 
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False)
 
     def workspace_clear() -> bool:
-        ws = topk._SPLIT_WS.bufs.get(torch.device(DEV, torch.cuda.current_device()))
-        return ws is None or int(ws.abs().sum()) == 0
+        return int(topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())].abs().sum()) == 0
 
     call()
     torch.cuda.synchronize()
@@ -384,8 +389,10 @@ def test_topk_length_split_scan(k, longest, monkeypatch):
     _check_slot_rows(out, slots, logits, table, lengths, k)
     assert workspace_clear()
     graph = _captured(call)
-    other = 16384 if longest > 16384 else cols  # replayed with lengths of the other kind
-    new = torch.randint(0, other + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
+    longest = cols if kind == "no-long-row" else topk.WIDE_SPAN  # replayed with lengths of another kind
+    new = torch.randint(0, longest + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
+    if kind == "long-rows":
+        new[long_row] = cols  # one long row among short ones
     dn.copy_(new)
     out.fill_(-7)
     slots.fill_(-7)

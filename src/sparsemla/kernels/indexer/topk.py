@@ -175,15 +175,16 @@ SMEM_SPANS = True
 # -> 32.4 / 35.7 -> 35.9, B = 128 x 64k 63.8 -> 64.0 / 65.7 -> 66.2; lengths drawn from 1..64k: B = 64 31.7 -> 31.8 /
 # 32.4 -> 32.4, B = 128 47.3 -> 40.8 / 48.4 -> 41.2. The fork and join cost ~0.7 us over the register launch alone.
 LENGTH_SPLIT = True
-# (Session 46's A/B on an H200 at 1d4ce53, results/bench/explore/topk_fork_ab-native-h200-1d4ce53.json, us at
-# k = 512 / 2048: the register launch on the forked stream instead, 64 x 4k 7.5 -> 6.7 / 7.6 -> 6.8, 16k 16.5 -> 15.6
-# / 16.7 -> 15.9, but 64k 32.0 -> 40.5 / 35.1 -> 41.8 and 128 x 1..64k 40.9 -> 50.6 / 42.2 -> 51.1; the side stream at
-# normal priority within 0.5 us of high; each register row's page slots written by its compaction 16k +1.1 / +1.1
-# alone and +0.9 / +1.1 in the split (4k alone 7.0 -> 6.9 / 7.3 -> 6.9). Concluded: the knobs and DIRECT_SLOTS were
-# removed.) Our reading, not measured directly: the launch enqueued first is dispatched first, and at 4k-16k the
-# shared-memory launch's 256 programs (three an SM, each taking a start ticket, then reading its row's length, before
-# it finds nothing to do) hold the SMs that the 16-warp register programs need whole. LENGTH_SPLIT_SCAN: those
-# programs read every length first and exit without a ticket where no row is longer than WIDE_SPAN (session 47's A/B).
+# (Session 46's fork variants, measured in session 47 on an H200 at 1d4ce53,
+# results/bench/explore/topk_fork_ab-native-h200-1d4ce53.json, us at k = 512 / 2048: the register launch on the forked
+# stream instead, 64 x 4k 7.5 -> 6.7 / 7.6 -> 6.8, 16k 16.5 -> 15.6 / 16.7 -> 15.9, but 64k 32.0 -> 40.5 / 35.1 -> 41.8
+# and 128 x 1..64k 40.9 -> 50.6 / 42.2 -> 51.1; the side stream at normal priority within 0.55 us of high; each register
+# row's page slots written by its compaction 16k +1.1 / +1.1 alone and +0.9 / +1.1 in the split (4k alone 7.0 -> 6.9 /
+# 7.3 -> 6.9). Concluded: the knobs and DIRECT_SLOTS were removed.) Our reading, not measured directly: the launch
+# enqueued first is dispatched first, and at 4k-16k the shared-memory launch's 256 programs (about two an SM, each
+# taking a start ticket, then reading its row's length, before it finds nothing to do) hold the SMs that the 16-warp
+# register programs need whole. LENGTH_SPLIT_SCAN: those programs read every length first and exit without a ticket
+# where no row is longer than WIDE_SPAN (prepared in session 47, not yet measured).
 LENGTH_SPLIT_SCAN = False
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384

@@ -41,7 +41,7 @@ SMEM_CHUNK = 2048  # keys read back from shared memory at a time (8 a thread)
 SMEM_SPLITS = 4  # participants a row may have: rows up to SMEM_SPLITS * SMEM_SPAN positions
 SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SMEM_SPLITS)
 SMEM_WARPS = 8
-SMEM_SCAN_ROWS = 1024  # topk_smem_fwd(scan=True): launches of at most this many rows read every length first
+SMEM_SCAN_ROWS = 256  # topk_smem_fwd(scan=True): launches of at most this many rows read every length first
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
 RADIX_BINS = 256  # 8-bit digits
@@ -142,7 +142,7 @@ if _HAVE_GLUON:
         n_part = gl.minimum(gl.maximum(gl.cdiv(n, MIN_SPAN), 1), SPLITS)
         o_k = gl.arange(0, K, layout=LH)
         p_idx = idx_ptr + i_r * stride_idx
-        mine = n > len_min
+        mine = (n > len_min) & (go != 0)  # go == 0: row 0's stand-in length, never a row of this launch
         if (n <= K) & (part == 0) & mine:  # no selection: every position, then -1
             gl.store(p_idx + o_k, gl.where(o_k < n, o_k, -1))
             if WRITE_SLOTS:
