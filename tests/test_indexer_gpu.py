@@ -335,6 +335,11 @@ def _slot_rows(rows: int, cols: int, k: int, lengths: list[int]) -> tuple:
     return logits, lengths, table, logits.to(DEV), lengths.to(DEV), table.to(DEV), out, torch.full_like(out, -7)
 
 
+def _split_ws_sum() -> int:
+    """Sum of |ints| of the split workspace on this device (every launch leaves it at zero)."""
+    return int(topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())].abs().sum())
+
+
 def _check_slot_rows(out, slots, logits, table, lens, k) -> None:  # noqa: ANN001
     """``out`` holds the reference top-k positions in ascending order and ``slots`` their 64-token page slots."""
     expect = _by_position(indexer_topk_reference(logits, lens, k))
@@ -380,14 +385,11 @@ def test_topk_length_split_scan(k, kind, monkeypatch):
     def call() -> None:
         topk.indexer_topk_fwd(dl, dn, k, out=out, page_table=dt, page_size=64, out_slots=slots, sorted=False)
 
-    def workspace_clear() -> bool:
-        return int(topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())].abs().sum()) == 0
-
     call()
     torch.cuda.synchronize()
     assert seen and set(seen) == {topk_smem.SMEM_SCAN_ROWS}
     _check_slot_rows(out, slots, logits, table, lengths, k)
-    assert workspace_clear()
+    assert _split_ws_sum() == 0
     graph = _captured(call)
     longest = cols if kind == "no-long-row" else topk.WIDE_SPAN  # replayed with lengths of another kind
     new = torch.randint(0, longest + 1, (rows,), generator=torch.Generator().manual_seed(k), dtype=torch.int32)
@@ -399,7 +401,7 @@ def test_topk_length_split_scan(k, kind, monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     _check_slot_rows(out, slots, logits, table, new, k)
-    assert workspace_clear()
+    assert _split_ws_sum() == 0
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["smem", "length-split"])
@@ -434,8 +436,7 @@ def test_topk_smem_spans(k, rows, split, monkeypatch):
 
     def check(lens: torch.Tensor) -> None:
         _check_slot_rows(out, slots, logits, table, lens, k)
-        ws = topk._SPLIT_WS.bufs[torch.device(DEV, torch.cuda.current_device())]
-        assert int(ws.abs().sum()) == 0, "ticket, counters, histograms or span counts left non-zero"
+        assert _split_ws_sum() == 0, "ticket, counters, histograms or span counts left non-zero"
 
     for _ in range(2):
         call()

@@ -269,7 +269,7 @@ def _topk_smem_scan_case(rows: int, cols: int, k: int) -> Callable[[], object]:
     def call() -> object:
         logits = torch.randn(rows, cols)
         out = torch.empty(rows, k, dtype=torch.int32)
-        ws = torch.zeros(1 + rows * (1 + topk_smem.workspace_region() + 2 * topk_smem.SMEM_SPLITS), dtype=torch.int32)
+        ws = topk._SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
         return topk_smem.topk_smem_fwd(logits, torch.full((rows,), cols, dtype=torch.int32), k, out, None, None, 64, ws,
                                        len_min=topk.WIDE_SPAN, scan=True)  # fmt: skip
 
