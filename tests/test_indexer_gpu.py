@@ -350,29 +350,17 @@ def _check_slot_rows(out, slots, logits, table, lens, k) -> None:  # noqa: ANN00
 
 @pytest.mark.parametrize("kind", ["no-long-row", "long-rows", "one-long-row"])
 @pytest.mark.parametrize("k", [512, 2048])
-def test_topk_length_split_scan(k, kind, monkeypatch):
-    """topk.LENGTH_SPLIT_SCAN: the length split's shared-memory programs read every length first and take no start
-    ticket where no row is longer than WIDE_SPAN (``no-long-row``: lengths up to 16k at a 64k capacity) and take
-    them as before where one is (``one-long-row``: only a row near the end). 64 rows x 64k (the launcher's default
-    there is the split), lengths -3 .. cap + 5; exact positions in ascending order and page slots, poisoned outputs
-    fully written, the workspace (start ticket included) left at zero, and a captured graph replayed with new lengths
-    of another kind equal to the reference."""
-    from sparsemla.kernels.indexer import topk_smem
-
+def test_topk_length_split_kinds(k, kind, monkeypatch):
+    """topk.LENGTH_SPLIT with rows of every kind at a 64k capacity: ``no-long-row`` (lengths up to WIDE_SPAN, so
+    every shared-memory program finds no row of its own), ``long-rows`` and ``one-long-row`` (only a row near the
+    end). 64 rows x 64k (the launcher's default there is the split), lengths -3 .. cap + 5; exact positions in
+    ascending order and page slots, poisoned outputs fully written, the workspace (start ticket included) left at
+    zero, and a captured graph replayed with new lengths of another kind equal to the reference."""
     rows, cols = 64, 65536
     info = topk.dev.device_info(torch.device(DEV))
     if not topk.smem_spans(rows, cols, k, info):
         pytest.skip(f"the launcher does not split {rows} rows of {cols} at k = {k} on {info.name}")
     monkeypatch.setattr(topk, "LENGTH_SPLIT", True)
-    monkeypatch.setattr(topk, "LENGTH_SPLIT_SCAN", True)
-    seen = []
-    real = topk_smem._topk_smem_kernel
-
-    class Spy:
-        def __getitem__(self, grid):  # noqa: ANN001, ANN204
-            return lambda *a, **kw: seen.append(kw["SCAN_ROWS"]) or real[grid](*a, **kw)
-
-    monkeypatch.setattr(topk_smem, "_topk_smem_kernel", Spy())
     long_row = rows - 3  # a random row (the last two are all-equal and -inf)
     lengths = [0, 1, k - 1, k, k + 1, 4096, 4097, 9000, 16383, 16384, 16385, 40000, cols, -3, cols + 5]
     if kind != "long-rows":
@@ -387,7 +375,6 @@ def test_topk_length_split_scan(k, kind, monkeypatch):
 
     call()
     torch.cuda.synchronize()
-    assert seen and set(seen) == {topk_smem.SMEM_SCAN_ROWS}
     _check_slot_rows(out, slots, logits, table, lengths, k)
     assert _split_ws_sum() == 0
     graph = _captured(call)

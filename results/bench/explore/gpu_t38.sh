@@ -81,15 +81,14 @@ SPLIT_VARIANTS=${SPLIT_VARIANTS:-regs,smem,split}
 SPLIT_SHAPES=${SPLIT_SHAPES:-64x4096,64x16384,64x65536,128x65536,64x65536r,128x65536r,64x1024}  # r: lengths 1..ctx
 # (`fork`, session 46's A/B of the split's fork and DIRECT_SLOTS, ran at 1d4ce53: topk_fork_ab-native-h200-1d4ce53.json;
 # concluded and removed)
-# `scan` (session 47): the split's shared-memory programs read every length before their start ticket and exit where
-# no row is theirs (topk.LENGTH_SPLIT_SCAN), against the split and the register launch alone; 64x65536r: lengths
-# 1..64k, so the scan's extra load sits before the ticket of a launch with work
-SCAN_VARIANTS=${SCAN_VARIANTS:-regs,split,split_scan}
-SCAN_SHAPES=${SCAN_SHAPES:-64x16384,64x4096,64x1024,64x65536,64x65536r,128x65536r}
-SCAN_KS=${SCAN_KS:-2048,512}
-# `w2d` (session 47): the winners' compaction ranked over a [ROW / C, C] view (topk_winners2d.py, C = 32 and 128, a
-# generated copy of topk.py run as the A/B's `old`) against the package's one scan over the row
-W2D_COLS=${W2D_COLS:-32 128}
+# (`scan`, session 47's LENGTH_SPLIT_SCAN -- the split's shared-memory programs read every length before their start
+# ticket -- ran in session 48 at ce7efee: topk_scan_ab-native-h100-ce7efee.json; +0.2 us at 16k, -0.4..0.8 at 64k;
+# removed)
+# `w2d` (sessions 47-48): the winners' compaction ranked over a [ROW / C, C] view (topk_winners2d.py: a generated copy
+# of topk.py with WINNERS_COLS = C, run as the A/B's `old`) against the package's. At ce7efee (one scan, the package
+# then) C = 32 and 128 ran: topk_w2d32_ab-native-h100-ce7efee.json, topk_w2d128_ab-native-h100-ce7efee.json; 32 was
+# adopted. Now C = 8, 16 and 65536 (the one scan of before) against the package's 32
+W2D_COLS=${W2D_COLS:-8 16 65536}
 W2D_VARIANTS=${W2D_VARIANTS:-default,old}
 W2D_SHAPES=${W2D_SHAPES:-64x16384,64x4096,64x1024,8x16384,1x16384,64x65536r,128x65536r}
 W2D_KS=${W2D_KS:-2048,512}
@@ -515,7 +514,7 @@ occ3)
     occ_run DCFGOCC3_89 sm_89 decode_t38_configs_occupancy3_sm89-h200.json 200
     occ_run DCFGOCC3_80 sm_80 decode_t38_configs_occupancy3_sm80-h200.json 200
     ;;
-build-streampf|build-streampf2|build-smem|build-split|build-scan)  # the cubins of those A/Bs
+build-streampf|build-streampf2|build-smem|build-split)  # the cubins of those A/Bs
     ab_build "${1#build-}"
     ;;
 build-wide)  # the cubins of `wide`
@@ -549,15 +548,15 @@ w2d)  # session 47: the [ROW / C, C] winners' ranks (W2D_COLS), one A/B per C, f
             --out "$OUT/topk_w2d${c}_ab-native-$(gpu_tag).json" | cut -c1-200
     done
     ;;
-levers47)  # session 47's two prepared levers in one call (~7 min on a fresh machine): `scan`, `w2d`, then the scan's
-    # GPU test in both code paths. carry: .gpu-cubins/scan, .gpu-cubins/w2d32, .gpu-cubins/w2d128, .gpu
-    SCAN_LIMIT_S=${SCAN_LIMIT_S:-150} bash "$0" scan
-    W2D_LIMIT_S=${W2D_LIMIT_S:-110} bash "$0" w2d
-    OUT="$OUT/gpu-tests" PATH_LIMIT_S=${LEVERS_TESTS_S:-100} bash benchmarks/gpu-tests.sh both tests/test_indexer_gpu.py \
-        -k length_split_scan 2>&1 | grep -E "passed|failed|error|rc=" | tail -6
-    ;;
-scan)  # session 47: LENGTH_SPLIT_SCAN (SCAN_VARIANTS), from .gpu-cubins/scan
-    ab_run scan "topk_scan_ab-native-$(gpu_tag).json" "${SCAN_LIMIT_S:-200}"
+either48)  # session 48: one call whatever card comes. An H200: `formal native` (issue #15's run, then `formal sm89` in
+    # the next call); another card: the w2d A/B, then the top-k GPU tests in both code paths (EITHER48_TESTS_S a path).
+    # carry: .gpu-cubins/topk, .gpu-cubins/w2d8, .gpu-cubins/w2d16, .gpu-cubins/w2d65536, .gpu
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        FORMAL_LIMIT_S=${FORMAL_LIMIT_S:-540} exec bash "$0" formal native
+    fi
+    W2D_LIMIT_S=${W2D_LIMIT_S:-100} bash "$0" w2d
+    OUT="$OUT/gpu-tests" PATH_LIMIT_S=${EITHER48_TESTS_S:-170} bash benchmarks/gpu-tests.sh both tests/test_indexer_gpu.py \
+        -k topk 2>&1 | grep -E "passed|failed|error|rc=" | tail -6
     ;;
 fused)  # the fused logits + top-k launch from 3.8 cubins
     ab_run fused topk_fused_ab-native-h200.json 150
@@ -619,7 +618,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-scan|scan|build-w2d|w2d|levers47|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89" >&2
     exit 2
     ;;
 esac

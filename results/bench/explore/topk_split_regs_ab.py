@@ -107,20 +107,34 @@ VARIANTS = {
     "one_w16_t16k": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384))),
     "one_w32_t16k": (new, dict(splits=1, _warps=32, row_tiles=(4096, 16384))),
     "one_w16_t16k_b11": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384), bits=11)),
-    "s4_r16k_w16": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
-                              _warps=16)),  # fmt: skip
-    "s4_r16k_w16_r64": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
-                                  _warps=16, _maxnreg=64)),  # fmt: skip
-    "s4_st16k_w16": (new, dict(splits=4, span=16384, reg_span=0, split_row=16384, row_tiles=(4096, 16384),
-                               _warps=16)),  # fmt: skip
-    "s8_r8k_w16": (new, dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384),
-                             _warps=16)),  # fmt: skip
-    "s4_r16k_w16_f": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
-                                _warps=16, _filter=True)),  # fmt: skip
-    "s4_r16k_w16_rb11": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
-                                   _warps=16, reg_bits=11)),  # fmt: skip
-    "s2_r32k_w32": (new, dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384),
-                              _warps=32)),  # fmt: skip
+    "s4_r16k_w16": (
+        new,
+        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16),
+    ),  # fmt: skip
+    "s4_r16k_w16_r64": (
+        new,
+        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, _maxnreg=64),
+    ),  # fmt: skip
+    "s4_st16k_w16": (
+        new,
+        dict(splits=4, span=16384, reg_span=0, split_row=16384, row_tiles=(4096, 16384), _warps=16),
+    ),  # fmt: skip
+    "s8_r8k_w16": (
+        new,
+        dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384), _warps=16),
+    ),  # fmt: skip
+    "s4_r16k_w16_f": (
+        new,
+        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, _filter=True),
+    ),  # fmt: skip
+    "s4_r16k_w16_rb11": (
+        new,
+        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, reg_bits=11),
+    ),  # fmt: skip
+    "s2_r32k_w32": (
+        new,
+        dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384), _warps=32),
+    ),  # fmt: skip
     # (the twenty-second session's `wide2` / `wide3` variants -- 16k rows in two 8k or four 4k register spans through
     # a second span tile, 64k rows in eight 8k spans, the two-level winner scan -- ran at 02f172c with the code of
     # 51ef8e4: topk_wide2_ab-native-h200.json, topk_wide3_ab-native-h200.json; concluded and removed)
@@ -153,9 +167,9 @@ VARIANTS["split"] = (new, dict(_length_split=True))
 # register rows' page slots written by the compaction (DIRECT_SLOTS) alone and in the split -- ran at 1d4ce53 with the
 # code of that commit: topk_fork_ab-native-h200-1d4ce53.json; the register launch first won 0.5-0.9 us at 4k-16k and
 # lost 6-9 us at 64k, the rest tied or lost; removed)
-# session 47: the split's shared-memory programs read every length first and exit without a start ticket where no
-# row is longer than WIDE_SPAN (topk.LENGTH_SPLIT_SCAN)
-VARIANTS["split_scan"] = (new, dict(_length_split=True, _scan=True))
+# (session 47's `split_scan` -- the split's shared-memory programs reading every length first and exiting without a
+# start ticket where no row is longer than WIDE_SPAN, topk.LENGTH_SPLIT_SCAN -- ran in session 48 at ce7efee with the
+# code of that commit: topk_scan_ab-native-h100-ce7efee.json; +0.2 us at 16k, -0.4..0.8 us at 64k; removed)
 # (sessions 44-45's `smem_packed*` / `smem_unpacked` -- topk_smem's packed sums, direct page slots, SMEM_MIN_SPAN 8k /
 # 16k, 5- to 7-bit digits -- ran at e2b3370: topk_direct_ab-native-h100-e2b3370.json; all slower; removed)
 VARIANTS["spf"] = (new, dict(prefetch=True))  # the launcher's own launch, its streaming loops a piece ahead
@@ -170,7 +184,6 @@ WARPS = {mod: mod.TOPK_WARPS for mod in MODS}  # each module's own default, rest
 MAXNREG = {mod: getattr(mod, "TOPK_MAXNREG", None) for mod in MODS}
 WIDE = {mod: getattr(mod, "WIDE_WARPS", None) for mod in MODS}
 LENGTH_SPLIT = new.LENGTH_SPLIT  # the package's default, restored after the `split` variant
-LENGTH_SPLIT_SCAN = new.LENGTH_SPLIT_SCAN  # restored after `split_scan`
 
 
 def fused(name: str) -> bool:
@@ -207,13 +220,12 @@ def variant(name: str, k: int) -> tuple:
         mod.WIDE_WARPS = mod.TOPK_WARPS if mod.TOPK_WARPS != WARPS[mod] else WIDE[mod]
     mod.TOPK_MAXNREG = kw.pop("_maxnreg", MAXNREG[mod])
     new.LENGTH_SPLIT = kw.pop("_length_split", LENGTH_SPLIT)  # read at every launch
-    new.LENGTH_SPLIT_SCAN = kw.pop("_scan", LENGTH_SPLIT_SCAN)
     return mod, kw
 
 
 def restore(mod) -> None:  # noqa: ANN001
     mod.TOPK_WARPS, mod.TOPK_MAXNREG = WARPS[mod], MAXNREG[mod]
-    new.LENGTH_SPLIT, new.LENGTH_SPLIT_SCAN = LENGTH_SPLIT, LENGTH_SPLIT_SCAN
+    new.LENGTH_SPLIT = LENGTH_SPLIT
     if hasattr(mod, "WIDE_WARPS"):
         mod.WIDE_WARPS = WIDE[mod]
 

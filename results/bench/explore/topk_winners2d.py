@@ -1,13 +1,15 @@
-"""Exploratory (session 47, not a benchmark claim): the top-k's winner compaction over a [ROW // C, C] view.
+"""Exploratory (sessions 47-48, not a benchmark claim): the top-k's winner ranks over a [ROW // C, C] view.
 
-``_write_winners`` ranks each winner in position order with one ``tl.cumsum`` over the whole register row (16k keys
-for a 16k row: session 43's timeline put that scan at ~3.75 us and the stores at ~2.0 of a solo row's ~12.5 us). The
-variant views the row as ROW // C rows of C adjacent keys (a reshape that keeps order): each C-key row is summed and
-scanned on its own, and only the ROW // C row totals are scanned across the program. C = 32: 8 lanes of 4 keys a row
-(three shuffle levels, no cross-warp step); C = 128: a warp's 32 lanes. Same ranks, same slots, same bits out.
+``_write_winners`` used to rank each winner in position order with one ``tl.cumsum`` over the whole register row
+(16k keys for a 16k row: session 43's timeline put that scan at ~3.75 us and the stores at ~2.0 of a solo row's
+~12.5 us). Session 47 wrote the variant that views the row as ROW // C rows of C adjacent keys (a reshape that keeps
+order): each C-key row is summed and scanned on its own, and only the ROW // C row totals are scanned across the
+program (C = 32: 8 lanes of 4 keys a row; C = 128: a warp's 32 lanes). Same ranks, same slots, same bits out. Session
+48 measured it (H100, 3.8 cubins: 64 x 16k 1.4 us faster at C = 32) and adopted it as ``topk.WINNERS_COLS``; this
+script now writes copies of topk.py with another C (a C of at least the row's keys is the one scan of before).
 
-    python results/bench/explore/topk_winners2d.py write --cols 32 --out F.py    # the variant copy of topk.py
-    TRITON_INTERPRET=1 python results/bench/explore/topk_winners2d.py check --cols 32   # exact vs the reference
+    python results/bench/explore/topk_winners2d.py write --cols 16 --out F.py    # the variant copy of topk.py
+    TRITON_INTERPRET=1 python results/bench/explore/topk_winners2d.py check --cols 16   # exact vs the reference
     python results/bench/explore/topk_winners2d.py aot --out F.json   # registers, spills, SASS (compile-only)
 
 The GPU A/B takes the copy as ``--old`` of topk_split_regs_ab.py (gpu_t38.sh build-w2d / w2d).
@@ -21,38 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "src/sparsemla/kernels/indexer/topk.py"
 
-ANCHOR = """    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
-    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
-    take = gt | (eq & (eq_rank < k_rem))
-    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    _scatter_store(idx_out_ptr + slot, payload, take)
-"""
-
-VARIANT = """    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    N: tl.constexpr = both.shape[0]
-    C: tl.constexpr = WINNERS_COLS if N >= WINNERS_COLS else N
-    both2 = tl.reshape(both, [N // C, C])  # [N // C, C] adjacent keys a row (order kept)
-    row_tot = tl.sum(both2, axis=1)  # [N // C]
-    row_before = tl.cumsum(row_tot, axis=0) - row_tot  # [N // C] counts in the rows before
-    before = tl.cumsum(both2, axis=1) - both2 + row_before[:, None]  # [N // C, C]
-    gt2 = tl.reshape(gt, [N // C, C])
-    eq2 = tl.reshape(eq, [N // C, C])
-    eq_rank = eq_before + (before >> 16)  # ties before this one in the row
-    take = gt2 | (eq2 & (eq_rank < k_rem))
-    slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    _scatter_store(idx_out_ptr + slot, tl.reshape(payload, [N // C, C]), take)
-"""
+ANCHOR = "WINNERS_COLS = tl.constexpr(32)\n"
 
 
 def variant_source(cols: int, src: Path = SRC) -> str:
-    """topk.py with ``_write_winners`` ranking over the [N // cols, cols] view."""
+    """topk.py with ``_write_winners`` ranking over the [N // cols, cols] view (one scan where cols >= N)."""
     text = src.read_text()
     if text.count(ANCHOR) != 1:
-        raise SystemExit("the winners' scan anchor is not in topk.py once (topk.py changed?)")
-    text = text.replace(ANCHOR, VARIANT)
-    marker = "\n@triton.jit\ndef _write_winners("
-    return text.replace(marker, f"\nWINNERS_COLS = tl.constexpr({cols})\n\n{marker}", 1)
+        raise SystemExit("topk.WINNERS_COLS = 32 is not in topk.py once (topk.py changed?)")
+    return text.replace(ANCHOR, f"WINNERS_COLS = tl.constexpr({cols})\n")
 
 
 def load(path: Path, name: str = "topk_w2d"):  # noqa: ANN201
@@ -105,7 +84,7 @@ def check(cols: int) -> None:
 
 def aot(cols_list: list[int], out: str) -> None:
     """Ahead of time (this machine's Triton, compile-only): registers, spills, shared memory and SASS instructions of
-    the package's top-k kernel and each variant at the A/B's register launches (position order, page slots), sm_90
+    the package's top-k kernel (C = 32) and each variant at the A/B's register launches (position order, page slots), sm_90
     and sm_89. Static counts: the scan is straight-line code, but the passes' loops are counted once."""
     import json
     import tempfile
@@ -151,7 +130,12 @@ def aot(cols_list: list[int], out: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["write", "check", "aot"])
-    p.add_argument("--cols", type=int, default=32, help="C: adjacent keys a row of the view (a power of two)")
+    p.add_argument(
+        "--cols",
+        type=int,
+        default=32,
+        help="C: adjacent keys a row of the view (a power of two; 65536: one scan over the row)",
+    )
     p.add_argument("--out", default="", help="write: the variant copy's path; aot: a JSON of the records")
     args = p.parse_args()
     if args.cols < 1 or args.cols & (args.cols - 1):
@@ -162,7 +146,7 @@ def main() -> None:
         Path(args.out).write_text(variant_source(args.cols))
         print(f"wrote {args.out}")
     elif args.command == "aot":
-        aot(sorted({32, 128, args.cols}), args.out)
+        aot(sorted({128, 65536, args.cols}), args.out)
     else:
         check(args.cols)
 

@@ -263,19 +263,6 @@ def _topk_case(rows: int, cols: int, k: int, **options: int) -> Callable[[], obj
     return call
 
 
-def _topk_smem_scan_case(rows: int, cols: int, k: int) -> Callable[[], object]:
-    from sparsemla.kernels.indexer import topk, topk_smem
-
-    def call() -> object:
-        logits = torch.randn(rows, cols)
-        out = torch.empty(rows, k, dtype=torch.int32)
-        ws = topk._SPLIT_WS.get(logits.device, rows, topk_smem.SMEM_SPLITS, 0, topk_smem.workspace_region())
-        return topk_smem.topk_smem_fwd(logits, torch.full((rows,), cols, dtype=torch.int32), k, out, None, None, 64, ws,
-                                       len_min=topk.WIDE_SPAN, scan=True)  # fmt: skip
-
-    return call
-
-
 PREFILL_TOKENS = (1024, 8192)
 PREFILL_HEADS = (16, 64, 128)  # per rank: 128 / TP 8, 128 / TP 2, the whole model
 PREFILL_TOPK = 2048
@@ -379,9 +366,8 @@ def cases(target: str | None = None) -> dict[str, Callable[[], object]]:
             out[f"topk{k} rows{rows} cols{cols // 1024}k"] = _topk_case(rows, cols, k)
     for k in (512, 2048):  # the spans in shared memory (topk_smem, Gluon), position order
         out[f"topk{k} rows64 cols64k smem"] = _topk_case(64, 65536, k, smem=True, sorted=False)
-    # position order by default: the length split (LENGTH_SPLIT) where smem_spans, with LENGTH_SPLIT_SCAN's variant
+    # position order by default: the length split (LENGTH_SPLIT) where smem_spans
     out["topk2048 rows64 cols64k by-position"] = _topk_case(64, 65536, 2048, sorted=False)
-    out["topk2048 rows64 cols64k smem scan"] = _topk_smem_scan_case(64, 65536, 2048)
     out.update(prefill_cases())
     out.update(decode_v32_cases(target))
     return out

@@ -183,9 +183,10 @@ LENGTH_SPLIT = True
 # 7.3 -> 6.9). Concluded: the knobs and DIRECT_SLOTS were removed.) Our reading, not measured directly: the launch
 # enqueued first is dispatched first, and at 4k-16k the shared-memory launch's 256 programs (about two an SM, each
 # taking a start ticket, then reading its row's length, before it finds nothing to do) hold the SMs that the 16-warp
-# register programs need whole. LENGTH_SPLIT_SCAN: those programs read every length first and exit without a ticket
-# where no row is longer than WIDE_SPAN (prepared in session 47, not yet measured).
-LENGTH_SPLIT_SCAN = False
+# register programs need whole. Those programs reading every length first and exiting without a ticket where no row
+# is longer than WIDE_SPAN (session 47's LENGTH_SPLIT_SCAN) was measured in session 48 on an H100 at ce7efee
+# (results/bench/explore/topk_scan_ab-native-h100-ce7efee.json, us at k = 512 / 2048): 64 x 16k 16.5 -> 16.2 /
+# 16.7 -> 16.5, 64 x 64k 35.6 -> 36.0 / 35.0 -> 35.8; removed.
 WIDE_MAX_COLS = 65536
 WIDE_SPAN = 16384
 WIDE_WARPS = 16
@@ -416,22 +417,37 @@ def _scatter_store(ptr, value, mask):
         tl.store(ptr, value, mask=mask)
 
 
+# The winners' ranks over a [N / WINNERS_COLS, WINNERS_COLS] view of the N register keys (a reshape that keeps
+# position order): each row of WINNERS_COLS adjacent keys (8 lanes of 4 keys at 32) is scanned on its own and only
+# the N / WINNERS_COLS row totals across the program, instead of one scan over the whole row (16k keys at 16k, about
+# 3.75 of a solo row's 12.5 us in session 43's timeline). Same ranks, same slots. Triton 3.8, 64 x 16k: 6-11 % fewer
+# SASS instructions, the same registers (results/bench/explore/topk_winners2d_aot-t38-2026-12-07.json). H100, 3.8
+# cubins, graph replay of 20, every output exact, us at k = 512 / 2048, one scan -> 32 (128): 64 x 16k 16.6 -> 15.1
+# (15.6) / 16.8 -> 15.3 (15.9), 4k 7.6 -> 7.5 / 8.0 -> 8.0, 64 x 1..64k 32.3 -> 32.3 / 32.4 -> 32.2, B = 8 and 1 x 16k
+# within 0.5 (results/bench/explore/topk_w2d32_ab-native-h100-ce7efee.json, topk_w2d128_ab-native-h100-ce7efee.json).
+WINNERS_COLS = tl.constexpr(32)
+
+
 @triton.jit
 def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before, idx_out_ptr):
-    """Writes ``payload`` of the keys among ``key`` (``valid`` of them) that win against the threshold ``prefix``
+    """Writes ``payload`` of the keys among ``key`` [N] (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
     row. ``gt_before`` / ``eq_before`` keys above / equal to it come earlier in the row (other spans), so a winner's
     slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits)."""
     hi = key >> low
     thr = prefix >> low
-    gt = valid & (hi > thr)
-    eq = valid & (hi == thr)
+    N: tl.constexpr = key.shape[0]
+    C: tl.constexpr = WINNERS_COLS if N >= WINNERS_COLS else N
+    gt = tl.reshape(valid & (hi > thr), [N // C, C])  # [N / C, C] adjacent keys a row (position order kept)
+    eq = tl.reshape(valid & (hi == thr), [N // C, C])
     both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)  # one scan counts both
-    before = tl.cumsum(both, axis=0) - both
+    row_total = tl.sum(both, axis=1)  # [N / C]
+    row_before = tl.cumsum(row_total, axis=0) - row_total  # [N / C] counts in the rows before
+    before = tl.cumsum(both, axis=1) - both + row_before[:, None]  # [N / C, C]
     eq_rank = eq_before + (before >> 16)  # ties before this one in the row
     take = gt | (eq & (eq_rank < k_rem))
     slot = gt_before + (before & 0xFFFF) + tl.minimum(eq_rank, k_rem)  # winners before this one
-    _scatter_store(idx_out_ptr + slot, payload, take)
+    _scatter_store(idx_out_ptr + slot, tl.reshape(payload, [N // C, C]), take)
 
 
 @triton.jit
@@ -1366,8 +1382,7 @@ def _length_split(
                                 out_slots=out_slots, sorted=False, smem=False, length_max=length_max)  # fmt: skip
 
     def shared_memory() -> None:
-        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN,
-                                scan=LENGTH_SPLIT_SCAN)  # fmt: skip
+        topk_smem.topk_smem_fwd(logits, lengths, k, out, page_table, out_slots, page_size, ws, len_min=WIDE_SPAN)
 
     if logits.shape[1] <= WIDE_SPAN:  # no row for the shared-memory spans (smem_spans took it for its row count)
         return registers(None)

@@ -41,7 +41,6 @@ SMEM_CHUNK = 2048  # keys read back from shared memory at a time (8 a thread)
 SMEM_SPLITS = 4  # participants a row may have: rows up to SMEM_SPLITS * SMEM_SPAN positions
 SMEM_MIN_SPAN = 4096  # a row takes one participant per this many keys (up to SMEM_SPLITS)
 SMEM_WARPS = 8
-SMEM_SCAN_ROWS = 256  # topk_smem_fwd(scan=True): launches of at most this many rows read every length first
 # ahead of time (Triton 3.8): the keys plus the histograms' scratch
 SHARED_BYTES = SMEM_SPAN * 4 + 1024
 RADIX_BINS = 256  # 8-bit digits
@@ -117,32 +116,23 @@ if _HAVE_GLUON:
         CHUNK: gl.constexpr,
         MIN_SPAN: gl.constexpr,
         NUM_WARPS: gl.constexpr,
-        SCAN_ROWS: gl.constexpr,  # 0, or a power of two >= n_rows: every length read before any ticket (see scan)
     ):
         NCH: gl.constexpr = SPAN // CHUNK
         L1: gl.constexpr = gl.BlockedLayout([4], [32], [NUM_WARPS], [0])  # a chunk: 4 contiguous keys a thread
         LH: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])  # histograms, counts, the K outputs
         keys = gl.allocate_shared_memory(gl.int32, [NCH, CHUNK], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # order keys
 
-        pid = gl.program_id(0)
-        ticket = pid * 0
-        go = pid * 0 + 1  # whether this launch has a row (SCAN_ROWS: else no program takes a ticket or reads a row)
-        if SCAN_ROWS > 0:  # a launch of at most SCAN_ROWS rows with len_min >= 0 (another launch owns short rows)
-            o_r = gl.arange(0, SCAN_ROWS, layout=LH)
-            lens_all = gl.load(lens_ptr + o_r, mask=o_r < n_rows, other=0)  # [SCAN_ROWS] every row's length
-            go = (gl.max(gl.minimum(lens_all, n_cols), axis=0) > len_min).to(gl.int32)
-        if go != 0:
-            ticket = gl.atomic_add(ws_ptr, 1, sem="relaxed", scope="gpu")
-            if ticket == n_rows * SPLITS - 1:
-                gl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
+        ticket = gl.atomic_add(ws_ptr, 1, sem="relaxed", scope="gpu")
+        if ticket == n_rows * SPLITS - 1:
+            gl.atomic_xchg(ws_ptr, 0, sem="relaxed", scope="gpu")  # the last ticket: ready for the next launch
         i_r = (ticket // SPLITS).to(gl.int64)
         part = ticket % SPLITS
-        n = gl.minimum(gl.maximum(gl.load(lens_ptr + i_r, mask=go != 0, other=0), 0), n_cols)
+        n = gl.minimum(gl.maximum(gl.load(lens_ptr + i_r), 0), n_cols)
         # participants: one per MIN_SPAN keys up to SPLITS (a short row still spreads over SMs; spans <= SPAN)
         n_part = gl.minimum(gl.maximum(gl.cdiv(n, MIN_SPAN), 1), SPLITS)
         o_k = gl.arange(0, K, layout=LH)
         p_idx = idx_ptr + i_r * stride_idx
-        mine = (n > len_min) & (go != 0)  # go == 0: row 0's stand-in length, never a row of this launch
+        mine = n > len_min
         if (n <= K) & (part == 0) & mine:  # no selection: every position, then -1
             gl.store(p_idx + o_k, gl.where(o_k < n, o_k, -1))
             if WRITE_SLOTS:
@@ -276,18 +266,13 @@ def topk_smem_fwd(
     page_size: int,
     ws: torch.Tensor,
     len_min: int = -1,
-    scan: bool = False,
 ) -> torch.Tensor:
     """Launches the kernel on arguments :func:`sparsemla.kernels.indexer.topk.indexer_topk_fwd` checked: ``logits``
     fp32 [rows, cols] (unit column stride), ``lengths`` int32 [rows], ``out`` int32 [rows, k]; with ``page_table``
     int32 [rows, max_pages] also ``out_slots`` int32 [rows, k] (``page_size`` a power of two); ``ws`` the zeroed
     split workspace, at least 1 + rows * (1 + :func:`workspace_region` + 2 * SMEM_SPLITS) ints. Rows of at most
-    ``len_min`` positions are left untouched (another launch writes them). ``scan`` (with ``len_min >= 0`` and at
-    most SMEM_SCAN_ROWS rows): every program reads all lengths first and, where no row is longer than ``len_min``,
-    exits without its start ticket (shorter lives for the programs of a launch with nothing to do; one more
-    dependent load before the ticket where there is work). Returns ``out``."""
+    ``len_min`` positions are left untouched (another launch writes them). Returns ``out``."""
     rows = logits.shape[0]
-    scan_rows = SMEM_SCAN_ROWS if scan and len_min >= 0 and rows <= SMEM_SCAN_ROWS else 0
     write_slots = page_table is not None
     pt = page_table if write_slots else lengths
     slots = out_slots if write_slots else out
@@ -296,6 +281,5 @@ def topk_smem_fwd(
         logits.stride(0), out.stride(0), pt.stride(0), slots.stride(0), logits.shape[1], rows, len_min,
         K=k, WRITE_SLOTS=write_slots, PAGE_BITS=max(page_size.bit_length() - 1, 0), SPLITS=SMEM_SPLITS,
         SPAN=SMEM_SPAN, CHUNK=SMEM_CHUNK, MIN_SPAN=SMEM_MIN_SPAN, NUM_WARPS=SMEM_WARPS, num_warps=SMEM_WARPS,
-        SCAN_ROWS=scan_rows,
     )  # fmt: skip
     return out
