@@ -425,6 +425,8 @@ def _scatter_store(ptr, value, mask):
 # cubins, graph replay of 20, every output exact, us at k = 512 / 2048, one scan -> 32 (128): 64 x 16k 16.6 -> 15.1
 # (15.6) / 16.8 -> 15.3 (15.9), 4k 7.6 -> 7.5 / 8.0 -> 8.0, 64 x 1..64k 32.3 -> 32.3 / 32.4 -> 32.2, B = 8 and 1 x 16k
 # within 0.5 (results/bench/explore/topk_w2d32_ab-native-h100-ce7efee.json, topk_w2d128_ab-native-h100-ce7efee.json).
+# Against 32 (15.1 / 15.3 at 64 x 16k): 16 15.1 / 15.5, 8 15.8 / 16.1, the one scan 16.3 / 16.6, the rest within 0.3
+# (topk_w2d{16,8,65536}_ab-native-h100-28bb4c3.json).
 WINNERS_COLS = tl.constexpr(32)
 
 
