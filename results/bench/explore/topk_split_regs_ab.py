@@ -107,34 +107,20 @@ VARIANTS = {
     "one_w16_t16k": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384))),
     "one_w32_t16k": (new, dict(splits=1, _warps=32, row_tiles=(4096, 16384))),
     "one_w16_t16k_b11": (new, dict(splits=1, _warps=16, row_tiles=(4096, 16384), bits=11)),
-    "s4_r16k_w16": (
-        new,
-        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16),
-    ),  # fmt: skip
-    "s4_r16k_w16_r64": (
-        new,
-        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, _maxnreg=64),
-    ),  # fmt: skip
-    "s4_st16k_w16": (
-        new,
-        dict(splits=4, span=16384, reg_span=0, split_row=16384, row_tiles=(4096, 16384), _warps=16),
-    ),  # fmt: skip
-    "s8_r8k_w16": (
-        new,
-        dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384), _warps=16),
-    ),  # fmt: skip
-    "s4_r16k_w16_f": (
-        new,
-        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, _filter=True),
-    ),  # fmt: skip
-    "s4_r16k_w16_rb11": (
-        new,
-        dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384), _warps=16, reg_bits=11),
-    ),  # fmt: skip
-    "s2_r32k_w32": (
-        new,
-        dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384), _warps=32),
-    ),  # fmt: skip
+    "s4_r16k_w16": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                              _warps=16)),  # fmt: skip
+    "s4_r16k_w16_r64": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                  _warps=16, _maxnreg=64)),  # fmt: skip
+    "s4_st16k_w16": (new, dict(splits=4, span=16384, reg_span=0, split_row=16384, row_tiles=(4096, 16384),
+                               _warps=16)),  # fmt: skip
+    "s8_r8k_w16": (new, dict(splits=8, span=8192, reg_span=8192, split_row=16384, row_tiles=(4096, 16384),
+                             _warps=16)),  # fmt: skip
+    "s4_r16k_w16_f": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                _warps=16, _filter=True)),  # fmt: skip
+    "s4_r16k_w16_rb11": (new, dict(splits=4, span=16384, reg_span=16384, split_row=16384, row_tiles=(4096, 16384),
+                                   _warps=16, reg_bits=11)),  # fmt: skip
+    "s2_r32k_w32": (new, dict(splits=2, span=32768, reg_span=32768, split_row=16384, row_tiles=(4096, 16384),
+                              _warps=32)),  # fmt: skip
     # (the twenty-second session's `wide2` / `wide3` variants -- 16k rows in two 8k or four 4k register spans through
     # a second span tile, 64k rows in eight 8k spans, the two-level winner scan -- ran at 02f172c with the code of
     # 51ef8e4: topk_wide2_ab-native-h200.json, topk_wide3_ab-native-h200.json; concluded and removed)

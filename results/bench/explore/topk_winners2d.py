@@ -84,8 +84,8 @@ def check(cols: int) -> None:
 
 def aot(cols_list: list[int], out: str) -> None:
     """Ahead of time (this machine's Triton, compile-only): registers, spills, shared memory and SASS instructions of
-    the package's top-k kernel (C = 32) and each variant at the A/B's register launches (position order, page slots), sm_90
-    and sm_89. Static counts: the scan is straight-line code, but the passes' loops are counted once."""
+    the package's top-k kernel (C = 32) and each variant at the A/B's register launches (position order, page
+    slots), sm_90 and sm_89. Static counts: the scan is straight-line code, but the passes' loops are counted once."""
     import json
     import tempfile
 
@@ -130,12 +130,7 @@ def aot(cols_list: list[int], out: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("command", choices=["write", "check", "aot"])
-    p.add_argument(
-        "--cols",
-        type=int,
-        default=32,
-        help="C: adjacent keys a row of the view (a power of two; 65536: one scan over the row)",
-    )
+    p.add_argument("--cols", type=int, default=32, help="C: keys a row of the view (a power of two; 65536: one scan)")
     p.add_argument("--out", default="", help="write: the variant copy's path; aot: a JSON of the records")
     args = p.parse_args()
     if args.cols < 1 or args.cols & (args.cols - 1):
