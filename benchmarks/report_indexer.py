@@ -220,8 +220,9 @@ the Python launcher's host time, which is noisy on the GPU machine -- sglang dec
   load latency per program at short lengths (a 4k row is 32 tiles over 17 programs) -- DeepGEMM's persistent TMA
   kernel is the reference point (published H200: 20 / 48 / 149 us at 4k / 16k / 64k).
 - The top-k is exact and deterministic (ties go to the smaller position). Rows up to 4096 are loaded once and
-  selected in registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, one compaction
-  scan; the bitonic sort of the k winners only with `sorted=True`). Longer rows are shared by up to 32 programs that
+  selected in registers (8-bit `tl.histogram` radix passes on the in-register keys with an early exit, a compaction
+  scan within rows of 32 adjacent keys and then over their totals; the bitonic sort of the k winners only with
+  `sorted=True`). Longer rows are shared by up to 32 programs that
   merge each radix pass's histogram through per-row atomics and barriers (times in the top-k section below); a
   participant whose span fits the launch's span tile (1024 or 4096 keys) holds it in registers and runs 5-bit passes
   there (k = 2048: B=64 16k 39 -> 31 us, B=8 16k 26 -> 17; k = 512, launched with `.maxnreg` 128 so that ptxas
