@@ -31,6 +31,11 @@ inside sglang's decode-step graph). Each code path (native = wgmma on Hopper; ``
 the mma.sync code of sm_80..sm_120) runs in its own process; the path-independent providers (torch, sglang) run in
 the native one only. Every row is checked against the ``torch.topk`` set of its own path's logits (``exact``).
 
+``--warm-workers N`` (a fresh machine): before a code path's timed loop, N processes of that path call each of this
+Triton's providers once at a share of the points, so its compiles run N at a time and the timed loop finds them
+cached (the JSON's ``meta.warm_up`` says how long that took). The timings do not change: every provider is still
+called once before it is timed.
+
 ``--merge a.json --merge b.json`` (no GPU needed) joins runs of one commit on one GPU made path by path (one device
 call each, to stay inside its time limit) into one JSON: rows concatenated, the shapes kept per path, the targets
 evaluated again over all rows (the sm89 rows are compared with the native run's torch / sglang rows).
@@ -565,8 +570,96 @@ def build_cubins_for(cfg: dict, out_dir: Path, code_path: str = "native") -> int
     return len(prod_cubins.build(workload, out_dir, code_path))
 
 
+WARM_PROVIDERS = ("sparsemla_split", "sparsemla_split_sorted", *LOGITS_PROVIDERS)  # compiled by this Triton
+
+
+def warm_chunks(batches: list[int], lengths: list[int], workers: int) -> list[list[tuple[int, int]]]:
+    """The (B, length) points dealt to at most ``workers`` warm-up processes, the largest first (their compiles are
+    not the slow part, but their inputs take the longest to make), none empty."""
+    pairs = sorted(((b, n) for b in batches for n in lengths), key=lambda bn: (-bn[0] * bn[1], bn))
+    chunks: list[list[tuple[int, int]]] = [[] for _ in range(max(1, min(workers, len(pairs))))]
+    for i, pair in enumerate(pairs):
+        chunks[i % len(chunks)].append(pair)
+    return chunks
+
+
+def parse_pairs(text: str) -> list[tuple[int, int]]:
+    """``"1:1024,64:4096"`` -> [(1, 1024), (64, 4096)] (B:length points of --warm-only)."""
+    try:
+        pairs = [tuple(int(x) for x in part.split(":")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(pr) != 2 or min(pr) < 1 for pr in pairs):
+        raise ValueError(f"--warm-only takes B:length points like 1:1024,64:4096, got {text!r}")
+    return pairs  # type: ignore[return-value]
+
+
+def warm_points(pairs: list[tuple[int, int]], chosen: list[str], ks: list[int], seed: int, device: str = "cuda") -> int:
+    """One eager call of each chosen provider this machine's Triton compiles (WARM_PROVIDERS) at every (B, length)
+    point and k: fills the Triton cache that the timing process then reads (a warm-up process of ``run_path``).
+    Returns the number of calls."""
+    import torch
+
+    from benchmarks.indexer import gpu_indexer_cache, make_case
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
+    from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
+    from sparsemla.kernels.layouts import IDX_PAGE
+
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    kv = gpu_indexer_cache(max(b * -(-n // IDX_PAGE) for b, n in pairs), dev, gen)
+    calls = 0
+    for batch, length in pairs:
+        case = make_case(batch, length, max(length, CAP_MIN), kv, gen)
+        args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, case.cap)
+        logits = indexer_logits_fwd(*args)
+        for k in ks:
+            pos = torch.empty(batch, k, dtype=torch.int32, device=dev)
+            slots = torch.empty_like(pos)
+            for provider, srt in (("sparsemla_split", False), ("sparsemla_split_sorted", True)):
+                if provider in chosen:
+                    indexer_topk_fwd(logits, case.seq_lens, k, out=pos, page_table=case.page_table,
+                                     page_size=IDX_PAGE, out_slots=slots, sorted=srt)  # fmt: skip
+                    calls += 1
+            if length == FUSED_LENGTH:
+                for provider, fuse in (("sparsemla_fused", True), ("sparsemla_logits_topk", None)):
+                    if provider in chosen:
+                        indexer_logits_topk_fwd(*args[:5], k, case.cap, out=pos, sorted=False, fuse=fuse)
+                        calls += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return calls
+
+
+def warm_up(path: str, chosen: list[str], cfg: dict, seed: int, workers: int) -> float:
+    """Compiles this path's kernels in ``workers`` processes at once (each a share of the points, :func:`warm_points`)
+    before the timing process needs them: a fresh machine's Triton compiles otherwise run one after another inside
+    the timed loop. Returns the seconds it took; a warm-up process that fails only costs its share of the speed-up."""
+    wanted = [p for p in chosen if p in WARM_PROVIDERS]
+    if workers < 1 or not wanted:
+        return 0.0
+    t0 = time.monotonic()
+    procs = []
+    for chunk in warm_chunks(cfg["B"], cfg["lengths"], workers):
+        points = ",".join(f"{b}:{n}" for b, n in chunk)
+        cmd = [sys.executable, "-m", "benchmarks.topk", "--warm-only", points, "--providers", ",".join(wanted),
+               "--ks", ",".join(map(str, cfg["k"])), "--seed", str(seed)]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=child_env(path)))
+    failed = sum(1 for proc in procs if proc.wait() != 0)
+    if failed:
+        print(f"[{path}] warm-up: {failed} of {len(procs)} processes failed (their kernels compile in the timed run)")
+    return time.monotonic() - t0
+
+
 def run_path(
-    path: str, chosen: list[str], cfg: dict, seed: int, sglang_src: Path, out: Path, cubins: Path | None = None
+    path: str,
+    chosen: list[str],
+    cfg: dict,
+    seed: int,
+    sglang_src: Path,
+    out: Path,
+    cubins: Path | None = None,
+    warm_workers: int = 0,
 ) -> None:
     import torch
     from rich.progress import Progress
@@ -590,10 +683,13 @@ def run_path(
         cmd = [sys.executable, "-m", "benchmarks.topk", "--build-sglang-only", str(build_out),
                "--sglang-src", str(sglang_src)]  # fmt: skip
         build_proc = subprocess.Popen(cmd, env=child_env("native"))
+    run = PathRun(path, out)
+    if warm_workers:
+        run.meta["warm_up"] = {"workers": warm_workers, "s": round(warm_up(path, chosen, cfg, seed, warm_workers), 1)}
+        print(f"[{path}] warm-up ({warm_workers} processes): {run.meta['warm_up']['s']} s", flush=True)
     bs, lengths, ks = cfg["B"], cfg["lengths"], cfg["k"]
     gen = torch.Generator(device=device).manual_seed(seed)
     kv = gpu_indexer_cache(max(bs) * -(-max(lengths) // IDX_PAGE), device, gen)
-    run = PathRun(path, out)
     shapes: list[Shape] = []
     n_shapes = len(bs) * len(lengths) * len(ks)
     t0 = time.monotonic()
@@ -751,6 +847,10 @@ def main(
     cubins: Path = typer.Option(
         None, help="GPU: also time the *_t38 providers from DIR/<path> (made by --build-cubins) in every code path."
     ),
+    warm_workers: int = typer.Option(
+        0, min=0, help="Compile each path's Triton kernels in this many processes at once before timing (cold caches)."
+    ),
+    warm_only: str = typer.Option("", hidden=True, help="(internal) B:length points to compile for, then exit."),
 ) -> None:
     """Time every top-k provider in each code path on the current CUDA GPU and write one JSON with target verdicts."""
     from sparsemla.console import fail
@@ -769,6 +869,13 @@ def main(
         fail(f"k must be 512, 1024 or 2048, got {bad}")
     if build_sglang_only is not None:
         build_sglang(sglang_src, build_sglang_only)
+        return
+    if warm_only:
+        try:
+            points = parse_pairs(warm_only)
+        except ValueError as exc:
+            fail(str(exc))
+        warm_points(points, chosen, cfg["k"], seed)
         return
     if build_cubins is not None:
         import triton
@@ -803,7 +910,7 @@ def main(
     if not torch.cuda.is_available():
         fail("the top-k benchmark needs a CUDA GPU", "run it on the device machine (make bench-topk)")
     if child_out is not None:
-        run_path(path_list[0], chosen, cfg, seed, sglang_src, child_out, cubins)
+        run_path(path_list[0], chosen, cfg, seed, sglang_src, child_out, cubins, warm_workers)
         return
     rows, metas = [], []
     # each path's rows as they are measured, next to the result: a run stopped from outside (the device call's limit)

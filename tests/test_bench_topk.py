@@ -172,6 +172,59 @@ def test_child_argv_replaces_the_parents_path_options():
     assert argv[1:] == ["-m", "benchmarks.topk", "--ks=512", "--paths", "sm89", "--child-out", "/tmp/o.json"]
 
 
+@pytest.mark.parametrize("workers", [1, 3, 8, 40])
+def test_warm_chunks_deal_every_point_once_largest_first(workers):
+    batches, lengths = [1, 8, 64], [1024, 4096, 16384, 65536, 262144]
+    chunks = topk.warm_chunks(batches, lengths, workers)
+    assert len(chunks) == min(workers, 15) and all(chunks)
+    dealt = [pair for chunk in chunks for pair in chunk]
+    assert sorted(dealt) == sorted((b, n) for b in batches for n in lengths)
+    assert [chunk[0] for chunk in chunks][0] == (64, 262144)  # the largest inputs are made first, in parallel
+    for chunk in chunks:
+        assert [b * n for b, n in chunk] == sorted((b * n for b, n in chunk), reverse=True)
+
+
+def test_warm_only_points_parse_and_bad_ones_exit_2():
+    assert topk.parse_pairs("1:1024, 64:4096") == [(1, 1024), (64, 4096)]
+    for bad in ("", "1024", "1:2:3", "0:1024", "a:b"):
+        with pytest.raises(ValueError, match="B:length"):
+            topk.parse_pairs(bad)
+    result = CliRunner().invoke(topk.app, ["--warm-only", "64x4096"])
+    assert result.exit_code == 2 and "B:length" in " ".join(result.output.split())
+
+
+def test_warm_up_only_compiles_this_tritons_providers(monkeypatch):
+    """torch, sglang and the 3.8 cubins' providers compile nothing here: no warm-up process for them."""
+    started = []
+    monkeypatch.setattr(topk.subprocess, "Popen", lambda *a, **kw: started.append(a) or pytest.fail("started"))
+    cfg = {"B": [64], "lengths": [4096], "k": [512]}
+    assert topk.warm_up("native", ["torch_topk", "sglang_jit_v2", "sparsemla_split_t38"], cfg, 0, 8) == 0.0
+    assert topk.warm_up("native", ["sparsemla_split"], cfg, 0, 0) == 0.0
+    assert not started
+
+
+def test_warm_points_make_the_timed_calls(monkeypatch):
+    """The warm-up's calls are the timed loop's (same launchers, same arguments), here on the interpreter at a small
+    capacity: each chosen provider once per point and k, the fused ones at FUSED_LENGTH only, and every call runs."""
+    from sparsemla.kernels.indexer import topk as topk_kernels
+    from sparsemla.kernels.indexer import triton as indexer_triton
+
+    seen = []
+
+    def spy(name, real):  # noqa: ANN001, ANN202
+        return lambda *a, **kw: seen.append((name, kw.get("sorted"), kw.get("fuse"))) or real(*a, **kw)
+
+    monkeypatch.setattr(topk_kernels, "indexer_topk_fwd", spy("split", topk_kernels.indexer_topk_fwd))
+    monkeypatch.setattr(indexer_triton, "indexer_logits_topk_fwd", spy("fused", indexer_triton.indexer_logits_topk_fwd))
+    monkeypatch.setattr(topk, "CAP_MIN", 2048)
+    monkeypatch.setattr(topk, "FUSED_LENGTH", 1024)
+    chosen = ["sparsemla_split", "sparsemla_split_sorted", "sparsemla_fused", "torch_topk"]
+    calls = topk.warm_points([(2, 1024), (1, 700)], chosen, [512], seed=0, device="cpu")
+    assert calls == len(seen) == 5
+    assert seen == [("split", False, None), ("split", True, None), ("fused", False, True),
+                    ("split", False, None), ("split", True, None)]  # fmt: skip
+
+
 def _synthetic_json() -> dict:
     return {
         "op": "topk", "gpu": "NVIDIA H200", "git_sha": "0123456789abcdef", "date": "2026-12-03", "torch": "2.11.0",

@@ -615,7 +615,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
     bash benchmarks/gpu-setup.sh >/dev/null 2>&1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     timeout "${FORMAL_LIMIT_S:-570}" python3 -m benchmarks.topk --paths "$2" --cubins .gpu-cubins/topk --git-sha "$SHA" \
-        --out-dir "$OUT/topk-$2" | tail -40
+        --warm-workers "${FORMAL_WARM:-8}" --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
     echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89" >&2
