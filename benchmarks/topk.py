@@ -571,6 +571,7 @@ def build_cubins_for(cfg: dict, out_dir: Path, code_path: str = "native") -> int
 
 
 WARM_PROVIDERS = ("sparsemla_split", "sparsemla_split_sorted", *LOGITS_PROVIDERS)  # compiled by this Triton
+WARM_TIMEOUT_S = 300.0  # the warm-up processes together; the ones still running then are stopped
 
 
 def warm_chunks(batches: list[int], lengths: list[int], workers: int) -> list[list[tuple[int, int]]]:
@@ -639,15 +640,25 @@ def warm_up(path: str, chosen: list[str], cfg: dict, seed: int, workers: int) ->
     if workers < 1 or not wanted:
         return 0.0
     t0 = time.monotonic()
-    procs = []
-    for chunk in warm_chunks(cfg["B"], cfg["lengths"], workers):
+    procs, failed = [], 0
+    chunks = warm_chunks(cfg["B"], cfg["lengths"], workers)
+    for chunk in chunks:
         points = ",".join(f"{b}:{n}" for b, n in chunk)
         cmd = [sys.executable, "-m", "benchmarks.topk", "--warm-only", points, "--providers", ",".join(wanted),
                "--ks", ",".join(map(str, cfg["k"])), "--seed", str(seed)]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, env=child_env(path)))
-    failed = sum(1 for proc in procs if proc.wait() != 0)
+        try:
+            procs.append(subprocess.Popen(cmd, env=child_env(path)))
+        except OSError:
+            failed += 1
+    for proc in procs:  # one deadline for all: a hung warm-up process must not hold the timed run
+        try:
+            failed += proc.wait(timeout=max(1.0, WARM_TIMEOUT_S - (time.monotonic() - t0))) != 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            failed += 1
     if failed:
-        print(f"[{path}] warm-up: {failed} of {len(procs)} processes failed (their kernels compile in the timed run)")
+        print(f"[{path}] warm-up: {failed} of {len(chunks)} processes failed (their kernels compile in the timed run)")
     return time.monotonic() - t0
 
 

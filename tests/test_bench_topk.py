@@ -203,6 +203,46 @@ def test_warm_up_only_compiles_this_tritons_providers(monkeypatch):
     assert not started
 
 
+class _FakeProc:
+    def __init__(self, cmd, env, rc):  # noqa: ANN001
+        self.cmd, self.env, self.rc, self.killed = cmd, env, rc, False
+
+    def wait(self, timeout=None):  # noqa: ANN001, ANN202
+        if self.rc is None and not self.killed:
+            raise topk.subprocess.TimeoutExpired(self.cmd, timeout)
+        return self.rc
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_warm_up_runs_in_the_paths_environment_and_survives_failing_processes(monkeypatch, capsys):
+    """Each warm-up process gets the code path's environment (TRITON_OVERRIDE_ARCH for sm89) and its share of the
+    points; one that exits non-zero, one that hangs (stopped at the deadline) and one that cannot start only cost
+    their share of the speed-up."""
+    outcomes = iter([0, 1, None, OSError("no fork")])
+    procs = []
+
+    def fake_popen(cmd, env):  # noqa: ANN001, ANN202
+        rc = next(outcomes)
+        if isinstance(rc, OSError):
+            raise rc
+        procs.append(_FakeProc(cmd, env, rc))
+        return procs[-1]
+
+    monkeypatch.setattr(topk.subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(topk, "WARM_TIMEOUT_S", 0.0)
+    cfg = {"B": [1, 64], "lengths": [1024, 4096], "k": [512, 2048]}
+    assert topk.warm_up("sm89", ["sparsemla_split", "torch_topk"], cfg, 3, 4) >= 0.0
+    assert len(procs) == 3 and procs[2].killed
+    assert all(p.env.get("TRITON_OVERRIDE_ARCH") == "sm89" for p in procs)
+    points = [p.cmd[p.cmd.index("--warm-only") + 1] for p in procs]
+    assert points == ["64:4096", "64:1024", "1:4096"]  # the fourth share (1:1024) could not start
+    assert all(p.cmd[p.cmd.index("--providers") + 1] == "sparsemla_split" for p in procs)
+    assert all(p.cmd[p.cmd.index("--ks") + 1] == "512,2048" for p in procs)
+    assert "3 of 4 processes failed" in capsys.readouterr().out
+
+
 def test_warm_points_make_the_timed_calls(monkeypatch):
     """The warm-up's calls are the timed loop's (same launchers, same arguments), here on the interpreter at a small
     capacity: each chosen provider once per point and k, the fused ones at FUSED_LENGTH only, and every call runs."""

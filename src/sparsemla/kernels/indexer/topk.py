@@ -435,7 +435,7 @@ def _write_winners(key, valid, payload, prefix, low, k_rem, gt_before, eq_before
     """Writes ``payload`` of the keys among ``key`` [N] (``valid`` of them) that win against the threshold ``prefix``
     (order-key bits above ``low``): every key above it, and the ``k_rem`` keys equal to it that come first in the
     row. ``gt_before`` / ``eq_before`` keys above / equal to it come earlier in the row (other spans), so a winner's
-    slot of ``idx_out_ptr`` is its rank in position order. At most 32767 keys (one scan counts both in 16 bits)."""
+    slot of ``idx_out_ptr`` is its rank in position order. At most 32768 keys (one scan counts both in 16 bits)."""
     hi = key >> low
     thr = prefix >> low
     N: tl.constexpr = key.shape[0]
