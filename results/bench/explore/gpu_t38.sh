@@ -605,6 +605,15 @@ for line in sys.stdin:
     done
     OUT="$OUT/gpu-tests" PATH_LIMIT_S="${EITHER_TESTS_S:-300}" bash benchmarks/gpu-tests.sh native tests/test_sparse_decode_gpu.py
     ;;
+formal-both)  # session 48: both code paths in one call now that --warm-workers compiles in parallel (not yet tried):
+    # native first (FORMAL_NATIVE_S), then sm89 with what is left of FORMAL_TOTAL_S; a cut sm89 path leaves its rows
+    # under $OUT/topk-sm89/topk-partial -- then run `formal sm89` in the next call while the machine is warm
+    t0=$(date +%s)
+    FORMAL_LIMIT_S=${FORMAL_NATIVE_S:-330} bash "$0" formal native
+    left=$(( ${FORMAL_TOTAL_S:-575} - ($(date +%s) - t0) ))
+    echo "[formal-both] native took $(( $(date +%s) - t0 )) s; sm89 gets ${left} s"
+    if [ "$left" -gt 60 ]; then FORMAL_LIMIT_S=$left bash "$0" formal sm89; fi
+    ;;
 formal)  # one code path per device call (both with the sglang JIT build do not fit 10 minutes), then --merge here
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}" "${2:?native or sm89}"
     # sglang's JIT top-k (the k = 2048 targets' baseline) needs its sources and apache-tvm-ffi in the carried .gpu
@@ -618,7 +627,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --warm-workers "${FORMAL_WARM:-8}" --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89|formal-both" >&2
     exit 2
     ;;
 esac
