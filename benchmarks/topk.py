@@ -420,17 +420,30 @@ def make_shape(case, logits, k: int) -> Shape:
     return Shape(case, logits, k, ref_pos, ref_slots.sort(dim=1).values)
 
 
+def split_call(case, logits, k: int, pos, slots, srt: bool):  # noqa: ANN001, ANN201
+    """``indexer_topk_fwd`` on ``logits`` as the split providers call it (page-table slots written)."""
+    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
+    from sparsemla.kernels.layouts import IDX_PAGE
+
+    return functools.partial(indexer_topk_fwd, logits, case.seq_lens, k, out=pos, page_table=case.page_table,
+                             page_size=IDX_PAGE, out_slots=slots, sorted=srt)  # fmt: skip
+
+
+def fused_call(case, k: int, pos, fuse: bool | None):  # noqa: ANN001, ANN201
+    """``indexer_logits_topk_fwd`` (position order) as the logits + top-k providers call it."""
+    from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
+
+    return functools.partial(indexer_logits_topk_fwd, case.q, case.kv, case.weights, case.seq_lens, case.page_table, k,
+                             case.cap, out=pos, sorted=False, fuse=fuse)  # fmt: skip
+
+
 def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | None = None) -> None:
     """Our top-k (split, both orders; with ``replayers``, a prod_cubins.Replayer per Triton 3.8 provider, also from
     Triton 3.8 cubins), torch.topk, and at FUSED_LENGTH the logits + top-k calls, on one shape."""
     import torch
 
-    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
-    from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
-    from sparsemla.kernels.layouts import IDX_PAGE
-
     case, logits, k = shape.case, shape.logits, shape.k
-    length, lens, table = case.ctx, case.seq_lens, case.page_table
+    length = case.ctx
     pos = torch.empty(case.batch, k, dtype=torch.int32, device=logits.device)
     slots = torch.empty_like(pos)
 
@@ -448,8 +461,7 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | N
 
     for provider, srt in (("sparsemla_split", False), ("sparsemla_split_sorted", True)):
         if provider in chosen:
-            fn = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
-                                   out_slots=slots, sorted=srt)  # fmt: skip
+            fn = split_call(case, logits, k, pos, slots, srt)
             run.add(provider, shape, k, fn, checked(fn, slots))
     replayers = replayers or {}
 
@@ -462,20 +474,18 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | N
         return call
 
     if T38 in chosen and T38 in replayers:
-        split = functools.partial(indexer_topk_fwd, logits, lens, k, out=pos, page_table=table, page_size=IDX_PAGE,
-                                  out_slots=slots, sorted=False)  # fmt: skip
+        split = split_call(case, logits, k, pos, slots, False)
         run.add(T38, shape, k, from_cubins(T38, split), checked(from_cubins(T38, split), slots))
     if "torch_topk" in chosen:
         fn = functools.partial(torch.topk, logits[:, :length], min(k, length), dim=1, sorted=False)
         run.add("torch_topk", shape, k, fn, checked(fn))
     if length == FUSED_LENGTH:
-        args = (case.q, case.kv, case.weights, lens, table, k, case.cap)
         for provider, fuse in (("sparsemla_fused", True), ("sparsemla_logits_topk", None)):
             if provider in chosen:
-                fn = functools.partial(indexer_logits_topk_fwd, *args, out=pos, sorted=False, fuse=fuse)
+                fn = fused_call(case, k, pos, fuse)
                 run.add(provider, shape, k, fn, checked(fn))
         if FUSED_T38 in chosen and FUSED_T38 in replayers:
-            fused = functools.partial(indexer_logits_topk_fwd, *args, out=pos, sorted=False, fuse=True)
+            fused = fused_call(case, k, pos, True)
             run.add(FUSED_T38, shape, k, from_cubins(FUSED_T38, fused), checked(from_cubins(FUSED_T38, fused)))
 
 
@@ -544,7 +554,6 @@ def build_cubins_for(cfg: dict, out_dir: Path, code_path: str = "native") -> int
     from benchmarks import prod_cubins
     from benchmarks.indexer import make_case, unfilled_indexer_cache
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
-    from sparsemla.kernels.indexer.triton import indexer_logits_topk_fwd
     from sparsemla.kernels.layouts import IDX_PAGE
 
     def workload() -> None:
@@ -561,9 +570,7 @@ def build_cubins_for(cfg: dict, out_dir: Path, code_path: str = "native") -> int
                 if length == FUSED_LENGTH:
                     case = make_case(batch, length, cap, kv, torch.Generator().manual_seed(0))
                     for k in cfg["k"]:
-                        pos = torch.empty(batch, k, dtype=torch.int32)
-                        indexer_logits_topk_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, k,
-                                                case.cap, out=pos, sorted=False, fuse=True)  # fmt: skip
+                        fused_call(case, k, torch.empty(batch, k, dtype=torch.int32), True)()
 
     kv = unfilled_indexer_cache(max(cfg["B"]) * -(-max(cfg["lengths"]) // IDX_PAGE))  # the GPU run's page count
 
@@ -597,13 +604,12 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
 
 def warm_points(pairs: list[tuple[int, int]], chosen: list[str], ks: list[int], seed: int, device: str = "cuda") -> int:
     """One eager call of each chosen provider this machine's Triton compiles (WARM_PROVIDERS) at every (B, length)
-    point and k: fills the Triton cache that the timing process then reads (a warm-up process of ``run_path``).
-    Returns the number of calls."""
+    point and k, made as the timed loop makes it (:func:`split_call`, :func:`fused_call`): fills the Triton cache
+    that the timing process then reads (a warm-up process of ``run_path``). Returns the number of calls."""
     import torch
 
     from benchmarks.indexer import gpu_indexer_cache, make_case
-    from sparsemla.kernels.indexer.topk import indexer_topk_fwd
-    from sparsemla.kernels.indexer.triton import indexer_logits_fwd, indexer_logits_topk_fwd
+    from sparsemla.kernels.indexer.triton import indexer_logits_fwd
     from sparsemla.kernels.layouts import IDX_PAGE
 
     dev = torch.device(device)
@@ -612,20 +618,18 @@ def warm_points(pairs: list[tuple[int, int]], chosen: list[str], ks: list[int], 
     calls = 0
     for batch, length in pairs:
         case = make_case(batch, length, max(length, CAP_MIN), kv, gen)
-        args = (case.q, case.kv, case.weights, case.seq_lens, case.page_table, case.cap)
-        logits = indexer_logits_fwd(*args)
+        logits = indexer_logits_fwd(case.q, case.kv, case.weights, case.seq_lens, case.page_table, case.cap)
         for k in ks:
             pos = torch.empty(batch, k, dtype=torch.int32, device=dev)
             slots = torch.empty_like(pos)
             for provider, srt in (("sparsemla_split", False), ("sparsemla_split_sorted", True)):
                 if provider in chosen:
-                    indexer_topk_fwd(logits, case.seq_lens, k, out=pos, page_table=case.page_table,
-                                     page_size=IDX_PAGE, out_slots=slots, sorted=srt)  # fmt: skip
+                    split_call(case, logits, k, pos, slots, srt)()
                     calls += 1
             if length == FUSED_LENGTH:
                 for provider, fuse in (("sparsemla_fused", True), ("sparsemla_logits_topk", None)):
                     if provider in chosen:
-                        indexer_logits_topk_fwd(*args[:5], k, case.cap, out=pos, sorted=False, fuse=fuse)
+                        fused_call(case, k, pos, fuse)()
                         calls += 1
     if dev.type == "cuda":
         torch.cuda.synchronize()
