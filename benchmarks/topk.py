@@ -33,8 +33,8 @@ the native one only. Every row is checked against the ``torch.topk`` set of its 
 
 ``--warm-workers N`` (a fresh machine): before a code path's timed loop, N processes of that path call each of this
 Triton's providers once at a share of the points, so its compiles run N at a time and the timed loop finds them
-cached (the JSON's ``meta.warm_up`` says how long that took). The timings do not change: every provider is still
-called once before it is timed.
+cached (the JSON's ``warm_up`` says how long that took, per code path). The timings do not change: every provider is
+still called once before it is timed.
 
 ``--merge a.json --merge b.json`` (no GPU needed) joins runs of one commit on one GPU made path by path (one device
 call each, to stay inside its time limit) into one JSON: rows concatenated, the shapes kept per path, the targets
@@ -761,6 +761,7 @@ def merge_results(files: list[Path], out_dir: Path) -> Path:
     merged["merged_from"] = [f.name for f in files]
     merged["sglang_jit"] = next((r["sglang_jit"] for r in runs if "v1" in r["sglang_jit"]), runs[0]["sglang_jit"])
     merged["triton38_cubins"] = next((r["triton38_cubins"] for r in runs if r.get("triton38_cubins")), None)
+    merged["warm_up"] = {p: w for r in runs for p, w in r.get("warm_up", {}).items()}
     merged["rows"] = [row for r in runs for row in r["rows"]]
     merged["target_results"] = evaluate_targets(merged["rows"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -825,6 +826,7 @@ def _write(out_dir: Path, rows: list[dict], metas: list[dict], git_sha: str, pat
         "providers": PROVIDERS,
         "sglang_jit": sgl or {"status": "not requested"},
         "triton38_cubins": next((m["triton38_cubins"] for m in metas if "triton38_cubins" in m), None),
+        "warm_up": {m["path"]: m["warm_up"] for m in metas if "warm_up" in m},
         "sglang_published": SGLANG_PUBLISHED,
         "targets": TARGETS,
         "target_results": evaluate_targets(rows),

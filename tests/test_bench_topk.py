@@ -326,7 +326,7 @@ def test_merge_joins_per_path_runs_and_evaluates_targets_over_all_rows(tmp_path)
     files = []
     for path in ("native", "sm89"):
         files.append(tmp_path / f"{path}.json")
-        files[-1].write_text(json.dumps(_path_json(path)))
+        files[-1].write_text(json.dumps(_path_json(path, warm_up={path: {"workers": 8, "s": 40.0 + len(path)}})))
     result = CliRunner().invoke(topk.app, ["--out-dir", str(tmp_path / "out"), "--merge", str(files[0]), "--merge",
                                            str(files[1])])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -334,6 +334,7 @@ def test_merge_joins_per_path_runs_and_evaluates_targets_over_all_rows(tmp_path)
     data = json.loads(written.read_text())
     assert data["code_paths"] == ["native", "sm89"] and len(data["rows"]) == len(SYNTHETIC)
     assert data["shapes"]["sm89"]["lengths"] == [4096] and data["sglang_jit"]["v1"]["built"] is True
+    assert data["warm_up"] == {"native": {"workers": 8, "s": 46.0}, "sm89": {"workers": 8, "s": 44.0}}
     v = _verdict(data["target_results"], "k512_B64_4k", path="sm89")
     assert v["measured_us"] == 9.0 and v["conditions"][1]["ref_us"] == 20.0 and v["pass"] is True
     assert "Measured path by path" in report_topk.topk_section(data)
