@@ -156,8 +156,39 @@ def _mma_ceiling_lines(cells: dict, heads: int, explore: Path = EXPLORE) -> list
         f"mma.sync ({ceil89['bf16']:.0f}) (a property of the H200: not measured on an Ada or Blackwell GPU). "
         f"B={b} at {ctx // 1024}k is {gflop:.1f} GFLOP of MMAs: {fmt_us(bound)} µs at that peak "
         f"({bound / v['sparsemla_graph']:.2f}x the native time); the kernel runs at {rate:.0f} TFLOP/s "
-        f"({rate / ceil89['fp8_e4m3']:.0%} of it), and 1.2x of native would take {need / ceil89['fp8_e4m3']:.0%}.",
+        f"({rate / ceil89['fp8_e4m3']:.0%} of it), and 1.2x of native would take {need / ceil89['fp8_e4m3']:.0%}."
+        + _fp8_lowering_sentence(explore),
     ]
+
+
+def _fp8_lowering_sentence(explore: Path = EXPLORE) -> str:
+    """Why the H200's fp8 mma.sync is slow, from the newest ``fp8_mma_lowering-*.json``
+    (``results/bench/explore/fp8_mma_lowering.py``): the indexer logits' sm_89 PTX assembled for sm_89 / sm_120 and for
+    sm_90a (what the H200 runs), with their tensor-core and conversion instruction counts; empty without the file."""
+    files = sorted(explore.glob("fp8_mma_lowering-*.json"))
+    if not files:
+        return ""
+    data = json.loads(files[-1].read_text())
+    by_arch = {
+        r["assembled_for"]: r["ops"]
+        for r in data["rows"]
+        if r["kernel"] == "_indexer_logits_kernel" and r["case"].startswith("indexer logits")
+    }
+    if not {"sm_89", "sm_90a"} <= by_arch.keys():
+        return ""
+
+    def ops(arch: str) -> str:
+        return ", ".join(f"{n} `{op}`" for op, n in by_arch[arch].items())
+
+    native = [a for a in ("sm_89", "sm_120") if a in by_arch]
+    return (
+        f" Why (ahead of time, `{files[-1].relative_to(explore.parents[2])}`, ptxas {data['meta']['ptxas']}): "
+        "Triton lowers the sm_89 path for capability 89 but hands ptxas the GPU's own sm_90a, and for sm_90 ptxas "
+        "turns each fp8 mma.sync into f16 conversions and two f16 MMAs. "
+        f"The logits kernel assembled for sm_90a has {ops('sm_90a')}; assembled for "
+        f"{' / '.join(native)} the same PTX has {ops('sm_89')}, the native fp8 MMA. So in this path the H200 times "
+        "an emulation of the fp8 MMAs that those GPUs do not run."
+    )
 
 
 def t38_lines(explore: Path = EXPLORE) -> list[str]:

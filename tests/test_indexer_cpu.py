@@ -613,4 +613,12 @@ def test_code_paths_note_bounds_the_sm89_path_by_its_mma_rate(tmp_path):
     # 2 * 64 * 65536 * 64 * 128 = 68.7 GFLOP: 200 us at 343.6 TFLOP/s, 1.00x native; 172 TFLOP/s = 50 %; 1.2x -> 83 %
     assert "peak at 344 TFLOP/s against 1000 with wgmma" in text and "bf16 mma.sync (400)" in text
     assert "68.7 GFLOP" in text and "200 µs at that peak (1.00x" in text and "(50% of it)" in text
-    assert "would take 83%" in text
+    assert "would take 83%" in text and "Why (ahead of time" not in text
+    lowering = [
+        dict(case="indexer logits B=64 ctx=64k", kernel="_indexer_logits_kernel", assembled_for=arch, ops=ops)
+        for arch, ops in (("sm_89", {"QMMA.16832": 64}), ("sm_90a", {"F2FP.F16": 192, "HMMA.16816": 128}))
+    ]
+    (explore / "fp8_mma_lowering-2026-01-01.json").write_text(json.dumps({"meta": {"ptxas": "V9"}, "rows": lowering}))
+    text = "".join(_mma_ceiling_lines(cells, 64, explore))
+    assert "fp8_mma_lowering-2026-01-01.json`, ptxas V9" in text
+    assert "has 192 `F2FP.F16`, 128 `HMMA.16816`; assembled for sm_89 the same PTX has 64 `QMMA.16832`" in text
