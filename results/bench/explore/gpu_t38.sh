@@ -397,6 +397,15 @@ h64)  # V4 decode, sm_89 path: 64 heads x 32 tokens in half tiles (8 warps, 100,
     : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
     sm89_variant_run h64 h64sub2,sub2j "$H64_SHAPES" h64_sub2 150
     ;;
+build-w8)  # the cubins of `w8` (sm_89 path)
+    sm89_variant_build w8 w8 "$H64_SHAPES"
+    ;;
+w8)  # V4 decode, sm_89 path (session 49, not yet run): the launcher's tile with 8 warps against 4. Ahead of time on
+    # sm_89 (32 x 64 half tiles): 178 registers and no spill against 255 and 48 B, 1,200 loop instructions a thread
+    # against 1,866, but 50 % more HMMAs in all (both warp groups compute the scores). Aimed at the prefill rows
+    : "${SHA:?set SHA to the commit measured}" "${OUT:?run on the device machine}"
+    sm89_variant_run w8 w8 "$H64_SHAPES" w8 200
+    ;;
 build-hfast)  # the cubins of `hfast` (sm_89 path)
     sm89_variant_build hfast hfast "$HF_SHAPES"
     ;;
@@ -627,7 +636,7 @@ formal)  # one code path per device call (both with the sglang JIT build do not 
         --warm-workers "${FORMAL_WARM:-8}" --out-dir "$OUT/topk-$2" | tail -40
     ;;
 *)
-    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89|formal-both" >&2
+    echo "usage: $0 build|build-ab|build-occ3|build-topk|build-ws|build-lazy|build-lift|build-pf|build-decode|build-next|build-sub|build-h64|build-w8|w8|build-hfast|build-hf32|run|paths|paths-decode|paths-indexer|v32|opaque|occ3|ws|lazy|lift|pf|sub|h64|hfast|hf32|gluon|gluon32|build-gluonws|gluonws|mmaws|v32g|next|fused|either|build-split|split|build-w2d|w2d|either48|formal native|sm89|formal-both" >&2
     exit 2
     ;;
 esac

@@ -353,7 +353,7 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
     if variant == "base":
         return T.sparse_decode_fwd(**kw)[0]
     pf = re.fullmatch(r"pf(\d+)(?:s(\d+))?", variant)  # pf<N>[s<S>]: l2_prefetch N tiles ahead, every S bytes
-    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2", "hfast") or pf:  # the launcher's kernel,
+    if variant in ("lazy", "nolift", "lift", "sub2", "sub2j", "h64sub2", "hfast", "w8") or pf:  # the launcher's kernel,
         q = kw["q"]  # fields changed
         cfg = T.choose_config(dev.launch_info(q.device), q.shape[2], q.shape[0] * q.shape[1])
         if variant == "hfast":  # the launcher's config, a row's head blocks adjacent in the grid (heads_fastest)
@@ -362,6 +362,8 @@ def launch(variant: str, kw: dict) -> torch.Tensor:
             return T.sparse_decode_fwd(**kw, config=replace(cfg, block_n=64, sub_tiles=2))[0]
         if variant == "sub2j":  # the half tiles with one row-max and one row-sum reduction over both halves
             return T.sparse_decode_fwd(**kw, config=replace(cfg, block_n=64, sub_tiles=2, sub_joint_reduce=True))[0]
+        if variant == "w8":  # the launcher's tile with 8 warps (32 x 64 half tiles on sm_89: no spill, 178 registers)
+            return T.sparse_decode_fwd(**kw, config=replace(cfg, num_warps=8))[0]
         if variant == "h64sub2":  # 64 heads x 32 tokens in two half tiles, 8 warps (100,352 B: one gather per 64 heads)
             cfg = replace(cfg, block_h=64, block_n=32, num_warps=8, sub_tiles=2)
             return T.sparse_decode_fwd(**kw, config=cfg)[0]
