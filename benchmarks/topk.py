@@ -420,6 +420,10 @@ def make_shape(case, logits, k: int) -> Shape:
     return Shape(case, logits, k, ref_pos, ref_slots.sort(dim=1).values)
 
 
+SPLIT_ORDERS = (("sparsemla_split", False), ("sparsemla_split_sorted", True))  # provider -> sorted=
+FUSED_MODES = (("sparsemla_fused", True), ("sparsemla_logits_topk", None))  # provider -> fuse= (None: the launcher's)
+
+
 def split_call(case, logits, k: int, pos, slots, srt: bool):  # noqa: ANN001, ANN201
     """``indexer_topk_fwd`` on ``logits`` as the split providers call it (page-table slots written)."""
     from sparsemla.kernels.indexer.topk import indexer_topk_fwd
@@ -459,7 +463,7 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | N
 
         return check
 
-    for provider, srt in (("sparsemla_split", False), ("sparsemla_split_sorted", True)):
+    for provider, srt in SPLIT_ORDERS:
         if provider in chosen:
             fn = split_call(case, logits, k, pos, slots, srt)
             run.add(provider, shape, k, fn, checked(fn, slots))
@@ -480,7 +484,7 @@ def time_ours(run: PathRun, shape: Shape, chosen: list[str], replayers: dict | N
         fn = functools.partial(torch.topk, logits[:, :length], min(k, length), dim=1, sorted=False)
         run.add("torch_topk", shape, k, fn, checked(fn))
     if length == FUSED_LENGTH:
-        for provider, fuse in (("sparsemla_fused", True), ("sparsemla_logits_topk", None)):
+        for provider, fuse in FUSED_MODES:
             if provider in chosen:
                 fn = fused_call(case, k, pos, fuse)
                 run.add(provider, shape, k, fn, checked(fn))
@@ -622,12 +626,12 @@ def warm_points(pairs: list[tuple[int, int]], chosen: list[str], ks: list[int], 
         for k in ks:
             pos = torch.empty(batch, k, dtype=torch.int32, device=dev)
             slots = torch.empty_like(pos)
-            for provider, srt in (("sparsemla_split", False), ("sparsemla_split_sorted", True)):
+            for provider, srt in SPLIT_ORDERS:
                 if provider in chosen:
                     split_call(case, logits, k, pos, slots, srt)()
                     calls += 1
             if length == FUSED_LENGTH:
-                for provider, fuse in (("sparsemla_fused", True), ("sparsemla_logits_topk", None)):
+                for provider, fuse in FUSED_MODES:
                     if provider in chosen:
                         fused_call(case, k, pos, fuse)()
                         calls += 1

@@ -48,7 +48,7 @@ def sass_ops(ptx: str, arch: str) -> Counter:
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "k.ptx").write_text(src)
         subprocess.run([BIN / "ptxas", f"--gpu-name={arch}", Path(d) / "k.ptx", "-o", Path(d) / "k.cubin"], check=True)
-        sass = subprocess.run([BIN / "cuobjdump", "-sass", Path(d) / "k.cubin"], capture_output=True, text=True).stdout
+        sass = aot._cubin_tool((Path(d) / "k.cubin").read_bytes(), "-sass")
     opcode = r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+(?:\.[A-Z0-9]+)?)"  # offset, predicate, opcode.modifier
     return Counter(m.group(1) for m in re.finditer(opcode, sass))
 
